@@ -1,0 +1,37 @@
+# `make example` tunes the example on this machine; `make test` runs the tests.
+# Both create the virtual environment .venv first if needed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Without an NVIDIA GPU, take torch's CPU build (on this project's machines it lies on disk)
+# before deepspeed asks for torch and pip downloads the CUDA build.
+TORCH_CPU ?= torch==2.13.0
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(HAS_GPU),yes)
+  export DS_ACCELERATOR ?= cuda
+else
+  export DS_ACCELERATOR ?= cpu
+endif
+PYTEST_ARGS ?=
+
+.PHONY: venv example test clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
+	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql]'
+	touch $@
+
+example: venv
+	cd examples && ../$(BIN)/optuna-ds tune --num_gpus 1 \
+		train.py --deepspeed_config ds_config.json
+	@echo "optimal config: examples/autotuning_results/ds_config_optimal.json"
+
+test: venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) examples/autotuning_results examples/autotuning_exps

@@ -1,0 +1,3 @@
+from optuna_ds.cli import main
+
+main()

@@ -1,0 +1,207 @@
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from collections.abc import Sequence
+
+import optuna
+
+from optuna_ds._errors import ConfigError
+from optuna_ds._errors import OptunaDSError
+from optuna_ds.config import UserConfig
+from optuna_ds.config import load_user_config
+from optuna_ds.config import replace_config_path
+from optuna_ds.config import set_arg
+from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import LauncherOptions
+from optuna_ds.launcher import discover_resources
+from optuna_ds.launcher import kill_process_group
+from optuna_ds.reporting import learning_rate_advice
+from optuna_ds.reporting import optimal_config
+from optuna_ds.reporting import write_optimal
+from optuna_ds.reporting import write_summary
+from optuna_ds.storage import TuningPlan
+from optuna_ds.storage import create_storage
+from optuna_ds.storage import default_storage_url
+from optuna_ds.storage import delete_tuning
+from optuna_ds.storage import redact_url
+from optuna_ds.studies import Tuning
+from optuna_ds.studies import TuningResult
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOptions:
+    """What ``optuna-ds tune`` was asked; ``None`` means "from the config's autotuning section"."""
+
+    script: str
+    script_args: list[str]
+    launcher_options: LauncherOptions = LauncherOptions()
+    storage: str | None = None
+    study_name: str = "optuna-ds"
+    results_dir: str | None = None
+    exps_dir: str | None = None
+    overwrite: bool | None = None
+    trial_timeout: float | None = None
+    launcher: str | None = None
+    seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOutcome:
+    result: TuningResult
+    summary: str
+    results_dir: str
+    optimal_config_path: str | None
+    optimal_cmd_path: str | None
+    optimal_command: list[str] | None
+    storage_url: str
+
+
+def resolve_launcher(path: str | None) -> list[str]:
+    """The ``deepspeed`` launcher command: ``--launcher``, else the one on PATH or beside this Python."""
+    if path is None:
+        beside = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+        found = shutil.which("deepspeed") or (beside if os.access(beside, os.X_OK) else None)
+        if found is None:
+            raise ConfigError("launcher 'deepspeed' not found on PATH: install deepspeed or pass --launcher PATH")
+        return [found]
+    if not os.path.isfile(path):
+        found = shutil.which(path)
+        if found is None:
+            raise ConfigError(f"launcher {path} not found")
+        path = found
+    if path.endswith(".py"):
+        return [sys.executable, os.path.abspath(path)]
+    if not os.access(path, os.X_OK):
+        raise ConfigError(f"launcher {path} is not executable")
+    return [os.path.abspath(path)]
+
+
+def _training_args(script_args: Sequence[str], config_path: str, user: UserConfig, config: dict) -> list[str]:
+    args = replace_config_path(script_args, config_path)
+    for key, flag in user.autotuning.arg_mappings.items():
+        value = config.get(key)
+        if value is not None and value != "auto":
+            args = set_arg(args, flag, str(value))
+    return args
+
+
+def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: str, results_dir: str, exps_dir: str) -> None:
+    """``--overwrite``: delete the studies and the files of their experiments, nothing else."""
+    dirs = set()
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name != study_name and not summary.study_name.startswith(f"{study_name}-z"):
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        for t in study.get_trials(deepcopy=False):
+            if "result_dir" in t.user_attrs:
+                dirs.add((t.user_attrs["result_dir"], t.user_attrs.get("exp_name", "")))
+    dirs.add((os.path.join(results_dir, "profile_model_info"), "profile_model_info"))
+    delete_tuning(storage, study_name)
+    for result_dir, name in dirs:
+        shutil.rmtree(result_dir, ignore_errors=True)
+        if name:
+            try:
+                os.remove(os.path.join(exps_dir, f"{name}.json"))
+            except OSError:
+                pass
+    for name in ("summary.txt", "ds_config_optimal.json", "cmd_optimal.txt"):
+        try:
+            os.remove(os.path.join(results_dir, name))
+        except OSError:
+            pass
+
+
+def tune(options: TuneOptions, *, log: Callable[[str], None] = print) -> TuneOutcome:
+    """Find the fastest DeepSpeed configuration of ``options.script``.
+
+    Resumes the tuning stored under ``options.study_name`` unless ``overwrite``.
+    """
+    if not os.path.isfile(options.script):
+        raise ConfigError(f"training script {options.script} not found")
+    user = load_user_config(options.script_args)
+    a = user.autotuning
+    if not a.enabled:
+        raise ConfigError(f'autotuning is not enabled in {user.path}: add "autotuning": {{"enabled": true}}')
+    if options.trial_timeout is not None and options.trial_timeout <= 0:
+        raise ConfigError(f"--trial-timeout must be positive, got {options.trial_timeout}")
+    launcher = resolve_launcher(options.launcher)
+    results_dir = os.path.abspath(options.results_dir or a.results_dir)
+    exps_dir = os.path.abspath(options.exps_dir or a.exps_dir)
+    overwrite = a.overwrite if options.overwrite is None else options.overwrite
+    resources = discover_resources(options.launcher_options)
+
+    url = options.storage or default_storage_url(results_dir)
+    storage = create_storage(url)
+    if overwrite:
+        _remove_previous_outputs(storage, options.study_name, results_dir, exps_dir)
+    plan = TuningPlan(
+        study_name=options.study_name,
+        script=os.path.abspath(options.script),
+        script_args=list(options.script_args),
+        cwd=os.getcwd(),
+        config_path=user.path,
+        user_config=user.raw,
+        launcher=launcher,
+        launcher_options=dataclasses.asdict(options.launcher_options),
+        results_dir=results_dir,
+        exps_dir=exps_dir,
+        trial_timeout=options.trial_timeout,
+    )
+    runner = ExperimentRunner(
+        launcher=launcher,
+        script=plan.script,
+        script_args=plan.script_args,
+        arg_mappings=a.arg_mappings,
+        resources=resources,
+        master_port=options.launcher_options.master_port,
+        master_addr=options.launcher_options.master_addr,
+        metric_key=a.metric_key,
+        exps_dir=exps_dir,
+    )
+    log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
+    tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, log=log, seed=options.seed)
+    result = tuning.run()
+
+    dp = max(1, resources.total_gpus // a.mp_size)
+    advice = learning_rate_advice(result, user, data_parallel_size=dp)
+    summary = write_summary(result, results_dir=results_dir, advice=advice)
+    config = optimal_config(result)
+    command: list[str] | None = None
+    paths = None
+    if config is not None:
+        config_path = os.path.join(results_dir, "ds_config_optimal.json")
+        command = [
+            *launcher,
+            *options.launcher_options.training_args(),
+            plan.script,
+            *_training_args(plan.script_args, config_path, user, config),
+        ]
+        paths = write_optimal(result, results_dir=results_dir, command=command)
+    return TuneOutcome(
+        result=result,
+        summary=summary,
+        results_dir=results_dir,
+        optimal_config_path=paths[0] if paths else None,
+        optimal_cmd_path=paths[1] if paths else None,
+        optimal_command=command,
+        storage_url=url,
+    )
+
+
+def run_training(command: Sequence[str]) -> int:
+    """Train with the optimal config, streaming its output; return its exit status."""
+    proc = subprocess.Popen(list(command), start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        kill_process_group(proc.pid)
+        proc.wait()
+        return 130
+
+
+__all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "run_training", "tune"]

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from optuna_ds._errors import OptunaDSError
+
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
+
+
+def _launcher_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """DeepSpeed's launcher options, in its underscore spelling and the dashed one."""
+    options = [
+        click.option("--num_gpus", "--num-gpus", "num_gpus", type=int, default=-1, help="GPUs per experiment per node (default: all)."),
+        click.option("--num_nodes", "--num-nodes", "num_nodes", type=int, default=-1, help="Nodes per experiment (default: all)."),
+        click.option("--hostfile", type=click.Path(dir_okay=False), default=None, help="DeepSpeed hostfile (default /job/hostfile if present)."),
+        click.option("--include", default="", help="GPUs to use, e.g. localhost:0,1 or worker-0@worker-1:0,2."),
+        click.option("--exclude", default="", help="GPUs not to use, same syntax as --include."),
+        click.option("--master_port", "--master-port", "master_port", type=int, default=29500, help="First rendezvous port."),
+        click.option("--master_addr", "--master-addr", "master_addr", default="", help="Rendezvous address for multi-node experiments."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--storage", default=None, help="Optuna RDB storage URL (default: SQLite inside results_dir)."),
+        click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="Name of the tuning; stage studies are NAME-z<stage>."),
+        click.option("--results-dir", "--results_dir", "results_dir", default=None, help="Overrides autotuning.results_dir."),
+        click.option("--exps-dir", "--exps_dir", "exps_dir", default=None, help="Overrides autotuning.exps_dir."),
+        click.option("--overwrite/--no-overwrite", default=None, help="Start afresh instead of resuming (overrides autotuning.overwrite)."),
+        click.option("--trial-timeout", "--trial_timeout", "trial_timeout", type=float, default=None, help="Seconds before an experiment is killed (default: derived from the profile run)."),
+        click.option("--launcher", default=None, help="The deepspeed launcher (default: deepspeed on PATH)."),
+        click.option("--seed", type=int, default=None, help="Seed of the samplers."),
+        click.option("-q", "--quiet", is_flag=True, help="Print only the summary."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _tune_from_cli(kwargs: dict[str, Any], script: str, script_args: tuple[str, ...]) -> Any:
+    import optuna
+
+    from optuna_ds._tune import TuneOptions
+    from optuna_ds._tune import tune
+    from optuna_ds.launcher import LauncherOptions
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    # Heartbeats and metric names are Optuna features we rely on knowingly.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    quiet = kwargs.pop("quiet")
+    launcher_options = LauncherOptions(**{k: kwargs.pop(k) for k in ("num_gpus", "num_nodes", "hostfile", "include", "exclude", "master_port", "master_addr")})
+    options = TuneOptions(script=script, script_args=list(script_args), launcher_options=launcher_options, **kwargs)
+    log = (lambda _m: None) if quiet else functools.partial(click.echo, err=False)
+    outcome = tune(options, log=log)
+    click.echo(outcome.summary.rstrip())
+    if outcome.optimal_config_path:
+        click.echo(f"Wrote {outcome.optimal_config_path} and {outcome.optimal_cmd_path}")
+    return outcome
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="optuna-ds")
+def cli() -> None:
+    """Find the fastest DeepSpeed configuration for a training script, with Optuna."""
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+@_launcher_options
+@_tuner_options
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def tune(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
+    """Find the optimal DeepSpeed config of SCRIPT: the drop-in for `deepspeed --autotuning tune`.
+
+    SCRIPT ARGS must name the DeepSpeed config: --deepspeed ds_config.json or
+    --deepspeed_config ds_config.json.
+    """
+    outcome = _tune_from_cli(kwargs, script, script_args)
+    if outcome.optimal_config_path is None:
+        sys.exit(1)
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+@_launcher_options
+@_tuner_options
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
+    """Tune SCRIPT, then train with the optimal config: the drop-in for `deepspeed --autotuning run`.
+
+    Exits with the training's exit status.
+    """
+    from optuna_ds._tune import run_training
+
+    outcome = _tune_from_cli(kwargs, script, script_args)
+    if outcome.optimal_command is None:
+        sys.exit(1)
+    click.echo("Training with the optimal config: " + " ".join(outcome.optimal_command))
+    sys.exit(run_training(outcome.optimal_command))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: bad input is one line on stderr and exit status 2, never a traceback."""
+    try:
+        cli.main(args=argv, prog_name="optuna-ds", standalone_mode=False)
+    except click.exceptions.UsageError as e:
+        ctx = f" ({e.ctx.command_path})" if e.ctx is not None else ""
+        click.echo(f"optuna-ds: error{ctx}: {e.format_message()}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        click.echo(f"optuna-ds: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except OptunaDSError as e:
+        click.echo(f"optuna-ds: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("optuna-ds: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(0)
+

@@ -1,0 +1,35 @@
+"""Layer 1: the user's DeepSpeed config, its ``autotuning`` section and the script arguments."""
+
+from optuna_ds.config._autotuning import METRIC_KEYS
+from optuna_ds.config._autotuning import AutotuningConfig
+from optuna_ds.config._autotuning import parse_autotuning_config
+from optuna_ds.config._script_args import find_arg
+from optuna_ds.config._script_args import find_config_path
+from optuna_ds.config._script_args import replace_config_path
+from optuna_ds.config._script_args import set_arg
+from optuna_ds.config._user_config import GAS_KEY
+from optuna_ds.config._user_config import MBS_KEY
+from optuna_ds.config._user_config import TBS_KEY
+from optuna_ds.config._user_config import ZERO_KEY
+from optuna_ds.config._user_config import UserConfig
+from optuna_ds.config._user_config import load_json_file
+from optuna_ds.config._user_config import load_user_config
+from optuna_ds.config._user_config import parse_user_config
+
+__all__ = [
+    "AutotuningConfig",
+    "GAS_KEY",
+    "MBS_KEY",
+    "METRIC_KEYS",
+    "TBS_KEY",
+    "UserConfig",
+    "ZERO_KEY",
+    "find_arg",
+    "find_config_path",
+    "load_json_file",
+    "load_user_config",
+    "parse_autotuning_config",
+    "parse_user_config",
+    "replace_config_path",
+    "set_arg",
+]

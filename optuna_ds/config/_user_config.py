@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from optuna_ds._errors import ConfigError
+from optuna_ds.config._autotuning import AutotuningConfig, parse_autotuning_config
+from optuna_ds.config._script_args import find_arg, find_config_path
+
+MBS_KEY = "train_micro_batch_size_per_gpu"
+GAS_KEY = "gradient_accumulation_steps"
+TBS_KEY = "train_batch_size"
+ZERO_KEY = "zero_optimization"
+ALL_STAGES = (0, 1, 2, 3)
+ADAM_TYPE_OPTIMIZERS = frozenset(
+    {"adam", "adamw", "fusedadam", "cpuadam", "onebitadam", "zerooneadam", "onebitlamb", "lamb",
+     "adagrad", "muadam", "muadamw", "lion"}
+)
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def load_json_file(path: str, *, what: str = "DeepSpeed config") -> dict[str, Any]:
+    """Read a JSON object, with one-line errors that say where the file is broken."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{what} {path} not found")
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a directory, not a JSON file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {path} cannot be read: {e}") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_reject_duplicates)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:
+        raise ConfigError(f"{what} {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _int_or_auto(config: dict[str, Any], key: str, *, allow_list: bool) -> int | list[int] | str | None:
+    if key not in config:
+        return None
+    value = config[key]
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ConfigError(f"{key} must be a positive integer, got {value}")
+        return value
+    if allow_list and isinstance(value, list):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+            raise ConfigError(f"{key} must be a list of positive integers, got {value!r}")
+        return sorted(set(value))
+    expected = "a positive integer, a list of them, or \"auto\"" if allow_list else 'a positive integer or "auto"'
+    raise ConfigError(f"{key} must be {expected}, got {value!r}")
+
+
+def _parse_stages(config: dict[str, Any]) -> tuple[list[int], bool]:
+    """Return the stages to explore and whether the user asked for "all" of them."""
+    zero = config.get(ZERO_KEY)
+    if zero is None:
+        return [0], False
+    if not isinstance(zero, dict):
+        raise ConfigError(f"{ZERO_KEY} must be an object, got {zero!r}")
+    stage = zero.get("stage", 0)
+    if stage == "all":
+        return list(ALL_STAGES), True
+    stages = stage if isinstance(stage, list) else [stage]
+    if not stages or not all(s in ALL_STAGES and not isinstance(s, bool) for s in stages):
+        raise ConfigError(f'{ZERO_KEY}.stage must be 0, 1, 2, 3, a list of them, or "all", got {stage!r}')
+    return sorted(set(stages)), False
+
+
+@dataclasses.dataclass(frozen=True)
+class UserConfig:
+    """The user's DeepSpeed config and script arguments, with everything tuning needs resolved.
+
+    ``raw`` is kept verbatim so the sections we do not tune (optimizer, fp16, offload...)
+    reach every generated experiment config unchanged.
+    """
+
+    path: str
+    raw: dict[str, Any]
+    autotuning: AutotuningConfig
+    stages: list[int]
+    all_stages: bool
+    micro_batch_sizes: list[int] | None
+    min_micro_batch_size: int
+    gradient_accumulation_steps: int
+    train_batch_size: int | None
+
+    @property
+    def precision(self) -> str:
+        for key in ("fp16", "bf16"):
+            section = self.raw.get(key)
+            if isinstance(section, dict) and section.get("enabled") in (True, "auto"):
+                return key
+        if isinstance(self.raw.get("bfloat16"), dict) and self.raw["bfloat16"].get("enabled") is True:
+            return "bf16"
+        return "fp32"
+
+    @property
+    def optimizer_type(self) -> str | None:
+        optimizer = self.raw.get("optimizer")
+        if isinstance(optimizer, dict) and isinstance(optimizer.get("type"), str):
+            return optimizer["type"]
+        return None
+
+    @property
+    def adam_type_optimizer(self) -> bool:
+        """Adam-type unless the config names a non-adaptive one; a client optimizer counts as Adam."""
+        kind = self.optimizer_type
+        return kind is None or kind.lower() in ADAM_TYPE_OPTIMIZERS
+
+    def zero_section(self) -> dict[str, Any]:
+        zero = self.raw.get(ZERO_KEY)
+        return copy.deepcopy(zero) if isinstance(zero, dict) else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "raw": self.raw}
+
+
+def _from_script(script_args: Sequence[str], mappings: dict[str, str], key: str) -> int | None:
+    flag = mappings.get(key)
+    if flag is None:
+        return None
+    found = find_arg(script_args, flag)
+    if found is None:
+        return None
+    value = found[1]
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"script argument {flag} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def parse_user_config(
+    raw: dict[str, Any], *, path: str, script_args: Sequence[str]
+) -> UserConfig:
+    """Validate the user's DeepSpeed config against what tuning needs.
+
+    ``"auto"`` values are resolved as DeepSpeed's autotuner documents: from the script
+    argument that ``arg_mappings`` names, else the default.
+    """
+    autotuning = parse_autotuning_config(raw.get("autotuning"))
+    mappings = autotuning.arg_mappings
+    stages, all_stages = _parse_stages(raw)
+
+    mbs = _int_or_auto(raw, MBS_KEY, allow_list=True)
+    from_args = _from_script(script_args, mappings, MBS_KEY)
+    micro_batch_sizes: list[int] | None = None
+    if isinstance(mbs, list):
+        micro_batch_sizes = mbs
+        min_mbs = mbs[0]
+    elif isinstance(mbs, int):
+        min_mbs = mbs
+    else:
+        min_mbs = from_args or autotuning.min_train_micro_batch_size_per_gpu
+
+    gas_value = _int_or_auto(raw, GAS_KEY, allow_list=False)
+    if isinstance(gas_value, int):
+        gas = gas_value
+    else:
+        gas = _from_script(script_args, mappings, GAS_KEY) or 1
+
+    tbs_value = _int_or_auto(raw, TBS_KEY, allow_list=False)
+    tbs = tbs_value if isinstance(tbs_value, int) else _from_script(script_args, mappings, TBS_KEY)
+
+    if micro_batch_sizes is None and min_mbs > autotuning.max_train_micro_batch_size_per_gpu:
+        raise ConfigError(
+            f"{MBS_KEY} ({min_mbs}) is above autotuning.max_train_micro_batch_size_per_gpu "
+            f"({autotuning.max_train_micro_batch_size_per_gpu})"
+        )
+    return UserConfig(
+        path=path,
+        raw=raw,
+        autotuning=autotuning,
+        stages=stages,
+        all_stages=all_stages,
+        micro_batch_sizes=micro_batch_sizes,
+        min_micro_batch_size=min_mbs,
+        gradient_accumulation_steps=gas,
+        train_batch_size=tbs,
+    )
+
+
+def load_user_config(script_args: Sequence[str]) -> UserConfig:
+    """Find, read and validate the DeepSpeed config named in the script arguments."""
+    _, path = find_config_path(script_args)
+    raw = load_json_file(path)
+    return parse_user_config(raw, path=os.path.abspath(path), script_args=script_args)

@@ -1,0 +1,29 @@
+"""Layer 4: launching DeepSpeed experiments on GPUs and classifying what happened."""
+
+from optuna_ds.launcher._classify import OOM_PATTERNS
+from optuna_ds.launcher._classify import classify
+from optuna_ds.launcher._experiment import Experiment
+from optuna_ds.launcher._experiment import ExperimentResult
+from optuna_ds.launcher._experiment import FailureReason
+from optuna_ds.launcher._experiment import Phase
+from optuna_ds.launcher._resources import LauncherOptions
+from optuna_ds.launcher._resources import Resources
+from optuna_ds.launcher._resources import Slot
+from optuna_ds.launcher._resources import discover_resources
+from optuna_ds.launcher._runner import ExperimentRunner
+from optuna_ds.launcher._runner import kill_process_group
+
+__all__ = [
+    "Experiment",
+    "ExperimentResult",
+    "ExperimentRunner",
+    "FailureReason",
+    "LauncherOptions",
+    "OOM_PATTERNS",
+    "Phase",
+    "Resources",
+    "Slot",
+    "classify",
+    "discover_resources",
+    "kill_process_group",
+]

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class FailureReason(str, enum.Enum):
+    """Why an experiment produced no metric. Stored on the trial, shown in the summary."""
+
+    OOM = "oom"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    NO_METRICS = "no-metrics"
+    INTERRUPTED = "interrupted"
+
+
+class Phase(str, enum.Enum):
+    PROFILE = "profile"
+    MICRO_BATCH = "micro_batch"
+    KNOBS = "knobs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One DeepSpeed run: a complete ds_config and where its files go.
+
+    ``name`` is the identity: two experiments with the same name run the same config.
+    """
+
+    name: str
+    stage: int
+    phase: Phase
+    ds_config: dict[str, Any]
+    result_dir: str
+    micro_batch_size: int = 0
+    gradient_accumulation_steps: int = 1
+    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def metric_path(self) -> str:
+        return f"{self.result_dir}/metrics.json"
+
+    @property
+    def model_info_path(self) -> str:
+        return f"{self.result_dir}/model_info.json"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["phase"] = self.phase.value
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentResult:
+    """What happened to one experiment; ``reason`` is set exactly when it failed."""
+
+    name: str
+    returncode: int | None
+    duration: float
+    cmd: list[str]
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    reason: FailureReason | None = None
+    detail: str = ""
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["reason"] = self.reason.value if self.reason else None
+        return d

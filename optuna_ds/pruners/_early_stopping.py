@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+PHASE_ATTR = "phase"
+
+
+class TunerEarlyStoppingPruner(BasePruner):
+    """``tuner_early_stopping`` and ``tuner_num_trials`` as an Optuna pruner.
+
+    The search of a study is over once ``patience`` trials of the counted phase have finished
+    without improving on the study's best, or once ``max_trials`` of them were started.
+    Everything is read from the storage, so the rule holds across workers; a trial asked for
+    after that point is pruned before it launches anything.
+
+    Args:
+        patience: finished trials without improvement that end the search.
+        max_trials: trials of the counted phase that may be started in all.
+        phase: the value of the ``phase`` user attr of the trials that count; ``None`` counts all.
+    """
+
+    def __init__(self, patience: int, *, max_trials: int | None = None, phase: str | None = None) -> None:
+        self._patience = patience
+        self._max_trials = max_trials
+        self._phase = phase
+
+    def _counts(self, trial: FrozenTrial) -> bool:
+        return self._phase is None or trial.user_attrs.get(PHASE_ATTR) == self._phase
+
+    def exhausted(self, study: optuna.Study, *, exclude: int | None = None) -> bool:
+        trials = [t for t in study.get_trials(deepcopy=False) if t.number != exclude]
+        counted = [t for t in trials if self._counts(t) and t.state != TrialState.PRUNED]
+        if self._max_trials is not None and len(counted) >= self._max_trials:
+            return True
+        maximize = study.direction == StudyDirection.MAXIMIZE
+        best: float | None = None
+        since = 0
+        finished = sorted(
+            (t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)),
+            key=lambda t: (t.datetime_complete or t.datetime_start, t.number),
+        )
+        for t in finished:
+            improved = t.state == TrialState.COMPLETE and t.value is not None and (
+                best is None or (t.value > best if maximize else t.value < best)
+            )
+            if improved:
+                best = t.value
+                since = 0
+            elif self._counts(t):
+                since += 1
+        return since >= self._patience
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return self.exhausted(study, exclude=trial.number)

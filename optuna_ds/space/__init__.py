@@ -1,0 +1,21 @@
+"""Layer 2: what to search, per ZeRO stage: knobs, micro-batch sizes, memory bounds, names."""
+
+from optuna_ds.space._memory import MemoryEstimate
+from optuna_ds.space._memory import estimate_memory
+from optuna_ds.space._micro_batch import MicroBatchSearch
+from optuna_ds.space._micro_batch import Observation
+from optuna_ds.space._naming import experiment_name
+from optuna_ds.space._zero import KnobSpace
+from optuna_ds.space._zero import build_knob_space
+from optuna_ds.space._zero import default_tuning_space
+
+__all__ = [
+    "KnobSpace",
+    "MemoryEstimate",
+    "MicroBatchSearch",
+    "Observation",
+    "build_knob_space",
+    "default_tuning_space",
+    "estimate_memory",
+    "experiment_name",
+]

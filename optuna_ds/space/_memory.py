@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Memory per GPU needed to instantiate training at one ZeRO stage, in bytes.
+
+    Parameters count in full; gradients and optimizer states count only trainable parameters
+    (frozen PEFT weights have neither). Stage 1 partitions optimizer states over the
+    data-parallel ranks, stage 2 gradients too, stage 3 parameters too; offloaded states
+    leave the GPU.
+    """
+
+    stage: int
+    params: float
+    gradients: float
+    optimizer: float
+    activation_per_sample: float
+    device_memory: float
+    max_micro_batch_size: int
+
+    @property
+    def instantiation(self) -> float:
+        return self.params + self.gradients + self.optimizer
+
+    @property
+    def fits(self) -> bool:
+        return self.max_micro_batch_size >= 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["instantiation"] = self.instantiation
+        return d
+
+
+def _offloaded(zero: dict[str, Any], key: str) -> bool:
+    section = zero.get(key)
+    return isinstance(section, dict) and section.get("device", "none") not in ("none", None)
+
+
+def estimate_memory(
+    *,
+    stage: int,
+    num_params: int,
+    trainable_params: int | None,
+    activation_per_sample: float | None,
+    device_memory: float,
+    num_gpus: int,
+    mp_size: int = 1,
+    precision: str = "fp32",
+    adam_type: bool = True,
+    zero: dict[str, Any] | None = None,
+) -> MemoryEstimate:
+    """Estimate the memory of one GPU at ``stage``; ``max_micro_batch_size`` is what remains
+    for activations divided by the activation memory of one sample (0: does not fit).
+
+    Without an activation measurement the micro-batch bound is left to the real OOM edge:
+    ``max_micro_batch_size`` is then a large sentinel when the states fit.
+    """
+    zero = zero or {}
+    trainable = num_params if trainable_params is None else trainable_params
+    dp = max(1, num_gpus // mp_size)
+    half = precision in ("fp16", "bf16")
+    param_bytes = 2 if half else 4
+    # Adam keeps two fp32 moments; mixed precision adds an fp32 master copy of the weights.
+    optim_bytes = (8 if adam_type else 4) + (4 if half else 0)
+
+    params = num_params * param_bytes / mp_size
+    gradients = trainable * param_bytes / mp_size
+    optimizer = trainable * optim_bytes / mp_size
+    if stage >= 1:
+        optimizer /= dp
+    if stage >= 2:
+        gradients /= dp
+    if stage >= 3:
+        params /= dp
+    if stage >= 1 and _offloaded(zero, "offload_optimizer"):
+        optimizer = 0.0
+    if stage >= 3 and _offloaded(zero, "offload_param"):
+        params = 0.0
+
+    free = device_memory - (params + gradients + optimizer)
+    if free <= 0:
+        max_mbs = 0
+    elif activation_per_sample and activation_per_sample > 0:
+        max_mbs = int(free // activation_per_sample)
+    else:
+        max_mbs = 1 << 30
+    return MemoryEstimate(
+        stage=stage,
+        params=params,
+        gradients=gradients,
+        optimizer=optimizer,
+        activation_per_sample=float(activation_per_sample or 0.0),
+        device_memory=float(device_memory),
+        max_micro_batch_size=max_mbs,
+    )

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from optuna_ds._errors import ConfigError
+
+# Knobs that only stage 3 reads; tuning them at lower stages would spend experiments on nothing.
+STAGE3_ONLY = frozenset(
+    {
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+        "sub_group_size",
+        "offload_param",
+    }
+)
+# Knobs DeepSpeed's stage-3 space tunes although stage 3 ignores them.
+NOT_STAGE3 = frozenset({"allgather_partitions", "allgather_bucket_size", "reduce_scatter"})
+_SCALAR_TYPES = (bool, int, float, str, type(None))
+
+
+def default_tuning_space(stage: int, *, hidden_size: int | None = None) -> dict[str, list[Any]]:
+    """The knobs to tune at ``stage``: DeepSpeed's ``DEFAULT_TUNING_SPACE_ZERO_<stage>``.
+
+    Stage 3 is corrected: the knobs stage 3 ignores are dropped and its own prefetch,
+    persistence and live-parameter knobs are tuned, sized by the hidden size when known
+    (as DeepSpeed's stage-3 template does).
+    """
+    from deepspeed.autotuning import constants
+
+    spaces = {
+        0: constants.DEFAULT_TUNING_SPACE_ZERO_0,
+        1: constants.DEFAULT_TUNING_SPACE_ZERO_1,
+        2: constants.DEFAULT_TUNING_SPACE_ZERO_2,
+        3: constants.DEFAULT_TUNING_SPACE_ZERO_3,
+    }
+    zero = copy.deepcopy(spaces[stage]["zero_optimization"])
+    zero.pop("stage", None)
+    space = {k: list(v) for k, v in zero.items() if isinstance(v, list)}
+    if stage == 3:
+        for key in NOT_STAGE3:
+            space.pop(key, None)
+        hs2 = float(hidden_size * hidden_size) if hidden_size else 5e8
+        space["stage3_prefetch_bucket_size"] = _unique([0.9 * hs2, 5e7, 5e8])
+        space["stage3_param_persistence_threshold"] = _unique(
+            [float(10 * hidden_size) if hidden_size else 1e5, 1e6]
+        )
+        space["stage3_max_live_parameters"] = [1e9, 3e9]
+    return space
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class KnobSpace:
+    """The ZeRO knobs of one stage: the tuned ones with their choices, the fixed ones with a value.
+
+    Fixed knobs include every scalar and sub-section (offload...) of the user's
+    ``zero_optimization``, so the user's settings reach every experiment.
+    """
+
+    stage: int
+    tuned: dict[str, list[Any]]
+    fixed: dict[str, Any]
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for choices in self.tuned.values():
+            n *= len(choices)
+        return n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "tuned": self.tuned, "fixed": self.fixed}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KnobSpace:
+        return cls(stage=data["stage"], tuned=data["tuned"], fixed=data["fixed"])
+
+
+def build_knob_space(
+    stage: int, user_zero: dict[str, Any], *, fast: bool, hidden_size: int | None = None
+) -> KnobSpace:
+    """Merge DeepSpeed's default space of ``stage`` with the user's ``zero_optimization``.
+
+    A user value fixes a knob; a user list tunes it with those values. In fast mode nothing
+    is tuned but the micro-batch size, so lists collapse to DeepSpeed's defaults.
+    """
+    tuned = {} if fast else default_tuning_space(stage, hidden_size=hidden_size)
+    fixed: dict[str, Any] = {}
+    for key, value in user_zero.items():
+        if key == "stage":
+            continue
+        if stage != 3 and key in STAGE3_ONLY:
+            continue
+        if isinstance(value, list):
+            if not value:
+                raise ConfigError(f"zero_optimization.{key} must not be an empty list")
+            for v in value:
+                if not isinstance(v, _SCALAR_TYPES):
+                    raise ConfigError(f"zero_optimization.{key} lists must hold plain values, got {v!r}")
+            if fast:
+                tuned.pop(key, None)
+                continue
+            choices = _unique(value)
+            if len(choices) == 1:
+                tuned.pop(key, None)
+                fixed[key] = choices[0]
+            else:
+                tuned[key] = choices
+        else:
+            tuned.pop(key, None)
+            fixed[key] = copy.deepcopy(value)
+    return KnobSpace(stage=stage, tuned=tuned, fixed=fixed)

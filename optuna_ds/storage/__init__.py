@@ -1,0 +1,23 @@
+"""Layer 5a: the Optuna RDB storage, and the tuning plan kept in it."""
+
+from optuna_ds.storage._plan import TuningPlan
+from optuna_ds.storage._plan import delete_tuning
+from optuna_ds.storage._plan import load_plan
+from optuna_ds.storage._plan import open_root_study
+from optuna_ds.storage._plan import stage_study_name
+from optuna_ds.storage._storage import StorageError
+from optuna_ds.storage._storage import create_storage
+from optuna_ds.storage._storage import default_storage_url
+from optuna_ds.storage._storage import redact_url
+
+__all__ = [
+    "StorageError",
+    "TuningPlan",
+    "create_storage",
+    "default_storage_url",
+    "delete_tuning",
+    "load_plan",
+    "open_root_study",
+    "redact_url",
+    "stage_study_name",
+]

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import os
+
+import optuna
+
+from optuna_ds._errors import OptunaDSError
+
+DB_FILENAME = "optuna-ds.db"
+HEARTBEAT_INTERVAL = 10
+GRACE_PERIOD = 60
+
+
+class StorageError(OptunaDSError):
+    """The storage URL is invalid or its database cannot be reached."""
+
+
+def default_storage_url(results_dir: str) -> str:
+    return f"sqlite:///{os.path.abspath(os.path.join(results_dir, DB_FILENAME))}"
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password hidden: safe to print, log or write in a report."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<invalid storage URL>"
+
+
+def create_storage(url: str) -> optuna.storages.RDBStorage:
+    """Open the RDB storage that holds the plan and every study of a tuning.
+
+    Heartbeats are on so that a trial whose process died is failed and its experiment run
+    again. SQLite waits for locks instead of failing with "database is locked".
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        raise StorageError(f"invalid storage URL {redact_url(url)!s}: expected e.g. sqlite:///path.db or postgresql+psycopg://user@host/db") from None
+    engine_kwargs: dict = {}
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database:
+            os.makedirs(os.path.dirname(os.path.abspath(parsed.database)) or ".", exist_ok=True)
+        engine_kwargs["connect_args"] = {"timeout": 120}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    try:
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=HEARTBEAT_INTERVAL,
+            grace_period=GRACE_PERIOD,
+        )
+    except ImportError as e:
+        raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or optuna-ds[mysql]") from None
+    except Exception as e:
+        where = f"{parsed.host}:{parsed.port}" if parsed.host else redact_url(url)
+        cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StorageError(f"cannot open storage {redact_url(url)} at {where}: {cause}") from None
