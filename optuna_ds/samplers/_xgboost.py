@@ -116,9 +116,9 @@ class XGBoostSampler(BaseSampler):
 
         x = self._features[[i for i, _ in scored]]
         y = np.array([s for _, s in scored])
-        model = xgboost.XGBRegressor(n_estimators=50, max_depth=3, learning_rate=0.3, random_state=self._seed or 0)
-        model.fit(x, y)
-        predictions = model.predict(self._features[untried])
+        params = {"max_depth": 3, "eta": 0.3, "seed": self._seed or 0, "nthread": 1, "verbosity": 0}
+        model = xgboost.train(params, xgboost.DMatrix(x, label=y), num_boost_round=50)
+        predictions = model.predict(xgboost.DMatrix(self._features[untried]))
         return untried[int(np.argmax(predictions))]
 
     def sample_independent(

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).parent
+FAKE_LAUNCHER = str(TESTS / "fake_deepspeed.py")
+EXAMPLES = TESTS.parent / "examples"
+
+
+class Workspace:
+    """A temporary project: a training script, its DeepSpeed config, and the CLI to run on them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.script = root / "train.py"
+        self.script.write_text("print('a training script')\n")
+        self.launch_log = root / "launches.jsonl"
+
+    def config(self, data: dict[str, Any], name: str = "ds_config.json") -> str:
+        path = self.root / name
+        path.write_text(json.dumps(data))
+        return name
+
+    def env(self, surface: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
+        env = dict(os.environ, DS_ACCELERATOR="cpu", FAKE_DS_LOG=str(self.launch_log))
+        env["FAKE_DS_SURFACE"] = json.dumps(surface or {})
+        env.update(extra)
+        return env
+
+    def cli(self, *args: str, surface: dict[str, Any] | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "optuna_ds", *args],
+            cwd=self.root,
+            env=env or self.env(surface),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def tune(self, config: str = "ds_config.json", *extra: str, surface: dict[str, Any] | None = None, command: str = "tune", **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.cli(command, "--launcher", FAKE_LAUNCHER, *extra, "train.py", "--deepspeed_config", config, surface=surface, **kw)
+
+    def launches(self) -> list[dict[str, Any]]:
+        if not self.launch_log.exists():
+            return []
+        return [json.loads(line) for line in self.launch_log.read_text().splitlines()]
+
+    @property
+    def results(self) -> Path:
+        return self.root / "autotuning_results"
+
+    @property
+    def storage(self) -> str:
+        return f"sqlite:///{self.results / 'optuna-ds.db'}"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return Workspace(tmp_path)

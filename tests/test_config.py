@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optuna_ds.config import find_config_path
+from optuna_ds.config import load_json_file
+from optuna_ds.config import parse_autotuning_config
+from optuna_ds.config import parse_user_config
+from optuna_ds.config import replace_config_path
+from optuna_ds.config import set_arg
+from optuna_ds._errors import ConfigError
+
+
+def test_defaults_follow_deepspeeds_readme() -> None:
+    c = parse_autotuning_config({"enabled": True})
+    assert (c.metric, c.start_profile_step, c.end_profile_step, c.fast) == ("throughput", 3, 5, True)
+    assert (c.tuner_type, c.tuner_early_stopping, c.tuner_num_trials) == ("model_based", 5, 50)
+    assert (c.num_tuning_micro_batch_sizes, c.mp_size, c.max_train_batch_size) == (3, 1, None)
+    assert c.overwrite is False  # the README's default, not the code's
+    assert (c.results_dir, c.exps_dir) == ("autotuning_results", "autotuning_exps")
+
+
+@pytest.mark.parametrize(
+    ("metric", "key", "direction"),
+    [("throughput", "throughput", "maximize"), ("latency", "latency", "minimize"), ("FLOPS", "FLOPS_per_gpu", "maximize"), ("flops", "FLOPS_per_gpu", "maximize")],
+)
+def test_metric_keys_and_directions(metric: str, key: str, direction: str) -> None:
+    c = parse_autotuning_config({"metric": metric})
+    assert (c.metric_key, c.direction) == (key, direction)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"tuner_typ": "random"}, "unknown key autotuning.tuner_typ; did you mean 'tuner_type'?"),
+        ({"metric": "speed"}, "autotuning.metric must be one of throughput, latency, FLOPS"),
+        ({"tuner_type": "bayes"}, "autotuning.tuner_type must be one of gridsearch, random, model_based"),
+        ({"start_profile_step": 6, "end_profile_step": 5}, "autotuning.end_profile_step (5) must not be before autotuning.start_profile_step (6)"),
+        ({"min_train_micro_batch_size_per_gpu": -1}, "autotuning.min_train_micro_batch_size_per_gpu must be a positive integer"),
+        ({"fast": "yes"}, "autotuning.fast must be true or false"),
+        ({"max_train_batch_size": 0}, "autotuning.max_train_batch_size must be a positive integer or null"),
+        ({"tuner_num_trials": 2.5}, "autotuning.tuner_num_trials must be a positive integer"),
+        ({"enabled": 1}, "autotuning.enabled must be true or false"),
+        ({"arg_mappings": {"train_micro_batch_size_per_gpu": "per_device"}}, "autotuning.arg_mappings.train_micro_batch_size_per_gpu must be a script flag"),
+        ({"model_info": {"num_param": 5}}, "unknown key autotuning.model_info.num_param; did you mean 'num_params'?"),
+        ({"max_train_micro_batch_size_per_gpu": 2, "min_train_micro_batch_size_per_gpu": 4}, "max_train_micro_batch_size_per_gpu (2) is below"),
+        ([], "autotuning must be a JSON object"),
+    ],
+)
+def test_invalid_autotuning_sections_name_the_key(section: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as e:
+        parse_autotuning_config(section)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_arg_mapping_keys_are_stripped() -> None:
+    # DeepSpeed's own README writes the key with a trailing space.
+    c = parse_autotuning_config({"arg_mappings": {"gradient_accumulation_steps ": "--gradient_accumulation_steps"}})
+    assert c.arg_mappings == {"gradient_accumulation_steps": "--gradient_accumulation_steps"}
+
+
+def _user(raw: dict, args: list[str] | None = None):
+    return parse_user_config(raw, path="ds.json", script_args=args or ["--deepspeed_config", "ds.json"])
+
+
+def test_stages_int_list_all_and_missing() -> None:
+    assert _user({}).stages == [0]
+    assert _user({"zero_optimization": {"stage": 2}}).stages == [2]
+    assert _user({"zero_optimization": {"stage": [3, 1]}}).stages == [1, 3]
+    u = _user({"zero_optimization": {"stage": "all"}})
+    assert (u.stages, u.all_stages) == ([0, 1, 2, 3], True)
+    with pytest.raises(ConfigError, match="zero_optimization.stage must be"):
+        _user({"zero_optimization": {"stage": 4}})
+
+
+def test_auto_values_resolve_through_arg_mappings() -> None:
+    raw = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "autotuning": {"enabled": True, "arg_mappings": {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size", "gradient_accumulation_steps": "--gradient_accumulation_steps"}},
+    }
+    u = _user(raw, ["--deepspeed", "ds.json", "--per_device_train_batch_size=8", "--gradient_accumulation_steps", "2"])
+    assert (u.min_micro_batch_size, u.gradient_accumulation_steps) == (8, 2)
+    # Without the argument the documented defaults apply.
+    u = _user(raw, ["--deepspeed", "ds.json"])
+    assert (u.min_micro_batch_size, u.gradient_accumulation_steps) == (1, 1)
+
+
+def test_micro_batch_int_is_minimum_list_is_exact() -> None:
+    assert _user({"train_micro_batch_size_per_gpu": 4}).min_micro_batch_size == 4
+    u = _user({"train_micro_batch_size_per_gpu": [16, 1, 4]})
+    assert (u.micro_batch_sizes, u.min_micro_batch_size) == ([1, 4, 16], 1)
+    with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu must be"):
+        _user({"train_micro_batch_size_per_gpu": 0})
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps must be"):
+        _user({"gradient_accumulation_steps": [1, 2]})
+
+
+def test_precision_and_optimizer_kind() -> None:
+    assert _user({"bf16": {"enabled": True}}).precision == "bf16"
+    assert _user({"fp16": {"enabled": "auto"}}).precision == "fp16"
+    assert _user({}).precision == "fp32"
+    assert _user({"optimizer": {"type": "SGD"}}).adam_type_optimizer is False
+    assert _user({"optimizer": {"type": "AdamW"}}).adam_type_optimizer is True
+
+
+def test_config_path_in_script_args() -> None:
+    assert find_config_path(["--deepspeed", "a.json"]) == (1, "a.json")
+    assert find_config_path(["--deepspeed_config=b.json"]) == (0, "b.json")
+    # A bare --deepspeed is DeepSpeed's switch; the config follows --deepspeed_config.
+    assert find_config_path(["--deepspeed", "--deepspeed_config", "c.json"]) == (2, "c.json")
+    with pytest.raises(ConfigError, match="no DeepSpeed config in the script arguments"):
+        find_config_path(["--lr", "1"])
+    assert replace_config_path(["--x", "1", "--deepspeed_config=b.json"], "/r/d.json") == ["--x", "1", "--deepspeed_config=/r/d.json"]
+
+
+def test_set_arg_copies_and_keeps_the_form() -> None:
+    args = ["--per_device_train_batch_size", "8", "--gas=1"]
+    assert set_arg(args, "--per_device_train_batch_size", "16") == ["--per_device_train_batch_size", "16", "--gas=1"]
+    assert set_arg(args, "--gas", "4") == ["--per_device_train_batch_size", "8", "--gas=4"]
+    assert set_arg(args, "--new", "2")[-2:] == ["--new", "2"]
+    assert args == ["--per_device_train_batch_size", "8", "--gas=1"]  # never mutated
+
+
+def test_json_errors_say_where(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "a": 1,\n  "b": \n}')
+    with pytest.raises(ConfigError, match=r"is not valid JSON: Expecting value at line 4 column 1"):
+        load_json_file(str(bad))
+    dup = tmp_path / "dup.json"
+    dup.write_text(json.dumps({"a": 1})[:-1] + ', "a": 2}')
+    with pytest.raises(ConfigError, match="duplicate key 'a'"):
+        load_json_file(str(dup))
+    with pytest.raises(ConfigError, match="not found"):
+        load_json_file(str(tmp_path / "missing.json"))

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAKE_LAUNCHER
+from optuna_ds.launcher import Experiment
+from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import Phase
+from optuna_ds.launcher import Resources
+from optuna_ds.launcher import classify
+
+
+def test_success_needs_exit_zero_and_metrics_not_silence_in_stderr() -> None:
+    warn = "UserWarning: ErrorHandler is deprecated\nERROR in a log line that is harmless"
+    assert classify(returncode=0, timed_out=False, metrics={"throughput": 1.0}, stdout_tail="", stderr_tail=warn) == (None, "")
+
+
+@pytest.mark.parametrize(
+    ("returncode", "metrics", "stderr", "reason"),
+    [
+        (1, None, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB", FailureReason.OOM),
+        (1, None, "RuntimeError: RESOURCE_EXHAUSTED: failed to allocate", FailureReason.OOM),
+        (-9, None, "", FailureReason.OOM),
+        (1, None, "RuntimeError: NCCL error", FailureReason.ERROR),
+        (0, None, "", FailureReason.NO_METRICS),
+        (2, {"throughput": 1.0}, "", FailureReason.ERROR),
+    ],
+)
+def test_failures_are_classified_from_structured_signals(returncode, metrics, stderr, reason) -> None:
+    got, detail = classify(returncode=returncode, timed_out=False, metrics=metrics, stdout_tail="", stderr_tail=stderr)
+    assert got is reason and detail
+
+
+def test_timeout_wins() -> None:
+    assert classify(returncode=-15, timed_out=True, metrics=None, stdout_tail="", stderr_tail="")[0] is FailureReason.TIMEOUT
+
+
+def _runner(tmp_path: Path, script: Path) -> ExperimentRunner:
+    resources = Resources(hosts={"localhost": [0, 1]}, gpus_per_node=1, nodes_per_experiment=1, device_memory=1e9, hostfile=None, multi_node=False)
+    return ExperimentRunner(
+        launcher=[sys.executable, FAKE_LAUNCHER], script=str(script), script_args=["--deepspeed_config", "orig.json", "--bs", "1"],
+        arg_mappings={"train_micro_batch_size_per_gpu": "--bs"}, resources=resources, master_port=29700,
+        metric_key="throughput", exps_dir=str(tmp_path / "exps"),
+    )
+
+
+def _experiment(tmp_path: Path, mbs: int) -> Experiment:
+    result_dir = str(tmp_path / "results" / f"z1_gas1_tmbspg{mbs}")
+    config = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1},
+              "autotuning": {"enabled": True, "metric_path": f"{result_dir}/metrics.json"}}
+    return Experiment(name=f"z1_gas1_tmbspg{mbs}", stage=1, phase=Phase.MICRO_BATCH, ds_config=config, result_dir=result_dir, micro_batch_size=mbs)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("")
+    return path
+
+
+def test_runner_writes_deepspeeds_files_and_maps_args(tmp_path: Path, script: Path, monkeypatch) -> None:
+    log = tmp_path / "launches.jsonl"
+    monkeypatch.setenv("FAKE_DS_LOG", str(log))
+    monkeypatch.setenv("FAKE_DS_SURFACE", "{}")
+    runner = _runner(tmp_path, script)
+    exp = _experiment(tmp_path, 8)
+    slot = Resources(hosts={"localhost": [0, 1]}, gpus_per_node=1, nodes_per_experiment=1, device_memory=1e9, hostfile=None, multi_node=False).slots()[1]
+    result = runner.run(exp, slot=slot, slot_index=1, timeout=60)
+    assert result.ok, result
+    assert result.metrics["throughput"] > 0
+    files = sorted(os.listdir(exp.result_dir))
+    assert files == ["cmd.txt", "ds_config.json", "exp.json", "metrics.json", "stderr.log", "stdout.log"]
+    assert (tmp_path / "exps" / "z1_gas1_tmbspg8.json").exists()
+    launch = json.loads(log.read_text())
+    assert launch["include"] == "localhost:1" and launch["master_port"] == "29701"
+    assert launch["args"] == ["--deepspeed_config", f"{exp.result_dir}/ds_config.json", "--bs", "8"]
+    assert "--include localhost:1 --master_port 29701" in (Path(exp.result_dir) / "cmd.txt").read_text()
+
+
+def test_a_stale_metrics_file_is_never_read(tmp_path: Path, script: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"no_metrics_at": [4]}))
+    exp = _experiment(tmp_path, 4)
+    os.makedirs(exp.result_dir)
+    Path(exp.metric_path).write_text(json.dumps({"throughput": 999.0}))
+    result = _runner(tmp_path, script).run(exp, slot=_slot(), timeout=60)
+    assert result.reason is FailureReason.NO_METRICS
+
+
+def _slot():
+    return Resources(hosts={"localhost": [0]}, gpus_per_node=1, nodes_per_experiment=1, device_memory=1e9, hostfile=None, multi_node=False).slots()[0]
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path, script: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"hang_at": [2]}))
+    exp = _experiment(tmp_path, 2)
+    start = time.monotonic()
+    result = _runner(tmp_path, script).run(exp, slot=_slot(), timeout=3)
+    assert result.reason is FailureReason.TIMEOUT
+    assert time.monotonic() - start < 20
+    child = int(re.search(r"child pid (\d+)", (Path(exp.result_dir) / "stdout.log").read_text()).group(1))
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail("the launcher's child survived the timeout")
+
+
+def test_oom_keeps_the_last_lines_of_stderr(tmp_path: Path, script: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"oom_above": {"1": 16}}))
+    result = _runner(tmp_path, script).run(_experiment(tmp_path, 32), slot=_slot(), timeout=60)
+    assert result.reason is FailureReason.OOM
+    assert "CUDA out of memory" in result.stderr_tail

@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import pytest
+
+from optuna_ds._errors import ConfigError
+from optuna_ds.space import MicroBatchSearch
+from optuna_ds.space import Observation
+from optuna_ds.space import build_knob_space
+from optuna_ds.space import default_tuning_space
+from optuna_ds.space import estimate_memory
+from optuna_ds.space import experiment_name
+
+
+def test_default_spaces_come_from_deepspeed() -> None:
+    from deepspeed.autotuning import constants
+
+    z1 = default_tuning_space(1)
+    assert z1 == {k: v for k, v in constants.DEFAULT_TUNING_SPACE_ZERO_1["zero_optimization"].items() if k != "stage"}
+    assert default_tuning_space(0) == {}
+
+
+def test_stage3_space_tunes_stage3_knobs_not_ignored_ones() -> None:
+    z3 = default_tuning_space(3, hidden_size=1024)
+    assert "allgather_bucket_size" not in z3 and "reduce_scatter" not in z3
+    assert 0.9 * 1024 * 1024 in z3["stage3_prefetch_bucket_size"]
+    assert 10240.0 in z3["stage3_param_persistence_threshold"]
+    assert "stage3_max_live_parameters" in z3
+
+
+def test_user_value_fixes_a_knob_and_list_tunes_it() -> None:
+    user = {"stage": 1, "reduce_bucket_size": [5e7, 5e8], "allgather_bucket_size": 5e8, "offload_optimizer": {"device": "cpu"}}
+    space = build_knob_space(1, user, fast=False)
+    assert space.tuned == {"reduce_bucket_size": [5e7, 5e8]}
+    assert space.fixed == {"allgather_bucket_size": 5e8, "offload_optimizer": {"device": "cpu"}}
+    assert space.size == 2
+
+
+def test_fast_mode_tunes_no_knobs_but_keeps_fixed_sections() -> None:
+    space = build_knob_space(2, {"overlap_comm": [True, False], "offload_optimizer": {"device": "cpu"}}, fast=True)
+    assert space.tuned == {}
+    assert space.fixed == {"offload_optimizer": {"device": "cpu"}}
+
+
+def test_stage3_only_overrides_skip_lower_stages() -> None:
+    user = {"stage3_prefetch_bucket_size": [1e6, 1e7], "offload_param": {"device": "cpu"}}
+    assert "stage3_prefetch_bucket_size" not in build_knob_space(1, user, fast=False).tuned
+    assert "offload_param" not in build_knob_space(2, user, fast=False).fixed
+    z3 = build_knob_space(3, user, fast=False)
+    assert z3.tuned["stage3_prefetch_bucket_size"] == [1e6, 1e7] and z3.fixed["offload_param"] == {"device": "cpu"}
+
+
+def test_empty_list_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="zero_optimization.overlap_comm must not be an empty list"):
+        build_knob_space(2, {"overlap_comm": []}, fast=False)
+
+
+def test_names_are_deepspeed_style_and_identify_configs() -> None:
+    assert experiment_name(stage=1, mbs=3, gas=1) == "z1_gas1_tmbspg3"
+    name = experiment_name(stage=2, mbs=8, gas=2, knobs={"overlap_comm": True, "reduce_bucket_size": 5e8})
+    assert name == "z2_gas2_tmbspg8_ocT_rbs5e8"
+    assert experiment_name(stage=2, mbs=8, gas=2, knobs={"reduce_bucket_size": 5e7}) != experiment_name(stage=2, mbs=8, gas=2, knobs={"reduce_bucket_size": 5e8})
+    # Colliding acronyms fall back to the full keys.
+    collide = experiment_name(stage=1, mbs=1, gas=1, knobs={"a_b": 1, "ab_bb": 2})
+    assert "a_b1" in collide and "ab_bb2" in collide
+
+
+def test_memory_estimate_partitions_by_stage() -> None:
+    kw = dict(num_params=1_000_000_000, trainable_params=None, activation_per_sample=1e9, device_memory=80e9, num_gpus=8, precision="fp16")
+    z0, z1, z2, z3 = (estimate_memory(stage=s, **kw) for s in range(4))
+    assert z0.instantiation == pytest.approx(2e9 + 2e9 + 12e9)
+    assert z1.optimizer == pytest.approx(12e9 / 8) and z1.gradients == pytest.approx(2e9)
+    assert z2.gradients == pytest.approx(2e9 / 8)
+    assert z3.params == pytest.approx(2e9 / 8)
+    assert z0.max_micro_batch_size == int((80e9 - 16e9) // 1e9)
+    assert z0.max_micro_batch_size < z1.max_micro_batch_size < z2.max_micro_batch_size < z3.max_micro_batch_size
+
+
+def test_memory_estimate_frozen_params_offload_and_misfit() -> None:
+    base = dict(num_params=1_000_000_000, activation_per_sample=1e8, device_memory=16e9, num_gpus=1, precision="fp32")
+    full = estimate_memory(stage=0, trainable_params=None, **base)
+    assert not full.fits  # 4 + 4 + 8 bytes per parameter: 16 GB
+    peft = estimate_memory(stage=0, trainable_params=10_000_000, **base)
+    assert peft.fits and peft.gradients == pytest.approx(4e7)
+    offload = estimate_memory(stage=3, trainable_params=None, zero={"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}, **base)
+    assert offload.params == 0 and offload.optimizer == 0 and offload.fits
+
+
+def _drive(search: MicroBatchSearch, surface, limit: int = 100, start: dict[int, Observation] | None = None) -> dict[int, Observation]:
+    """Run the search against a synthetic surface: score(mbs) or None (OOM)."""
+    obs: dict[int, Observation] = dict(start or {})
+    for _ in range(limit):
+        mbs = search.next_mbs(obs)
+        if mbs is None:
+            return obs
+        assert mbs not in obs, "the search asked for an experiment twice"
+        score = surface(mbs)
+        obs[mbs] = Observation(mbs=mbs, score=score, oom=score is None)
+    raise AssertionError("the search did not end")
+
+
+def test_search_finds_the_oom_edge_and_stays_below_it() -> None:
+    edge = 37
+    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128, num_tuning=3)
+    obs = _drive(search, lambda m: float(m) if m <= edge else None)
+    assert search.edge(obs) >= int(edge * 0.95)
+    assert search.best(obs)[0] == search.edge(obs)
+    assert len(obs) <= 14
+
+
+def test_search_finds_a_sweet_spot_below_the_edge() -> None:
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, num_tuning=3)
+    obs = _drive(search, lambda m: m / (1 + (m / 40) ** 2))
+    best = search.best(obs)[0]
+    assert 32 <= best <= 48
+    assert search.edge(obs) == 64
+
+
+def test_search_falls_back_to_the_floor_when_the_minimum_fails() -> None:
+    search = MicroBatchSearch(min_mbs=8, floor_mbs=1, cap=64, num_tuning=3)
+    obs = _drive(search, lambda m: float(m) if m <= 4 else None)
+    assert obs[8].oom and obs[1].ok
+    assert search.edge(obs) == 4
+
+
+def test_search_gives_up_when_nothing_runs() -> None:
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, num_tuning=3)
+    obs = _drive(search, lambda m: None)
+    assert list(obs) == [1]
+
+
+def test_user_list_is_run_exactly() -> None:
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, num_tuning=3, user_list=(1, 4, 16))
+    assert sorted(_drive(search, float)) == [1, 4, 16]
+
+
+def test_search_is_a_replay_of_the_observations() -> None:
+    """Given the same observations, the same next experiment: a resumed or shared tuning
+    continues exactly where it stopped."""
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=256, num_tuning=4)
+    surface = lambda m: float(m) if m <= 100 else None  # noqa: E731
+    full = _drive(search, surface)
+    order = list(full)
+    partial = {m: full[m] for m in order[: len(order) // 2]}
+    assert search.next_mbs(partial) == order[len(partial)]
+    resumed = _drive(search, surface, start=partial)
+    assert list(resumed) == order
