@@ -77,7 +77,7 @@ def write_summary(result: TuningResult, *, results_dir: str, advice: str | None)
         if stage.status != "tuned":
             lines.append(f"{stage.name} skipped: {stage.reason}")
         elif stage.num_failed:
-            lines.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed")
+            lines.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
     if advice:
         lines.append(advice)
     text = "\n".join(lines) + "\n"

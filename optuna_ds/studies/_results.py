@@ -70,6 +70,7 @@ class StageResult:
     num_experiments: int = 0
     num_failed: int = 0
     best: BestExperiment | None = None
+    last_failure: str = ""
 
     @property
     def name(self) -> str:
@@ -83,13 +84,20 @@ def stage_result(study: optuna.Study, stage: int, *, status: str = "tuned", reas
     if complete:
         pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
         best = BestExperiment.from_trial(pick(complete, key=lambda t: t.value), stage)
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    last_failure = ""
+    if failed:
+        t = failed[-1]
+        tail = (t.user_attrs.get("stderr_tail") or "").strip().splitlines()
+        last_failure = f"{t.user_attrs.get('exp_name')}: {t.user_attrs.get('reason', 'failed')}" + (f": {tail[-1].strip()}" if tail else "")
     return StageResult(
         stage=stage,
         status=status,
         reason=reason,
         num_experiments=len(trials),
-        num_failed=sum(1 for t in trials if t.state == TrialState.FAIL),
+        num_failed=len(failed),
         best=best,
+        last_failure=last_failure,
     )
 
 

@@ -1,0 +1,73 @@
+"""Bad input: one line naming the problem, exit status 2, never a traceback."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import FAKE_LAUNCHER
+from conftest import Workspace
+
+GOOD = {"train_micro_batch_size_per_gpu": 2, "autotuning": {"enabled": True}}
+
+
+def _assert_clean_error(p, *needles: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("optuna-ds: error")
+    assert "Traceback" not in p.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("config", "needles"),
+    [
+        ({"autotuning": {"enabled": True, "tuner_typ": "random"}}, ("tuner_typ", "did you mean 'tuner_type'")),
+        ({"autotuning": {"enabled": True, "metric": "speed"}}, ("autotuning.metric",)),
+        ({"autotuning": {"enabled": True, "start_profile_step": 9}}, ("end_profile_step (5) must not be before",)),
+        ({"train_micro_batch_size_per_gpu": -4, "autotuning": {"enabled": True}}, ("train_micro_batch_size_per_gpu must be",)),
+        ({"train_micro_batch_size_per_gpu": 2}, ("autotuning is not enabled",)),
+        ({"train_micro_batch_size_per_gpu": 2, "autotuning": {"enabled": False}}, ("autotuning is not enabled",)),
+        ({**GOOD, "zero_optimization": {"stage": 7}}, ("zero_optimization.stage",)),
+    ],
+)
+def test_invalid_configs(ws: Workspace, config: dict, needles: tuple[str, ...]) -> None:
+    ws.config(config)
+    _assert_clean_error(ws.tune(), *needles)
+
+
+def test_invalid_json_names_line_and_column(ws: Workspace) -> None:
+    (ws.root / "ds_config.json").write_text('{\n "autotuning": {"enabled": true,}\n}')
+    _assert_clean_error(ws.tune(), "ds_config.json is not valid JSON", "line 2 column")
+
+
+def test_missing_config_script_and_launcher(ws: Workspace) -> None:
+    _assert_clean_error(ws.tune("absent.json"), "absent.json not found")
+    ws.config(GOOD)
+    _assert_clean_error(ws.cli("tune", "--launcher", FAKE_LAUNCHER, "nope.py", "--deepspeed", "ds_config.json"), "training script nope.py not found")
+    _assert_clean_error(ws.cli("tune", "--launcher", "/no/such/deepspeed", "train.py", "--deepspeed", "ds_config.json"), "launcher /no/such/deepspeed not found")
+    _assert_clean_error(ws.cli("tune", "--launcher", FAKE_LAUNCHER, "train.py", "--lr", "1"), "no DeepSpeed config in the script arguments")
+
+
+def test_unknown_option_and_bad_storage(ws: Workspace) -> None:
+    ws.config(GOOD)
+    _assert_clean_error(ws.cli("tune", "--num_gpus", "two", "train.py", "--deepspeed", "ds_config.json"), "--num_gpus")
+    p = ws.tune("ds_config.json", "--storage", "postgresql+psycopg://user:s3cret@127.0.0.1:1/db")
+    _assert_clean_error(p, "127.0.0.1:1")
+    assert "s3cret" not in p.stderr + p.stdout
+    _assert_clean_error(ws.tune("ds_config.json", "--storage", "not a url"), "invalid storage URL")
+
+
+def test_hostfile_errors(ws: Workspace) -> None:
+    ws.config(GOOD)
+    _assert_clean_error(ws.tune("ds_config.json", "--hostfile", "missing-hostfile"), "hostfile missing-hostfile not found")
+    (ws.root / "hostfile").write_text("worker-0 slots=2\nworker-0 slots=2\n")
+    _assert_clean_error(ws.tune("ds_config.json", "--hostfile", "hostfile"), "multiple entries for worker-0")
+    _assert_clean_error(ws.tune("ds_config.json", "--num_gpus", "8"), "--num_gpus 8 but a node has only 1")
+
+
+def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
+    ws.config(GOOD)
+    assert ws.tune().returncode == 0
+    ws.config({**GOOD, "train_micro_batch_size_per_gpu": 3})
+    _assert_clean_error(ws.tune(), "already holds a tuning of a different", "--overwrite")

@@ -1,0 +1,99 @@
+"""Real DeepSpeed on CPU (DS_ACCELERATOR=cpu) through `optuna-ds tune` and `optuna-ds run`."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from conftest import EXAMPLES
+
+pytestmark = pytest.mark.e2e
+
+MODEL_ARGS = ["--hidden", "64", "--layers", "1", "--steps", "12"]
+
+
+def _cli(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    return subprocess.run([sys.executable, "-m", "optuna_ds", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    shutil.copy(EXAMPLES / "train.py", tmp_path / "train.py")
+    return tmp_path
+
+
+def _tree_mtimes(root: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime for p in root.rglob("*") if p.is_file() and p.suffix != ".db" and "journal" not in p.name}
+
+
+def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": [4, 8],
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+        "zero_optimization": {"stage": 1, "reduce_bucket_size": [5e7, 5e8], "allgather_bucket_size": 5e8},
+        "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch", "num_tuning_micro_batch_sizes": 1,
+                       "start_profile_step": 2, "end_profile_step": 3},
+    }
+    (project / "ds_config.json").write_text(json.dumps(config))
+    args = ["tune", "--num_gpus", "1", "--master_port", "29650", "train.py", "--deepspeed_config", "ds_config.json", *MODEL_ARGS]
+    p = _cli(project, *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+    results = project / "autotuning_results"
+    storage = f"sqlite:///{results / 'optuna-ds.db'}"
+    study = optuna.load_study(study_name="optuna-ds-z1", storage=storage)
+    trials = study.get_trials()
+    assert all(t.state == TrialState.COMPLETE for t in trials), [(t.number, t.user_attrs.get("reason"), t.user_attrs.get("stderr_tail")) for t in trials]
+    phases = [t.user_attrs["phase"] for t in trials]
+    assert phases.count("micro_batch") == 2 and phases.count("knobs") == 2
+    for t in trials:
+        metrics = t.user_attrs["metrics"]
+        assert {"throughput", "latency", "FLOPS_per_gpu"} <= set(metrics)  # written by DeepSpeed's engine
+        assert t.value == pytest.approx(metrics["throughput"])
+        assert (Path(t.user_attrs["result_dir"]) / "metrics.json").exists()
+    knob_trials = [t for t in trials if t.user_attrs["phase"] == "knobs"]
+    assert sorted(t.params["reduce_bucket_size"] for t in knob_trials) == [5e7, 5e8]
+    assert all(t.user_attrs["ds_config"]["zero_optimization"]["allgather_bucket_size"] == 5e8 for t in knob_trials)
+    model_info = optuna.load_study(study_name="optuna-ds", storage=storage).user_attrs["model_info"]
+    assert model_info["num_params"] == 64 * 64 + 64 + 64 * 10 + 10
+
+    for name in ("summary.txt", "ds_config_optimal.json", "cmd_optimal.txt"):
+        assert (results / name).exists(), name
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert "autotuning" not in optimal and optimal["zero_optimization"]["stage"] == 1
+    assert optimal["train_batch_size"] == optimal["train_micro_batch_size_per_gpu"] * optimal["gradient_accumulation_steps"]
+    for t in trials:
+        assert sorted(os.listdir(t.user_attrs["result_dir"])) == ["cmd.txt", "ds_config.json", "exp.json", "metrics.json", "stderr.log", "stdout.log"]
+        assert (project / "autotuning_exps" / f"{t.user_attrs['exp_name']}.json").exists()
+
+    before = _tree_mtimes(results / "profile_model_info") | {k: v for k, v in _tree_mtimes(results).items() if "/z1_" in k}
+    p = _cli(project, *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert len(optuna.load_study(study_name="optuna-ds-z1", storage=storage).get_trials()) == len(trials)
+    after = _tree_mtimes(results / "profile_model_info") | {k: v for k, v in _tree_mtimes(results).items() if "/z1_" in k}
+    assert after == before, "a finished experiment was launched again"
+    assert "running" not in p.stdout
+
+
+def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+        "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 8, "num_tuning_micro_batch_sizes": 2,
+                       "start_profile_step": 2, "end_profile_step": 3, "model_info": {"num_params": 4810}},
+    }
+    (project / "ds_config.json").write_text(json.dumps(config))
+    p = _cli(project, "run", "--num_gpus", "1", "--master_port", "29660", "train.py", "--deepspeed_config", "ds_config.json", *MODEL_ARGS)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Training with the optimal config" in p.stdout
+    assert "step 10 loss" in p.stdout  # the training's own output, streamed
+    assert (project / "autotuning_results" / "ds_config_optimal.json").exists()
