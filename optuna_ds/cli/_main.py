@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import functools
 import sys
+import tempfile
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -129,5 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("optuna-ds: interrupted", err=True)
         sys.exit(130)
+    except Exception as e:  # a bug of ours: one line, and the traceback kept for the report
+        with tempfile.NamedTemporaryFile("w", prefix="optuna-ds-crash-", suffix=".log", delete=False) as f:
+            traceback.print_exc(file=f)
+        click.echo(f"optuna-ds: internal error: {type(e).__name__}: {e} (traceback in {f.name})", err=True)
+        sys.exit(1)
     sys.exit(0)
 

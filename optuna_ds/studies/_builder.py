@@ -43,8 +43,9 @@ class ExperimentBuilder:
         return max(1, bound // self.data_parallel_size)
 
     def gas_for(self, mbs: int) -> int:
+        """Gradient accumulation for ``mbs``: as much as the global-batch bound allows, else the user's."""
         bound = self.max_batch_per_gpu()
-        if bound is None or self._user.autotuning.max_train_batch_size is None and self._user.train_batch_size is None:
+        if bound is None:
             return self._user.gradient_accumulation_steps
         return max(1, bound // mbs)
 
