@@ -3,8 +3,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -18,6 +20,7 @@ from optuna_ds.config import replace_config_path
 from optuna_ds.config import set_arg
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import LauncherOptions
+from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.reporting import learning_rate_advice
@@ -165,10 +168,40 @@ def tune(options: TuneOptions, *, log: Callable[[str], None] = print) -> TuneOut
     )
     log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
     tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, log=log, seed=options.seed)
-    result = tuning.run()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    try:
+        result = tuning.run()
+    except KeyboardInterrupt:
+        # Write what finished, then let the interrupt end the process (130 or 143).
+        with deferred_signals():
+            outcome = _write_outputs(tuning.result(), plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
+            log(outcome.summary.rstrip())
+            log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return _write_outputs(result, plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
 
-    dp = max(1, resources.total_gpus // a.mp_size)
-    advice = learning_rate_advice(result, user, data_parallel_size=dp)
+
+class TuningInterrupted(KeyboardInterrupt):
+    """SIGTERM, raised where the tuning is, so it unwinds like Ctrl-C: experiments are ended
+    by process group and their trials marked ``interrupted``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    raise TuningInterrupted(signum)
+
+
+def _write_outputs(
+    result: TuningResult, *, plan: TuningPlan, user: UserConfig, options: TuneOptions, launcher: list[str], dp: int, url: str
+) -> TuneOutcome:
+    results_dir = plan.results_dir
+    advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
     summary = write_summary(result, results_dir=results_dir, advice=advice)
     config = optimal_config(result)
     command: list[str] | None = None
@@ -194,14 +227,23 @@ def tune(options: TuneOptions, *, log: Callable[[str], None] = print) -> TuneOut
 
 
 def run_training(command: Sequence[str]) -> int:
-    """Train with the optimal config, streaming its output; return its exit status."""
+    """Train with the optimal config, streaming its output; return its exit status.
+
+    Interrupted (Ctrl-C or SIGTERM), it ends the training's process group and returns
+    128 + the signal number.
+    """
     proc = subprocess.Popen(list(command), start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         return proc.wait()
-    except KeyboardInterrupt:
-        kill_process_group(proc.pid)
-        proc.wait()
-        return 130
+    except KeyboardInterrupt as e:
+        with deferred_signals():
+            kill_process_group(proc.pid)
+            proc.wait()
+        return 128 + (e.signum if isinstance(e, TuningInterrupted) else signal.SIGINT)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "run_training", "tune"]
+__all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "TuningInterrupted", "run_training", "tune"]

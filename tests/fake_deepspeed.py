@@ -15,6 +15,7 @@ file for an experiment. The performance surface and the faults come from the JSO
     profile_fail   the profile run crashes
     num_params, activation_mem_per_gpu               the model info written by the profile run
     knob_gain   {knob: {value: factor}}              multiplies throughput
+    duration, duration_at {mbs: seconds}             how long an experiment takes
 
 A config without an ``autotuning`` section is a training run: it prints and exits with
 ``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times.
@@ -77,7 +78,7 @@ def main():
     start = time.time()
     entry = {"start": start, "include": launcher.get("--include"), "master_port": launcher.get("--master_port"),
              "stage": stage, "mbs": mbs, "gas": gas, "args": args, "pid": os.getpid()}
-    print("[INFO] fake deepspeed launching", script, flush=True)
+    print(f"[INFO] fake deepspeed launching {script} pid {os.getpid()}", flush=True)
     # A harmless warning that mentions "Error": it must not fail the run.
     print("UserWarning: torch.distributed ErrorHandler is deprecated", file=sys.stderr, flush=True)
     try:
@@ -115,7 +116,7 @@ def main():
             throughput *= float(gains.get(json.dumps(zero.get(knob)), 1.0))
         latency = mbs * gas * 1e6 / throughput
         metrics = {"throughput": throughput, "latency": latency, "FLOPS_per_gpu": throughput * 1e9, "rank": 0}
-        time.sleep(float(surface.get("duration", 0.0)))
+        time.sleep(float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0))))
         with open(auto["metric_path"], "w") as f:
             json.dump(metrics, f)
         return 0

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 import tempfile
 import traceback
@@ -110,6 +111,14 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
     sys.exit(run_training(outcome.optimal_command))
 
 
+def _interrupted(cause: BaseException | None) -> None:
+    from optuna_ds._tune import TuningInterrupted
+
+    signum = cause.signum if isinstance(cause, TuningInterrupted) else signal.SIGINT
+    click.echo(f"optuna-ds: interrupted by {signal.Signals(signum).name}", err=True)
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: bad input is one line on stderr and exit status 2, never a traceback."""
     try:
@@ -118,8 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         ctx = f" ({e.ctx.command_path})" if e.ctx is not None else ""
         click.echo(f"optuna-ds: error{ctx}: {e.format_message()}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        sys.exit(130)
+    except click.exceptions.Abort as e:  # click's wrapping of KeyboardInterrupt
+        _interrupted(e.__cause__)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
@@ -128,9 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     except OptunaDSError as e:
         click.echo(f"optuna-ds: error: {e}", err=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("optuna-ds: interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        _interrupted(e)
     except Exception as e:  # a bug of ours: one line, and the traceback kept for the report
         with tempfile.NamedTemporaryFile("w", prefix="optuna-ds-crash-", suffix=".log", delete=False) as f:
             traceback.print_exc(file=f)

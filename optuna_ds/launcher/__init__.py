@@ -11,6 +11,7 @@ from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import discover_resources
 from optuna_ds.launcher._runner import ExperimentRunner
+from optuna_ds.launcher._runner import deferred_signals
 from optuna_ds.launcher._runner import kill_process_group
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Resources",
     "Slot",
     "classify",
+    "deferred_signals",
     "discover_resources",
     "kill_process_group",
 ]

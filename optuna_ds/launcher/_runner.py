@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 
 from optuna_ds.config import replace_config_path
@@ -41,6 +45,20 @@ def _lookup(config: dict, key: str) -> object:
             if found is not None:
                 return found
     return None
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a cleanup must finish; they are delivered afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def kill_process_group(pgid: int, *, grace: float = _KILL_GRACE) -> None:
@@ -106,7 +124,15 @@ class ExperimentRunner:
             launcher_args += ["--master_addr", self._master_addr]
         return self._launcher + launcher_args + [self._script] + args
 
-    def run(self, experiment: Experiment, *, slot: Slot, slot_index: int = 0, timeout: float | None) -> ExperimentResult:
+    def run(
+        self,
+        experiment: Experiment,
+        *,
+        slot: Slot,
+        slot_index: int = 0,
+        timeout: float | None,
+        on_start: Callable[[int], None] | None = None,
+    ) -> ExperimentResult:
         """Run one experiment to completion, timeout or interrupt, and classify the outcome.
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
@@ -138,14 +164,17 @@ class ExperimentRunner:
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
             try:
+                if on_start is not None:
+                    on_start(proc.pid)  # the process group id, recorded so a resumed tuning can end it
                 returncode: int | None = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 kill_process_group(proc.pid)
                 returncode = proc.wait()
             except BaseException:
-                kill_process_group(proc.pid)
-                proc.wait()
+                with deferred_signals():
+                    kill_process_group(proc.pid)
+                    proc.wait()
                 raise
             finally:
                 # Ranks the launcher left behind die with their group.

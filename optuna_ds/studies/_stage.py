@@ -23,6 +23,11 @@ from optuna_ds.space import KnobSpace
 from optuna_ds.space import MicroBatchSearch
 from optuna_ds.space import Observation
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._owner import OWNER_ATTR
+from optuna_ds.studies._owner import PROCESS_ATTR
+from optuna_ds.studies._owner import fail_orphaned_trials
+from optuna_ds.studies._owner import process_identity
+from optuna_ds.studies._owner import this_process
 from optuna_ds.studies._results import is_finished_experiment
 
 _MAX_CONSECUTIVE_DUPLICATES = 50
@@ -96,6 +101,8 @@ class StageTuner:
         self.study = optuna.create_study(
             storage=ctx.storage, study_name=study_name, direction=ctx.direction, load_if_exists=True
         )
+        for number in fail_orphaned_trials(self.study):
+            ctx.log(f"[z{stage}] trial {number}: its process died; its experiment will run again")
 
     # -- reading the study ------------------------------------------------------------------
 
@@ -127,6 +134,7 @@ class StageTuner:
         ctx = self._ctx
 
         def objective(trial: optuna.Trial) -> float:
+            trial.set_user_attr(OWNER_ATTR, this_process())
             if phase is Phase.MICRO_BATCH:
                 mbs = trial.suggest_int(MBS_KEY, 1, ctx.mbs_high)
                 knobs: dict[str, Any] = {}
@@ -155,7 +163,12 @@ class StageTuner:
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
             ctx.log(f"[z{self._stage}] trial {trial.number}: running {experiment.name}")
             try:
-                result = ctx.runner.run(experiment, slot=ctx.slot, timeout=ctx.timeout)
+                result = ctx.runner.run(
+                    experiment,
+                    slot=ctx.slot,
+                    timeout=ctx.timeout,
+                    on_start=lambda pid: trial.set_user_attr(PROCESS_ATTR, process_identity(pid)),
+                )
             except BaseException:
                 trial.set_user_attr("reason", FailureReason.INTERRUPTED.value)
                 raise
@@ -179,6 +192,7 @@ class StageTuner:
         to go stale (its worker died) so that the experiment can run again here."""
         self._ctx.log(f"[z{self._stage}] waiting for {name}, running in another process")
         while self._running(name):
+            fail_orphaned_trials(self.study)
             optuna.storages.fail_stale_trials(self.study)
             time.sleep(_POLL_SECONDS)
 

@@ -154,12 +154,59 @@ class Tuning:
             seed=self._seed,
         )
 
-    def _record_stage(self, stages: dict[str, Any], result: StageResult, extra: dict[str, Any]) -> None:
-        stages[result.name] = {"status": result.status, "reason": result.reason, **extra}
+    def _record_stage(self, stage: int, status: str, reason: str = "", **extra: Any) -> None:
+        stages = dict(self._root.user_attrs.get("stages", {}))
+        stages[f"z{stage}"] = {"status": status, "reason": reason, **extra}
         self._root.set_user_attr("stages", stages)
 
+    def _skip(self, stage: int, reason: str, estimate: MemoryEstimate) -> None:
+        self._log(f"[z{stage}] skipped: {reason}")
+        self._record_stage(stage, "skipped", reason, memory=estimate.to_dict())
+
+    def _stage_study(self, stage: int) -> optuna.Study | None:
+        try:
+            return optuna.load_study(study_name=stage_study_name(self._plan.study_name, stage), storage=self._storage)
+        except KeyError:
+            return None
+
+    def result(self) -> TuningResult:
+        """The tuning as the storage records it: what finished, whatever interrupted the rest."""
+        a = self._user.autotuning
+        recorded = self._root.user_attrs.get("stages", {})
+        results = []
+        for stage in self._user.stages:
+            entry = recorded.get(f"z{stage}", {})
+            study = self._stage_study(stage)
+            if entry.get("status") == "skipped":
+                results.append(StageResult(stage=stage, status="skipped", reason=entry.get("reason", "")))
+            elif study is not None:
+                result = stage_result(study, stage)
+                if result.best is None:
+                    result = stage_result(study, stage, reason="no experiment ran successfully")
+                results.append(result)
+            else:
+                results.append(StageResult(stage=stage, status="pending", reason="not reached yet"))
+        return TuningResult(
+            metric=a.metric,
+            direction=a.direction,
+            stages=results,
+            duration=float(self._root.user_attrs.get("elapsed", 0.0)),
+            model_info=self._root.user_attrs.get("model_info", {}),
+        )
+
     def run(self) -> TuningResult:
+        """Explore the stages, then return :meth:`result`. Interrupted, it still counts the time
+        spent, and the storage keeps every finished experiment."""
         start = time.monotonic()
+        try:
+            self._explore()
+        finally:
+            # Time spent across every run of this tuning, resumed ones included.
+            elapsed = float(self._root.user_attrs.get("elapsed", 0.0)) + time.monotonic() - start
+            self._root.set_user_attr("elapsed", round(elapsed, 3))
+        return self.result()
+
+    def _explore(self) -> None:
         a = self._user.autotuning
         info = self._model_info()
         self._log(
@@ -170,8 +217,6 @@ class Tuning:
         estimates = self._estimates(info)
         self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
         ctx = self._context()
-        stages: dict[str, Any] = {}
-        results: list[StageResult] = []
         prev: StageResult | None = None  # the best stage so far
         prev_edge = 0
 
@@ -180,24 +225,15 @@ class Tuning:
 
         for stage in self._user.stages:
             estimate = estimates[stage]
-            extra = {"memory": estimate.to_dict()}
             if not estimate.fits:
-                reason = (
+                self._skip(stage, (
                     f"needs {_humanize(estimate.instantiation)}B per GPU for parameters, gradients and optimizer "
                     f"states, more than the {_humanize(estimate.device_memory)}B available"
-                )
-                result = StageResult(stage=stage, status="skipped", reason=reason)
-                self._log(f"[z{stage}] skipped: {reason}")
-                self._record_stage(stages, result, extra)
-                results.append(result)
+                ), estimate)
                 continue
             cap = self._mbs_cap(estimate)
             if self._user.all_stages and prev is not None and prev.best is not None and cap <= prev_edge:
-                reason = f"fits no micro-batch larger than the {prev_edge} that z{prev.stage} already runs"
-                result = StageResult(stage=stage, status="skipped", reason=reason)
-                self._log(f"[z{stage}] skipped: {reason}")
-                self._record_stage(stages, result, extra)
-                results.append(result)
+                self._skip(stage, f"fits no micro-batch larger than the {prev_edge} that z{prev.stage} already runs", estimate)
                 continue
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
             search = MicroBatchSearch(
@@ -213,33 +249,18 @@ class Tuning:
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())
             tuner.study.set_metric_names([a.metric])
+            self._record_stage(stage, "running", memory=estimate.to_dict())
             tuner.run()
             edge = search.edge(tuner.observations())
             result = stage_result(tuner.study, stage)
-            if result.best is None:
-                result = stage_result(tuner.study, stage, reason="no experiment ran successfully")
-            self._record_stage(stages, result, {**extra, "max_runnable_micro_batch_size": edge})
-            results.append(result)
+            self._record_stage(stage, "tuned", memory=estimate.to_dict(), max_runnable_micro_batch_size=edge)
             if result.best is not None:
                 self._log(f"[z{stage}] best: {result.best.name} {a.metric}={result.best.value:.4g} after {result.num_experiments} experiment(s)")
             if self._user.all_stages and prev is not None and prev.best is not None and result.best is not None:
                 if not better_than(result.best.value, prev.best.value):
                     for later in self._user.stages[self._user.stages.index(stage) + 1 :]:
-                        skipped = StageResult(stage=later, status="skipped", reason=f"z{stage} was no better than z{prev.stage}")
-                        self._log(f"[z{later}] skipped: {skipped.reason}")
-                        self._record_stage(stages, skipped, {"memory": estimates[later].to_dict()})
-                        results.append(skipped)
-                    break
+                        self._skip(later, f"z{stage} was no better than z{prev.stage}", estimates[later])
+                    return
             prev_edge = max(prev_edge, edge)
             if result.best is not None and (prev is None or prev.best is None or better_than(result.best.value, prev.best.value)):
                 prev = result
-        # Time spent across every run of this tuning, resumed ones included.
-        elapsed = float(self._root.user_attrs.get("elapsed", 0.0)) + time.monotonic() - start
-        self._root.set_user_attr("elapsed", round(elapsed, 3))
-        return TuningResult(
-            metric=a.metric,
-            direction=a.direction,
-            stages=results,
-            duration=elapsed,
-            model_info=info,
-        )

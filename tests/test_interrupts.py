@@ -1,0 +1,111 @@
+"""Interrupts and kills: nothing lost, nothing left running, the tuning resumes."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from conftest import FAKE_LAUNCHER
+from conftest import Workspace
+
+CONFIG = {
+    "train_micro_batch_size_per_gpu": [2, 4, 8],
+    "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+    "zero_optimization": {"stage": 1},
+    "autotuning": {"enabled": True},
+}
+
+
+def _start(ws: Workspace, surface: dict) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "optuna_ds", "tune", "--launcher", FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json"],
+        cwd=ws.root, env=ws.env(surface), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _wait_for_launch(ws: Workspace, name: str, *, hangs: bool = False, timeout: float = 60) -> dict[str, int]:
+    """The pids printed by the fake launcher of experiment ``name`` once it runs."""
+    log = ws.results / name / "stdout.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        launcher, child = re.search(r"pid (\d+)", text), re.search(r"child pid (\d+)", text)
+        if launcher and (child or not hangs):
+            return {"launcher": int(launcher.group(1)), **({"child": int(child.group(1))} if child else {})}
+        time.sleep(0.1)
+    raise AssertionError(f"{name} never started")
+
+
+def _gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _trials(ws: Workspace) -> dict[int, optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage)
+    return {t.number: t for t in study.get_trials()}
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig: int, code: int) -> None:
+    ws.config(CONFIG)
+    proc = _start(ws, {"hang_at": [4]})
+    pids = _wait_for_launch(ws, "z1_gas1_tmbspg4", hangs=True)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == f"optuna-ds: interrupted by {signal.Signals(sig).name}"
+    assert _gone(pids["launcher"]) and _gone(pids["child"]), "an experiment process survived"
+
+    states = {t.user_attrs["micro_batch_size"]: (t.state, t.user_attrs.get("reason")) for t in _trials(ws).values()}
+    assert states == {2: (TrialState.COMPLETE, None), 4: (TrialState.FAIL, "interrupted")}
+    summary = (ws.results / "summary.txt").read_text()
+    assert "z1_gas1_tmbspg2" in summary  # what finished is reported
+    assert json.loads((ws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 2
+
+    p = ws.tune()  # no hang this time
+    assert p.returncode == 0, p.stderr
+    runs = [l["mbs"] for l in ws.launches() if not l.get("profile")]
+    assert runs.count(2) == 1, "a finished experiment ran again"
+    assert runs.count(4) == 1 and runs.count(8) == 1  # the interrupted one is retried (the hung launch never logged)
+    assert {t.user_attrs["micro_batch_size"] for t in _trials(ws).values() if t.state == TrialState.COMPLETE} == {2, 4, 8}
+
+
+def test_sigkilled_tuner_resumes_ends_the_orphan_and_matches_an_uninterrupted_run(ws: Workspace, tmp_path: Path) -> None:
+    ws.config(CONFIG)
+    proc = _start(ws, {"duration_at": {"4": 60}})
+    pids = _wait_for_launch(ws, "z1_gas1_tmbspg4")
+    proc.kill()
+    proc.wait()
+    assert not _gone(pids["launcher"], timeout=0.5)  # SIGKILL left the experiment running
+
+    start = time.monotonic()
+    p = ws.tune()
+    assert p.returncode == 0, p.stderr
+    assert time.monotonic() - start < 50, "resume waited for the heartbeat instead of noticing the dead tuner"
+    assert _gone(pids["launcher"]), "the orphaned experiment was not ended"
+    assert "its process died" in p.stdout
+    runs = [l["mbs"] for l in ws.launches() if not l.get("profile")]
+    assert runs.count(2) == 1 and runs.count(8) == 1
+
+    (tmp_path / "uninterrupted").mkdir()
+    other = Workspace(tmp_path / "uninterrupted")
+    other.config(CONFIG)
+    assert other.tune().returncode == 0
+    best = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert best == json.loads((other.results / "ds_config_optimal.json").read_text().replace(str(other.root), str(ws.root)))
