@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -97,3 +100,45 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     assert "Training with the optimal config" in p.stdout
     assert "step 10 loss" in p.stdout  # the training's own output, streamed
     assert (project / "autotuning_results" / "ds_config_optimal.json").exists()
+
+
+def test_sigint_ends_real_deepspeed_ranks(project: Path) -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": [4],
+        "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+        "autotuning": {"enabled": True, "start_profile_step": 2, "end_profile_step": 100000, "model_info": {"num_params": 4810}},
+    }
+    (project / "ds_config.json").write_text(json.dumps(config))
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optuna_ds", "tune", "--num_gpus", "1", "--master_port", "29670", "train.py",
+         "--deepspeed_config", "ds_config.json", "--hidden", "64", "--layers", "1", "--steps", "1000000"],
+        cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    log = project / "autotuning_results" / "z0_gas1_tmbspg4" / "stdout.log"
+    deadline = time.monotonic() + 300
+    rank = None
+    while rank is None and time.monotonic() < deadline:
+        match = re.search(r"process (\d+) spawned", log.read_text()) if log.exists() else None
+        rank = int(match.group(1)) if match else None
+        time.sleep(0.2)
+    assert rank is not None, "the experiment never started a rank"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    storage = f"sqlite:///{project / 'autotuning_results' / 'optuna-ds.db'}"
+    trial = optuna.load_study(study_name="optuna-ds-z0", storage=storage).get_trials()[0]
+    assert trial.state == TrialState.FAIL and trial.user_attrs["reason"] == "interrupted"
+    group = trial.user_attrs["experiment_process"]["pid"]
+    for _ in range(100):
+        try:
+            os.kill(rank, 0)
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    with pytest.raises(ProcessLookupError):
+        os.kill(rank, 0)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)
