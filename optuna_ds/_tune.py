@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from collections.abc import Sequence
 
 import optuna
@@ -25,14 +24,19 @@ from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import optimal_config
+from optuna_ds.reporting import register_with_dashboard
 from optuna_ds.reporting import write_optimal
+from optuna_ds.reporting import write_report
+from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import default_storage_url
 from optuna_ds.storage import delete_tuning
 from optuna_ds.storage import redact_url
+from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
+from optuna_ds.studies import TuningObserver
 from optuna_ds.studies import TuningResult
 
 
@@ -119,11 +123,14 @@ def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: s
             pass
 
 
-def tune(options: TuneOptions, *, log: Callable[[str], None] = print) -> TuneOutcome:
+def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> TuneOutcome:
     """Find the fastest DeepSpeed configuration of ``options.script``.
 
-    Resumes the tuning stored under ``options.study_name`` unless ``overwrite``.
+    Resumes the tuning stored under ``options.study_name`` unless ``overwrite``. Progress goes
+    to ``observer`` (plain lines on stdout by default).
     """
+    observer = observer or PrintObserver()
+    log = observer.log
     if not os.path.isfile(options.script):
         raise ConfigError(f"training script {options.script} not found")
     user = load_user_config(options.script_args)
@@ -167,7 +174,7 @@ def tune(options: TuneOptions, *, log: Callable[[str], None] = print) -> TuneOut
         exps_dir=exps_dir,
     )
     log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
-    tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, log=log, seed=options.seed)
+    tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         result = tuning.run()
@@ -203,6 +210,10 @@ def _write_outputs(
     results_dir = plan.results_dir
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
     summary = write_summary(result, results_dir=results_dir, advice=advice)
+    storage = create_storage(url)
+    maximize = user.autotuning.direction == "maximize"
+    write_report(storage, plan.study_name, os.path.join(results_dir, "report.html"), metric=result.metric, maximize=maximize, summary=summary)
+    register_with_dashboard(storage, plan.study_name, metric=result.metric, maximize=maximize, summary=summary)
     config = optimal_config(result)
     command: list[str] | None = None
     paths = None
@@ -226,6 +237,23 @@ def _write_outputs(
     )
 
 
+def report(*, storage: str, study_name: str, output: str) -> str:
+    """Write the HTML report of the tuning stored under ``study_name``; return its summary."""
+    from optuna_ds.config import parse_user_config
+    from optuna_ds.storage import load_plan
+    from optuna_ds.studies import load_result
+
+    store = create_storage(storage)
+    plan = load_plan(store, study_name)
+    if plan is None:
+        raise ConfigError(f"storage {redact_url(storage)} holds no tuning named '{study_name}'")
+    user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
+    result = load_result(store, plan, user)
+    summary = summary_text(result, advice=None)
+    write_report(store, study_name, output, metric=result.metric, maximize=result.direction == "maximize", summary=summary)
+    return summary
+
+
 def run_training(command: Sequence[str]) -> int:
     """Train with the optimal config, streaming its output; return its exit status.
 
@@ -246,4 +274,4 @@ def run_training(command: Sequence[str]) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "TuningInterrupted", "run_training", "tune"]
+__all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "TuningInterrupted", "report", "run_training", "tune"]

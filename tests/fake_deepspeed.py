@@ -9,6 +9,7 @@ file for an experiment. The performance surface and the faults come from the JSO
     base        {stage: throughput scale}            default {"0": 100, "1": 120, "2": 110, "3": 80}
     peak        micro-batch size of peak throughput   default 24
     oom_above   {stage: largest mbs that fits}        default none
+    stderr_text a line printed after the OOM error
     error_at    micro-batch sizes that crash          (exit 1, a non-OOM traceback)
     hang_at     micro-batch sizes that never finish   (with a child process, to test group kill)
     no_metrics_at  sizes that exit 0 without metrics
@@ -103,6 +104,8 @@ def main():
         oom_above = surface.get("oom_above", {}).get(str(stage))
         if oom_above is not None and mbs > oom_above:
             print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
+            if "stderr_text" in surface:
+                print(surface["stderr_text"], file=sys.stderr)
             return 1
         if mbs in surface.get("error_at", []):
             print("Traceback (most recent call last):\nRuntimeError: NCCL communicator was aborted", file=sys.stderr)

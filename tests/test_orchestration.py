@@ -197,3 +197,14 @@ def test_run_trains_with_the_optimal_config_and_returns_its_status(ws: Workspace
     assert len(training) == 1
     assert training[0]["args"][-1].endswith("ds_config_optimal.json")
     assert "training with micro-batch" in p.stdout
+
+
+def test_script_arguments_reach_the_script_literally(ws: Workspace) -> None:
+    ws.config({**FAST, "train_micro_batch_size_per_gpu": [4]})
+    canary = ws.root / "pwned"
+    p = ws.cli("tune", "--launcher", __import__("conftest").FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+               "--name", f"x; touch {canary}", "--glob", "*", "--var", "$HOME")
+    assert p.returncode == 0, p.stderr
+    args = _launched(ws)[0]["args"]
+    assert args[2:] == ["--name", f"x; touch {canary}", "--glob", "*", "--var", "$HOME"]
+    assert not canary.exists()

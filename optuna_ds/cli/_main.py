@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import functools
 import signal
 import sys
 import tempfile
@@ -43,6 +42,7 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--launcher", default=None, help="The deepspeed launcher (default: deepspeed on PATH)."),
         click.option("--seed", type=int, default=None, help="Seed of the samplers."),
         click.option("-q", "--quiet", is_flag=True, help="Print only the summary."),
+        click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -55,15 +55,18 @@ def _tune_from_cli(kwargs: dict[str, Any], script: str, script_args: tuple[str, 
     from optuna_ds._tune import TuneOptions
     from optuna_ds._tune import tune
     from optuna_ds.launcher import LauncherOptions
+    from optuna_ds.reporting import Progress
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # Heartbeats and metric names are Optuna features we rely on knowingly.
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    quiet = kwargs.pop("quiet")
+    progress = Progress(quiet=kwargs.pop("quiet"), verbose=kwargs.pop("verbose"))
     launcher_options = LauncherOptions(**{k: kwargs.pop(k) for k in ("num_gpus", "num_nodes", "hostfile", "include", "exclude", "master_port", "master_addr")})
     options = TuneOptions(script=script, script_args=list(script_args), launcher_options=launcher_options, **kwargs)
-    log = (lambda _m: None) if quiet else functools.partial(click.echo, err=False)
-    outcome = tune(options, log=log)
+    try:
+        outcome = tune(options, observer=progress)
+    finally:
+        progress.close()
     click.echo(outcome.summary.rstrip())
     if outcome.optimal_config_path:
         click.echo(f"Wrote {outcome.optimal_config_path} and {outcome.optimal_cmd_path}")
@@ -109,6 +112,35 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
         sys.exit(1)
     click.echo("Training with the optimal config: " + " ".join(outcome.optimal_command))
     sys.exit(run_training(outcome.optimal_command))
+
+
+@cli.command()
+@click.option("--storage", required=True, help="The tuning's Optuna storage URL.")
+@click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True)
+@click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False))
+def report(storage: str, study_name: str, output: str) -> None:
+    """Write a self-contained HTML report of a tuning: plots and every experiment."""
+    from optuna_ds._tune import report as write
+
+    summary = write(storage=storage, study_name=study_name, output=output)
+    click.echo(summary.rstrip())
+    click.echo(f"Wrote {output}")
+
+
+@cli.command()
+@click.option("--storage", required=True, help="The tuning's Optuna storage URL.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; localhost unless told otherwise.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+def dashboard(storage: str, host: str, port: int) -> None:
+    """Serve optuna-dashboard on the tuning's storage."""
+    import optuna_dashboard
+
+    from optuna_ds.storage import create_storage
+    from optuna_ds.storage import redact_url
+
+    store = create_storage(storage)
+    click.echo(f"optuna-dashboard on http://{host}:{port}/ for {redact_url(storage)} (Ctrl-C to stop)")
+    optuna_dashboard.run_server(store, host=host, port=port)
 
 
 def _interrupted(cause: BaseException | None) -> None:

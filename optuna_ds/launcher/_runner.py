@@ -110,6 +110,10 @@ class ExperimentRunner:
         self._metric_key = metric_key
         self._exps_dir = exps_dir
 
+    @property
+    def master_port(self) -> int:
+        return self._master_port
+
     def command(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
         args = replace_config_path(self._script_args, config_path)
         for key, flag in self._arg_mappings.items():

@@ -1,17 +1,27 @@
 """Layer 5b: what a tuning leaves for the user: summary, optimal config and command."""
 
+from optuna_ds.reporting._progress import Progress
+from optuna_ds.reporting._report import register_with_dashboard
+from optuna_ds.reporting._report import render_report
+from optuna_ds.reporting._report import write_report
 from optuna_ds.reporting._summary import learning_rate_advice
 from optuna_ds.reporting._summary import optimal_command
 from optuna_ds.reporting._summary import optimal_config
 from optuna_ds.reporting._summary import summary_table
+from optuna_ds.reporting._summary import summary_text
 from optuna_ds.reporting._summary import write_optimal
 from optuna_ds.reporting._summary import write_summary
 
 __all__ = [
+    "Progress",
     "learning_rate_advice",
     "optimal_command",
     "optimal_config",
+    "register_with_dashboard",
+    "render_report",
     "summary_table",
+    "summary_text",
     "write_optimal",
+    "write_report",
     "write_summary",
 ]

@@ -62,8 +62,8 @@ def learning_rate_advice(result: TuningResult, user: UserConfig, *, data_paralle
     return advice
 
 
-def write_summary(result: TuningResult, *, results_dir: str, advice: str | None) -> str:
-    """Write ``summary.txt`` (DeepSpeed's table, then our additions) and return its text."""
+def summary_text(result: TuningResult, *, advice: str | None) -> str:
+    """DeepSpeed's summary table, then the tuning time, the optimum, skipped stages, failures."""
     lines = [summary_table(result), ""]
     duration = datetime.timedelta(seconds=round(result.duration))
     lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}.")
@@ -74,13 +74,20 @@ def write_summary(result: TuningResult, *, results_dir: str, advice: str | None)
     else:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     for stage in result.stages:
-        if stage.status != "tuned":
+        if stage.status == "skipped":
             lines.append(f"{stage.name} skipped: {stage.reason}")
+        elif stage.status == "pending":
+            lines.append(f"{stage.name}: {stage.reason}")
         elif stage.num_failed:
             lines.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
     if advice:
         lines.append(advice)
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(result: TuningResult, *, results_dir: str, advice: str | None) -> str:
+    """Write ``summary.txt`` and return its text."""
+    text = summary_text(result, advice=advice)
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, "summary.txt"), "w", encoding="utf-8") as f:
         f.write(text)

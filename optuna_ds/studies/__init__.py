@@ -1,19 +1,25 @@
 """Layer 3c: the studies of a tuning, one per ZeRO stage, and the workflow that drives them."""
 
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._observer import PrintObserver
+from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import BestExperiment
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._tuning import ProfileError
 from optuna_ds.studies._tuning import Tuning
+from optuna_ds.studies._tuning import load_result
 
 __all__ = [
     "BestExperiment",
     "ExperimentBuilder",
+    "PrintObserver",
     "ProfileError",
     "StageResult",
     "StageTuner",
     "Tuning",
+    "TuningObserver",
     "TuningResult",
+    "load_result",
 ]

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +25,7 @@ from optuna_ds.space import KnobSpace
 from optuna_ds.space import MicroBatchSearch
 from optuna_ds.space import Observation
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import OWNER_ATTR
 from optuna_ds.studies._owner import PROCESS_ATTR
 from optuna_ds.studies._owner import fail_orphaned_trials
@@ -61,7 +64,7 @@ class StageContext:
     mbs_high: int
     gas_high: int
     timeout: float | None
-    log: Callable[[str], None]
+    observer: TuningObserver
     seed: int | None = None
 
 
@@ -102,7 +105,7 @@ class StageTuner:
             storage=ctx.storage, study_name=study_name, direction=ctx.direction, load_if_exists=True
         )
         for number in fail_orphaned_trials(self.study):
-            ctx.log(f"[z{stage}] trial {number}: its process died; its experiment will run again")
+            ctx.observer.log(f"[z{stage}] trial {number}: its process died; its experiment will run again")
 
     # -- reading the study ------------------------------------------------------------------
 
@@ -155,13 +158,15 @@ class StageTuner:
                 "train_batch_size": experiment.ds_config.get("train_batch_size"),
                 "ds_config": experiment.ds_config,
                 "result_dir": experiment.result_dir,
+                "slot": ctx.slot.include,
             }.items():
                 trial.set_user_attr(key, value)
             previous = self._finished_by_name().get(experiment.name)
             if previous is not None:
                 trial.set_user_attr("duplicate_of", previous.number)
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
-            ctx.log(f"[z{self._stage}] trial {trial.number}: running {experiment.name}")
+            ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=ctx.slot.include)
+            ctx.observer.detail(f"  cd {os.getcwd()} && {shlex.join(ctx.runner.command(experiment, os.path.join(experiment.result_dir, 'ds_config.json'), slot=ctx.slot, port=ctx.runner.master_port))}")
             try:
                 result = ctx.runner.run(
                     experiment,
@@ -174,10 +179,15 @@ class StageTuner:
                 raise
             record_result(trial, experiment, result)
             if not result.ok:
-                ctx.log(f"[z{self._stage}] trial {trial.number}: {experiment.name} failed ({result.reason.value}: {result.detail}) in {result.duration:.1f}s")
+                assert result.reason is not None
+                ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
+                                      duration=result.duration, outcome=f"failed ({result.reason.value}: {result.detail})")
+                if result.stderr_tail:
+                    ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
                 raise ExperimentFailed(result)
             value = float(result.metrics[ctx.metric_key])
-            ctx.log(f"[z{self._stage}] trial {trial.number}: {experiment.name} {ctx.metric_key}={value:.4g} in {result.duration:.1f}s")
+            ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
+                                  duration=result.duration, outcome=f"{ctx.metric_key}={value:.4g}")
             return value
 
         return objective
@@ -190,7 +200,7 @@ class StageTuner:
     def _wait_for(self, name: str) -> None:
         """Another process is running this experiment: wait for its result, or for its trial
         to go stale (its worker died) so that the experiment can run again here."""
-        self._ctx.log(f"[z{self._stage}] waiting for {name}, running in another process")
+        self._ctx.observer.log(f"[z{self._stage}] waiting for {name}, running in another process")
         while self._running(name):
             fail_orphaned_trials(self.study)
             optuna.storages.fail_stale_trials(self.study)
@@ -231,7 +241,7 @@ class StageTuner:
             pruner=pruner,
         )
         size = self._space.size * len(tuning_list)
-        ctx.log(f"[z{self._stage}] knob search: {len(self._space.tuned)} knob(s) x {len(tuning_list)} micro-batch size(s) = {size} configs, sampler {ctx.tuner_type}")
+        ctx.observer.log(f"[z{self._stage}] knob search: {len(self._space.tuned)} knob(s) x {len(tuning_list)} micro-batch size(s) = {size} configs, sampler {ctx.tuner_type}")
         duplicates = 0
         while not pruner.exhausted(study) and duplicates < _MAX_CONSECUTIVE_DUPLICATES:
             knob_trials = [t for t in self._trials() if t.user_attrs.get("phase") == Phase.KNOBS.value and is_finished_experiment(t)]

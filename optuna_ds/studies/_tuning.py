@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -18,6 +18,7 @@ from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import stage_study_name
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import stage_result
@@ -60,7 +61,7 @@ class Tuning:
         storage: optuna.storages.BaseStorage,
         resources: Resources,
         runner: ExperimentRunner,
-        log: Callable[[str], None],
+        observer: TuningObserver,
         seed: int | None = None,
     ) -> None:
         self._plan = plan
@@ -68,7 +69,8 @@ class Tuning:
         self._storage = storage
         self._resources = resources
         self._runner = runner
-        self._log = log
+        self._observer = observer
+        self._log = observer.log
         self._seed = seed
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.direction)
@@ -131,6 +133,21 @@ class Tuning:
         bound = self._builder.max_batch_per_gpu()
         return min(cap, bound) if bound else cap
 
+    def _expected(self, stage: int, estimate: MemoryEstimate, info: dict[str, Any]) -> int:
+        """A rough count of the experiments a stage will take, for the progress display."""
+        if not estimate.fits:
+            return 0
+        a = self._user.autotuning
+        if self._user.micro_batch_sizes:
+            count = len(self._user.micro_batch_sizes)
+        else:
+            cap = self._mbs_cap(estimate)
+            count = 2 + math.ceil(math.log2(max(1.0, cap / max(1, self._user.min_micro_batch_size)))) // 2 + a.num_tuning_micro_batch_sizes + 1
+        space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
+        if space.tuned:
+            count += min(a.tuner_num_trials, space.size * a.num_tuning_micro_batch_sizes)
+        return count
+
     def _context(self) -> StageContext:
         a = self._user.autotuning
         bound = self._builder.max_batch_per_gpu() or 1
@@ -150,7 +167,7 @@ class Tuning:
             mbs_high=mbs_high,
             gas_high=max(self._user.gradient_accumulation_steps, bound),
             timeout=self._timeout(),
-            log=self._log,
+            observer=self._observer,
             seed=self._seed,
         )
 
@@ -163,36 +180,9 @@ class Tuning:
         self._log(f"[z{stage}] skipped: {reason}")
         self._record_stage(stage, "skipped", reason, memory=estimate.to_dict())
 
-    def _stage_study(self, stage: int) -> optuna.Study | None:
-        try:
-            return optuna.load_study(study_name=stage_study_name(self._plan.study_name, stage), storage=self._storage)
-        except KeyError:
-            return None
-
     def result(self) -> TuningResult:
         """The tuning as the storage records it: what finished, whatever interrupted the rest."""
-        a = self._user.autotuning
-        recorded = self._root.user_attrs.get("stages", {})
-        results = []
-        for stage in self._user.stages:
-            entry = recorded.get(f"z{stage}", {})
-            study = self._stage_study(stage)
-            if entry.get("status") == "skipped":
-                results.append(StageResult(stage=stage, status="skipped", reason=entry.get("reason", "")))
-            elif study is not None:
-                result = stage_result(study, stage)
-                if result.best is None:
-                    result = stage_result(study, stage, reason="no experiment ran successfully")
-                results.append(result)
-            else:
-                results.append(StageResult(stage=stage, status="pending", reason="not reached yet"))
-        return TuningResult(
-            metric=a.metric,
-            direction=a.direction,
-            stages=results,
-            duration=float(self._root.user_attrs.get("elapsed", 0.0)),
-            model_info=self._root.user_attrs.get("model_info", {}),
-        )
+        return load_result(self._storage, self._plan, self._user)
 
     def run(self) -> TuningResult:
         """Explore the stages, then return :meth:`result`. Interrupted, it still counts the time
@@ -224,6 +214,8 @@ class Tuning:
             return a_value > b_value if a.direction == "maximize" else a_value < b_value
 
         for stage in self._user.stages:
+            later = self._user.stages[self._user.stages.index(stage) :]
+            self._observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=a.direction == "maximize")
             estimate = estimates[stage]
             if not estimate.fits:
                 self._skip(stage, (
@@ -264,3 +256,33 @@ class Tuning:
             prev_edge = max(prev_edge, edge)
             if result.best is not None and (prev is None or prev.best is None or better_than(result.best.value, prev.best.value)):
                 prev = result
+
+
+def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: UserConfig) -> TuningResult:
+    """Rebuild a tuning's result from the storage alone (``optuna-ds report`` does this)."""
+    a = user.autotuning
+    root = optuna.load_study(study_name=plan.study_name, storage=storage)
+    recorded = root.user_attrs.get("stages", {})
+    results = []
+    for stage in user.stages:
+        entry = recorded.get(f"z{stage}", {})
+        try:
+            study: optuna.Study | None = optuna.load_study(study_name=stage_study_name(plan.study_name, stage), storage=storage)
+        except KeyError:
+            study = None
+        if entry.get("status") == "skipped":
+            results.append(StageResult(stage=stage, status="skipped", reason=entry.get("reason", "")))
+        elif study is not None:
+            result = stage_result(study, stage)
+            if result.best is None:
+                result = stage_result(study, stage, reason="no experiment ran successfully")
+            results.append(result)
+        else:
+            results.append(StageResult(stage=stage, status="pending", reason="not reached yet"))
+    return TuningResult(
+        metric=a.metric,
+        direction=a.direction,
+        stages=results,
+        duration=float(root.user_attrs.get("elapsed", 0.0)),
+        model_info=root.user_attrs.get("model_info", {}),
+    )

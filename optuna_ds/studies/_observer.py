@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class TuningObserver(Protocol):
+    """What the tuning tells its watcher; ``optuna_ds.reporting.Progress`` shows it."""
+
+    def log(self, text: str) -> None: ...
+
+    def detail(self, text: str) -> None: ...
+
+    def plan(self, remaining: int, *, maximize: bool) -> None: ...
+
+    def started(self, *, stage: int, number: int, name: str, slot: str) -> None: ...
+
+    def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None: ...
+
+
+class PrintObserver:
+    """Plain lines on stdout: the default for API users."""
+
+    def log(self, text: str) -> None:
+        print(text, flush=True)
+
+    def detail(self, text: str) -> None:
+        pass
+
+    def plan(self, remaining: int, *, maximize: bool) -> None:
+        pass
+
+    def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
+        self.log(f"[z{stage}] trial {number}: running {name} on {slot}")
+
+    def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
+        self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")

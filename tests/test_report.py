@@ -1,0 +1,110 @@
+"""The HTML report and optuna-dashboard, on tunings run against the fake launcher."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import optuna
+import pytest
+
+from conftest import Workspace
+
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": [1, 2], "overlap_comm": [True, False], "reduce_bucket_size": [5e7, 5e8],
+                          "allgather_bucket_size": 5e8, "reduce_scatter": True, "contiguous_gradients": True},
+    "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64, "tuner_type": "gridsearch",
+                   "num_tuning_micro_batch_sizes": 2, "tuner_early_stopping": 50},
+}
+SURFACE = {"oom_above": {"1": 40, "2": 48}, "stderr_text": "<b>bold</b> & <script>alert(1)</script>",
+           "knob_gain": {"overlap_comm": {"true": 1.2}}}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> Workspace:
+    ws = Workspace(tmp_path_factory.mktemp("report"))
+    ws.config(CONFIG)
+    p = ws.tune(surface=SURFACE)
+    assert p.returncode == 0, p.stderr
+    return ws
+
+
+def test_tune_writes_a_self_contained_escaped_report(tuned: Workspace) -> None:
+    page = (tuned.results / "report.html").read_text()
+    for fig in ("metric_vs_mbs", "best_per_stage", "history", "timeline", "importance_z1", "importance_z2"):
+        assert f'id="{fig}"' in page, fig
+    assert "<script src=" not in page and "Plotly.newPlot" in page  # plotly.js is inlined, nothing loaded from outside
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert page.count('<tr class="oom">') >= 2 and page.count('<tr class="complete">') >= 4
+    assert "localhost:0" in page  # the GPU slot of each experiment
+
+
+def test_report_command_rebuilds_from_the_storage(tuned: Workspace) -> None:
+    out = tuned.root / "again.html"
+    p = tuned.cli("report", "--storage", tuned.storage, "--study-name", "optuna-ds", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "| global " in p.stdout and out.exists()
+    assert 'id="metric_vs_mbs"' in out.read_text()
+    p = tuned.cli("report", "--storage", tuned.storage, "--study-name", "nope")
+    assert p.returncode == 2 and "holds no tuning named 'nope'" in p.stderr
+
+
+def test_studies_carry_what_the_dashboard_shows(tuned: Workspace) -> None:
+    import optuna_dashboard
+
+    study = optuna.load_study(study_name="optuna-ds-z1", storage=tuned.storage)
+    assert study.metric_names == ["throughput"]
+    assert "| global " in optuna_dashboard.get_note(study)
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
+
+    plots = get_plotly_graph_objects(tuned_storage(tuned).get_study_system_attrs(study._study_id))
+    assert {"metric_vs_mbs", "importance_z1"} <= set(plots)
+    assert json.loads(plots["metric_vs_mbs"])["layout"]["title"]["text"].startswith("throughput against micro-batch")
+
+
+def tuned_storage(ws: Workspace) -> optuna.storages.BaseStorage:
+    return optuna.storages.RDBStorage(ws.storage)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dashboard_serves_the_stage_studies_on_localhost(tuned: Workspace) -> None:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "optuna_ds", "dashboard", "--storage", tuned.storage, "--port", str(port)],
+                            cwd=tuned.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        studies = None
+        deadline = time.monotonic() + 60
+        while studies is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
+                    studies = json.load(r)["study_summaries"]
+            except OSError:
+                time.sleep(0.3)
+        assert studies is not None, "the dashboard never answered"
+        names = {s["study_name"]: s["study_id"] for s in studies}
+        assert {"optuna-ds", "optuna-ds-z1", "optuna-ds-z2"} <= set(names)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{names['optuna-ds-z1']}", timeout=5) as r:
+            detail = json.load(r)
+        trials = detail["trials"]
+        assert len(trials) == len(optuna.load_study(study_name="optuna-ds-z1", storage=tuned.storage).trials)
+        assert any(a["key"] == "exp_name" for a in trials[0]["user_attrs"])
+        # Bound to localhost only.
+        other = [a for a in socket.gethostbyname_ex(socket.gethostname())[2] if not a.startswith("127.")]
+        for addr in other:
+            with pytest.raises(OSError):
+                urllib.request.urlopen(f"http://{addr}:{port}/api/studies", timeout=2)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
