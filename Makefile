@@ -12,6 +12,9 @@ ifeq ($(HAS_GPU),yes)
 else
   export DS_ACCELERATOR ?= cpu
 endif
+# DeepSpeed JIT-builds its CPU ops into torch's extension cache, keyed by source path: give each
+# virtual environment its own cache so two checkouts do not rebuild each other's ops.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
 
 .PHONY: venv example test clean
@@ -22,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
-	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql]'
+	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf]'
 	touch $@
 
 example: venv
@@ -34,4 +37,4 @@ test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) examples/autotuning_results examples/autotuning_exps
+	rm -rf $(VENV) examples/autotuning_results examples/autotuning_exps examples/hf/autotuning_* examples/hf/output_*

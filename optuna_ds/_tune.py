@@ -90,7 +90,7 @@ def resolve_launcher(path: str | None) -> list[str]:
 
 def _training_args(script_args: Sequence[str], config_path: str, user: UserConfig, config: dict) -> list[str]:
     args = replace_config_path(script_args, config_path)
-    for key, flag in user.autotuning.arg_mappings.items():
+    for key, flag in user.arg_mappings.items():
         value = config.get(key)
         if value is not None and value != "auto":
             args = set_arg(args, flag, str(value))
@@ -166,7 +166,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         launcher=launcher,
         script=plan.script,
         script_args=plan.script_args,
-        arg_mappings=a.arg_mappings,
+        arg_mappings=user.arg_mappings,
         resources=resources,
         master_port=options.launcher_options.master_port,
         master_addr=options.launcher_options.master_addr,

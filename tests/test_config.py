@@ -101,7 +101,9 @@ def test_micro_batch_int_is_minimum_list_is_exact() -> None:
 
 def test_precision_and_optimizer_kind() -> None:
     assert _user({"bf16": {"enabled": True}}).precision == "bf16"
-    assert _user({"fp16": {"enabled": "auto"}}).precision == "fp16"
+    # "auto" follows the Trainer's flag.
+    assert _user({"fp16": {"enabled": "auto"}}, ["--deepspeed", "ds.json", "--fp16"]).precision == "fp16"
+    assert _user({"fp16": {"enabled": "auto"}}).precision == "fp32"
     assert _user({}).precision == "fp32"
     assert _user({"optimizer": {"type": "SGD"}}).adam_type_optimizer is False
     assert _user({"optimizer": {"type": "AdamW"}}).adam_type_optimizer is True
@@ -136,3 +138,15 @@ def test_json_errors_say_where(tmp_path) -> None:
         load_json_file(str(dup))
     with pytest.raises(ConfigError, match="not found"):
         load_json_file(str(tmp_path / "missing.json"))
+
+
+def test_auto_values_without_mappings_use_the_trainers_flags() -> None:
+    """Tuned values must reach a Hugging Face script even when arg_mappings is silent."""
+    raw = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "autotuning": {"enabled": True}}
+    u = _user(raw, ["--deepspeed", "ds.json", "--per_device_train_batch_size", "6", "--gradient_accumulation_steps", "3"])
+    assert u.arg_mappings == {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size", "gradient_accumulation_steps": "--gradient_accumulation_steps"}
+    assert (u.min_micro_batch_size, u.gradient_accumulation_steps) == (6, 3)
+    # The user's own mapping wins; concrete values need none.
+    raw["autotuning"]["arg_mappings"] = {"train_micro_batch_size_per_gpu": "--batch"}
+    assert _user(raw).arg_mappings["train_micro_batch_size_per_gpu"] == "--batch"
+    assert _user({"train_micro_batch_size_per_gpu": 4, "autotuning": {"enabled": True}}).arg_mappings == {}

@@ -16,6 +16,8 @@ GAS_KEY = "gradient_accumulation_steps"
 TBS_KEY = "train_batch_size"
 ZERO_KEY = "zero_optimization"
 ALL_STAGES = (0, 1, 2, 3)
+# The flags a Hugging Face Trainer script resolves "auto" from: used when arg_mappings is silent.
+HF_FLAGS = {MBS_KEY: "--per_device_train_batch_size", GAS_KEY: "--gradient_accumulation_steps"}
 ADAM_TYPE_OPTIMIZERS = frozenset(
     {"adam", "adamw", "fusedadam", "cpuadam", "onebitadam", "zerooneadam", "onebitlamb", "lamb",
      "adagrad", "muadam", "muadamw", "lion"}
@@ -106,16 +108,8 @@ class UserConfig:
     min_micro_batch_size: int
     gradient_accumulation_steps: int
     train_batch_size: int | None
-
-    @property
-    def precision(self) -> str:
-        for key in ("fp16", "bf16"):
-            section = self.raw.get(key)
-            if isinstance(section, dict) and section.get("enabled") in (True, "auto"):
-                return key
-        if isinstance(self.raw.get("bfloat16"), dict) and self.raw["bfloat16"].get("enabled") is True:
-            return "bf16"
-        return "fp32"
+    arg_mappings: dict[str, str]
+    precision: str
 
     @property
     def optimizer_type(self) -> str | None:
@@ -136,6 +130,16 @@ class UserConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "raw": self.raw}
+
+
+def _precision(raw: dict[str, Any], script_args: Sequence[str]) -> str:
+    """fp16, bf16 or fp32; an "auto" switch follows the Trainer's --fp16/--bf16 flag."""
+    for key in ("fp16", "bf16", "bfloat16"):
+        section = raw.get(key)
+        enabled = section.get("enabled") if isinstance(section, dict) else None
+        if enabled is True or (enabled == "auto" and f"--{key}" in script_args):
+            return "fp16" if key == "fp16" else "bf16"
+    return "fp32"
 
 
 def _from_script(script_args: Sequence[str], mappings: dict[str, str], key: str) -> int | None:
@@ -160,7 +164,12 @@ def parse_user_config(
     argument that ``arg_mappings`` names, else the default.
     """
     autotuning = parse_autotuning_config(raw.get("autotuning"))
-    mappings = autotuning.arg_mappings
+    # An "auto" value is the Trainer's to fill from its own flag; tuned values must reach it
+    # there, so that flag is the mapping unless the user names another.
+    mappings = dict(autotuning.arg_mappings)
+    for key, flag in HF_FLAGS.items():
+        if raw.get(key) == "auto" and key not in mappings:
+            mappings[key] = flag
     stages, all_stages = _parse_stages(raw)
 
     mbs = _int_or_auto(raw, MBS_KEY, allow_list=True)
@@ -189,6 +198,8 @@ def parse_user_config(
             f"({autotuning.max_train_micro_batch_size_per_gpu})"
         )
     return UserConfig(
+        arg_mappings=mappings,
+        precision=_precision(raw, script_args),
         path=path,
         raw=raw,
         autotuning=autotuning,

@@ -85,7 +85,7 @@ class Tuning:
             return {k: v for k, v in given.items() if k != "profile"}
         stored = self._root.user_attrs.get("model_info")
         if stored:
-            return stored
+            return {**given, **stored}
         experiment = self._builder.build_profile()
         self._log(f"profile run: measuring the model ({experiment.result_dir})")
         timeout = self._plan.trial_timeout or _TIMEOUT_WITHOUT_PROFILE
@@ -96,7 +96,9 @@ class Tuning:
                 f"the profile run failed ({result.reason.value if result.reason else 'error'}: {result.detail}): "
                 f"{cause} -- see {experiment.result_dir}/stderr.log"
             )
-        info = {k: v for k, v in result.metrics.items() if k != "rank"}
+        # What the user gave (hidden_size, num_layers) stays; the profile adds what it measured.
+        info = {**{k: v for k, v in given.items() if k != "profile" and v is not None},
+                **{k: v for k, v in result.metrics.items() if k != "rank"}}
         self._root.set_user_attr("model_info", info)
         self._root.set_user_attr("profile_duration", round(result.duration, 3))
         return info
