@@ -266,7 +266,7 @@ def run_training(command: Sequence[str]) -> int:
         return proc.wait()
     except KeyboardInterrupt as e:
         with deferred_signals():
-            kill_process_group(proc.pid)
+            kill_process_group(proc.pid, leader=proc)
             proc.wait()
         return 128 + (e.signum if isinstance(e, TuningInterrupted) else signal.SIGINT)
     finally:

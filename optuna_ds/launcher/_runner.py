@@ -61,14 +61,20 @@ def deferred_signals() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def kill_process_group(pgid: int, *, grace: float = _KILL_GRACE) -> None:
-    """End a process group we started: SIGTERM, then SIGKILL after ``grace`` seconds."""
+def kill_process_group(pgid: int, *, grace: float = _KILL_GRACE, leader: subprocess.Popen | None = None) -> None:
+    """End a process group we started: SIGTERM, then SIGKILL after ``grace`` seconds.
+
+    ``leader``, the group's first process when it is our child, is reaped meanwhile: as a zombie
+    it would keep the group alive for the whole grace period.
+    """
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -173,16 +179,16 @@ class ExperimentRunner:
                 returncode: int | None = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_process_group(proc.pid)
+                kill_process_group(proc.pid, leader=proc)
                 returncode = proc.wait()
             except BaseException:
                 with deferred_signals():
-                    kill_process_group(proc.pid)
+                    kill_process_group(proc.pid, leader=proc)
                     proc.wait()
                 raise
             finally:
                 # Ranks the launcher left behind die with their group.
-                kill_process_group(proc.pid, grace=2.0)
+                kill_process_group(proc.pid, grace=2.0, leader=proc)
         duration = time.monotonic() - start
 
         stdout_tail, stderr_tail = read_tail(stdout_path), read_tail(stderr_path)
