@@ -34,6 +34,7 @@ from optuna_ds.storage import create_storage
 from optuna_ds.storage import default_storage_url
 from optuna_ds.storage import delete_tuning
 from optuna_ds.storage import redact_url
+from optuna_ds.storage import tuning_study_names
 from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
 from optuna_ds.studies import TuningObserver
@@ -100,10 +101,8 @@ def _training_args(script_args: Sequence[str], config_path: str, user: UserConfi
 def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: str, results_dir: str, exps_dir: str) -> None:
     """``--overwrite``: delete the studies and the files of their experiments, nothing else."""
     dirs = set()
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        if summary.study_name != study_name and not summary.study_name.startswith(f"{study_name}-z"):
-            continue
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    for name in tuning_study_names(storage, study_name):
+        study = optuna.load_study(study_name=name, storage=storage)
         for t in study.get_trials(deepcopy=False):
             if "result_dir" in t.user_attrs:
                 dirs.add((t.user_attrs["result_dir"], t.user_attrs.get("exp_name", "")))

@@ -208,3 +208,18 @@ def test_script_arguments_reach_the_script_literally(ws: Workspace) -> None:
     args = _launched(ws)[0]["args"]
     assert args[2:] == ["--name", f"x; touch {canary}", "--glob", "*", "--var", "$HOME"]
     assert not canary.exists()
+
+
+def test_overwrite_touches_only_its_own_tuning(ws: Workspace) -> None:
+    """`--overwrite` of tuning NAME must not delete a tuning named NAME-zeta in the same storage."""
+    import os
+
+    ws.config(FAST)
+    storage = f"sqlite:///{ws.root / 'shared.db'}"
+    assert ws.tune("ds_config.json", "--storage", storage, "--study-name", "optuna-ds-zeta", "--results-dir", "other").returncode == 0
+    other = optuna.load_study(study_name="optuna-ds-zeta-z1", storage=storage).get_trials()
+    assert ws.tune("ds_config.json", "--storage", storage).returncode == 0
+    p = ws.tune("ds_config.json", "--storage", storage, "--overwrite")
+    assert p.returncode == 0, p.stderr
+    assert len(optuna.load_study(study_name="optuna-ds-zeta-z1", storage=storage).get_trials()) == len(other)
+    assert all(os.path.isdir(t.user_attrs["result_dir"]) and "/other/" in t.user_attrs["result_dir"] for t in other)

@@ -3,7 +3,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import html
-import re
 import warnings
 from typing import Any
 
@@ -15,8 +14,9 @@ from optuna.trial import TrialState
 
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
+from optuna_ds.storage import stage_of
+from optuna_ds.storage import tuning_study_names
 
-_STAGE_STUDY = re.compile(r"-z(\d)$")
 _MIN_TRIALS_FOR_IMPORTANCE = 4
 _STATUS_COLORS = {"complete": "#2a9d8f", "oom": "#e76f51", "error": "#9b2226", "timeout": "#ee9b00", "no-metrics": "#6c757d",
                   "interrupted": "#adb5bd", "failed": "#9b2226", "running": "#457b9d", "duplicate": "#dee2e6"}
@@ -65,11 +65,10 @@ def _status(t: FrozenTrial) -> str:
 
 def stage_studies(storage: optuna.storages.BaseStorage, study_name: str) -> dict[int, optuna.Study]:
     out = {}
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        name = summary.study_name
-        match = _STAGE_STUDY.search(name)
-        if match and name[: match.start()] == study_name:
-            out[int(match.group(1))] = optuna.load_study(study_name=name, storage=storage)
+    for name in tuning_study_names(storage, study_name):
+        stage = stage_of(study_name, name)
+        if stage is not None:
+            out[stage] = optuna.load_study(study_name=name, storage=storage)
     return dict(sorted(out.items()))
 
 

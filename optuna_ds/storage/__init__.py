@@ -4,7 +4,9 @@ from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import delete_tuning
 from optuna_ds.storage._plan import load_plan
 from optuna_ds.storage._plan import open_root_study
+from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
+from optuna_ds.storage._plan import tuning_study_names
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
 from optuna_ds.storage._storage import default_storage_url
@@ -19,5 +21,7 @@ __all__ = [
     "load_plan",
     "open_root_study",
     "redact_url",
+    "stage_of",
     "stage_study_name",
+    "tuning_study_names",
 ]

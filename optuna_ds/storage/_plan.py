@@ -83,12 +83,25 @@ def load_plan(storage: optuna.storages.BaseStorage, study_name: str) -> TuningPl
     return TuningPlan.from_dict(stored) if stored else None
 
 
-def delete_tuning(storage: optuna.storages.BaseStorage, study_name: str) -> list[optuna.study.StudySummary]:
-    """Delete the root study and the stage studies of a tuning; return what was deleted."""
-    deleted = []
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        name = summary.study_name
-        if name == study_name or (name.startswith(f"{study_name}-z") and name[len(study_name) + 2 :].isdigit()):
-            optuna.delete_study(study_name=name, storage=storage)
-            deleted.append(summary)
-    return deleted
+def stage_of(study_name: str, name: str) -> int | None:
+    """The ZeRO stage of ``name`` if it is a stage study of the tuning ``study_name``."""
+    suffix = name[len(study_name) + 2 :] if name.startswith(f"{study_name}-z") else ""
+    return int(suffix) if suffix.isdigit() and len(suffix) == 1 else None
+
+
+def tuning_study_names(storage: optuna.storages.BaseStorage, study_name: str) -> list[str]:
+    """The root study and the stage studies of one tuning, and of no other (``NAME-zeta`` is not
+    a stage study of ``NAME``)."""
+    return [
+        s.study_name
+        for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+        if s.study_name == study_name or stage_of(study_name, s.study_name) is not None
+    ]
+
+
+def delete_tuning(storage: optuna.storages.BaseStorage, study_name: str) -> list[str]:
+    """Delete the root study and the stage studies of a tuning; return their names."""
+    names = tuning_study_names(storage, study_name)
+    for name in names:
+        optuna.delete_study(study_name=name, storage=storage)
+    return names
