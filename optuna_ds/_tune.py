@@ -23,6 +23,7 @@ from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.reporting import learning_rate_advice
+from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
 from optuna_ds.reporting import register_with_dashboard
 from optuna_ds.reporting import write_optimal
@@ -180,14 +181,14 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     except KeyboardInterrupt:
         # Write what finished, then let the interrupt end the process (130 or 143).
         with deferred_signals():
-            outcome = _write_outputs(tuning.result(), plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
+            outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
             log(outcome.summary.rstrip())
             log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    return _write_outputs(result, plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
+    return _write_outputs(result, storage=storage, plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
 
 
 class TuningInterrupted(KeyboardInterrupt):
@@ -204,15 +205,22 @@ def _on_sigterm(signum: int, _frame: object) -> None:
 
 
 def _write_outputs(
-    result: TuningResult, *, plan: TuningPlan, user: UserConfig, options: TuneOptions, launcher: list[str], dp: int, url: str
+    result: TuningResult,
+    *,
+    storage: optuna.storages.BaseStorage,
+    plan: TuningPlan,
+    user: UserConfig,
+    options: TuneOptions,
+    launcher: list[str],
+    dp: int,
+    url: str,
 ) -> TuneOutcome:
     results_dir = plan.results_dir
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
     summary = write_summary(result, results_dir=results_dir, advice=advice)
-    storage = create_storage(url)
-    maximize = user.autotuning.direction == "maximize"
-    write_report(storage, plan.study_name, os.path.join(results_dir, "report.html"), metric=result.metric, maximize=maximize, summary=summary)
-    register_with_dashboard(storage, plan.study_name, metric=result.metric, maximize=maximize, summary=summary)
+    data = load_report(storage, plan.study_name, metric=result.metric, maximize=result.direction == "maximize")
+    write_report(data, os.path.join(results_dir, "report.html"), summary=summary)
+    register_with_dashboard(data, storage, summary=summary)
     config = optimal_config(result)
     command: list[str] | None = None
     paths = None
@@ -249,7 +257,7 @@ def report(*, storage: str, study_name: str, output: str) -> str:
     user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
     result = load_result(store, plan, user)
     summary = summary_text(result, advice=None)
-    write_report(store, study_name, output, metric=result.metric, maximize=result.direction == "maximize", summary=summary)
+    write_report(load_report(store, study_name, metric=result.metric, maximize=result.direction == "maximize"), output, summary=summary)
     return summary
 
 

@@ -1,6 +1,8 @@
 """Layer 5b: what a tuning leaves for the user: summary, optimal config and command."""
 
 from optuna_ds.reporting._progress import Progress
+from optuna_ds.reporting._report import ReportData
+from optuna_ds.reporting._report import load_report
 from optuna_ds.reporting._report import register_with_dashboard
 from optuna_ds.reporting._report import render_report
 from optuna_ds.reporting._report import write_report
@@ -14,7 +16,9 @@ from optuna_ds.reporting._summary import write_summary
 
 __all__ = [
     "Progress",
+    "ReportData",
     "learning_rate_advice",
+    "load_report",
     "optimal_command",
     "optimal_config",
     "register_with_dashboard",

@@ -191,8 +191,19 @@ def _importances(study: optuna.Study, stage: int) -> go.Figure | None:
     return fig
 
 
-def build_figures(storage: optuna.storages.BaseStorage, study_name: str, *, metric: str, maximize: bool) -> dict[str, go.Figure]:
-    """The report's figures by id; the same ones are registered for optuna-dashboard."""
+@dataclasses.dataclass(frozen=True)
+class ReportData:
+    """One read of a tuning's stage studies, and the figures made from it: the HTML report and
+    optuna-dashboard show the same ones."""
+
+    study_name: str
+    metric: str
+    studies: dict[int, optuna.Study]
+    rows: list[ExperimentRow]
+    figures: dict[str, go.Figure]
+
+
+def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, metric: str, maximize: bool) -> ReportData:
     studies = stage_studies(storage, study_name)
     rows = experiment_rows(studies)
     figures = {
@@ -205,7 +216,7 @@ def build_figures(storage: optuna.storages.BaseStorage, study_name: str, *, metr
         fig = _importances(study, stage)
         if fig is not None:
             figures[f"importance_z{stage}"] = fig
-    return figures
+    return ReportData(study_name=study_name, metric=metric, studies=studies, rows=rows, figures=figures)
 
 
 def _table(rows: list[ExperimentRow], metric: str) -> str:
@@ -220,13 +231,12 @@ def _table(rows: list[ExperimentRow], metric: str) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def render_report(storage: optuna.storages.BaseStorage, study_name: str, *, metric: str, maximize: bool, summary: str) -> str:
+def render_report(data: ReportData, *, summary: str) -> str:
     """One self-contained HTML page (plotly.js inlined): figures, summary and every experiment.
     Every user-provided string is escaped."""
-    figures = build_figures(storage, study_name, metric=metric, maximize=maximize)
-    rows = experiment_rows(stage_studies(storage, study_name))
+    study_name, metric = data.study_name, data.metric
     parts = []
-    for i, (fig_id, fig) in enumerate(figures.items()):
+    for i, (fig_id, fig) in enumerate(data.figures.items()):
         parts.append(plotly.io.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=fig_id))
     e = html.escape
     return f"""<!DOCTYPE html>
@@ -243,30 +253,29 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; }}
 <pre>{e(summary)}</pre>
 <div class="figures">{''.join(parts)}</div>
 <h2>Experiments</h2>
-{_table(rows, metric)}
+{_table(data.rows, metric)}
 </body></html>
 """
 
 
-def write_report(storage: optuna.storages.BaseStorage, study_name: str, path: str, *, metric: str, maximize: bool, summary: str) -> str:
+def write_report(data: ReportData, path: str, *, summary: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
-        f.write(render_report(storage, study_name, metric=metric, maximize=maximize, summary=summary))
+        f.write(render_report(data, summary=summary))
     return path
 
 
-def register_with_dashboard(storage: optuna.storages.BaseStorage, study_name: str, *, metric: str, maximize: bool, summary: str) -> None:
+def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStorage, *, summary: str) -> None:
     """Give optuna-dashboard what it can show: the summary as each study's note and the
     report's figures as its custom plots."""
     import optuna_dashboard
 
-    figures = build_figures(storage, study_name, metric=metric, maximize=maximize)
     note = "```\n" + summary.rstrip() + "\n```\n"
-    root = optuna.load_study(study_name=study_name, storage=storage)
+    root = optuna.load_study(study_name=data.study_name, storage=storage)
     optuna_dashboard.save_note(root, note)
-    for fig_id, fig in figures.items():
+    for fig_id, fig in data.figures.items():
         optuna_dashboard.save_plotly_graph_object(root, fig, graph_object_id=fig_id)
-    for stage, study in stage_studies(storage, study_name).items():
+    for stage, study in data.studies.items():
         optuna_dashboard.save_note(study, note)
         for fig_id in ("metric_vs_mbs", f"importance_z{stage}"):
-            if fig_id in figures:
-                optuna_dashboard.save_plotly_graph_object(study, figures[fig_id], graph_object_id=fig_id)
+            if fig_id in data.figures:
+                optuna_dashboard.save_plotly_graph_object(study, data.figures[fig_id], graph_object_id=fig_id)
