@@ -17,7 +17,7 @@ endif
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
 
-.PHONY: venv example test clean
+.PHONY: venv example test bench-parallel clean
 
 venv: $(VENV)/.installed
 
@@ -38,3 +38,6 @@ test: venv
 
 clean:
 	rm -rf $(VENV) examples/autotuning_results examples/autotuning_exps examples/hf/autotuning_* examples/hf/output_*
+
+bench-parallel: venv
+	$(BIN)/python benchmarks/parallel.py

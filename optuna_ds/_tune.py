@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 
 import optuna
@@ -15,6 +20,7 @@ from optuna_ds._errors import ConfigError
 from optuna_ds._errors import OptunaDSError
 from optuna_ds.config import UserConfig
 from optuna_ds.config import load_user_config
+from optuna_ds.config import parse_user_config
 from optuna_ds.config import replace_config_path
 from optuna_ds.config import set_arg
 from optuna_ds.launcher import ExperimentRunner
@@ -34,6 +40,7 @@ from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import default_storage_url
 from optuna_ds.storage import delete_tuning
+from optuna_ds.storage import load_plan
 from optuna_ds.storage import redact_url
 from optuna_ds.storage import tuning_study_names
 from optuna_ds.studies import PrintObserver
@@ -175,9 +182,9 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     )
     log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
     tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
-        result = tuning.run()
+        with _sigterm_raises():
+            result = tuning.run()
     except KeyboardInterrupt:
         # Write what finished, then let the interrupt end the process (130 or 143).
         with deferred_signals():
@@ -185,9 +192,6 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
             log(outcome.summary.rstrip())
             log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     return _write_outputs(result, storage=storage, plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
 
 
@@ -202,6 +206,94 @@ class TuningInterrupted(KeyboardInterrupt):
 
 def _on_sigterm(signum: int, _frame: object) -> None:
     raise TuningInterrupted(signum)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """What ``optuna-ds worker`` was asked. Launcher options left unset (-1, empty) come from
+    the tuning's plan, except the GPUs: a worker uses its own node's."""
+
+    storage: str
+    study_name: str
+    launcher_options: LauncherOptions = LauncherOptions()
+    launcher: str | None = None
+    seed: int | None = None
+
+
+def _wait_for_plan(storage: optuna.storages.BaseStorage, options: WorkerOptions, log: Callable[[str], None]) -> TuningPlan:
+    plan = load_plan(storage, options.study_name)
+    if plan is None:
+        log(f"waiting for tuning '{options.study_name}' to be started in {redact_url(options.storage)}")
+    while plan is None:
+        time.sleep(1.0)
+        plan = load_plan(storage, options.study_name)
+    return plan
+
+
+def _local_hosts() -> set[str]:
+    name = socket.gethostname()
+    return {name, name.split(".")[0], socket.getfqdn(), "localhost", "127.0.0.1"}
+
+
+def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> TuningResult:
+    """Join the tuning stored under ``options.study_name`` and run its experiments on this
+    node's GPUs until it is done. Everything else comes from the plan in the storage."""
+    observer = observer or PrintObserver()
+    storage = create_storage(options.storage)
+    plan = _wait_for_plan(storage, options, observer.log)
+    user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
+    for path, what in ((plan.cwd, "working directory"), (plan.script, "training script")):
+        if not os.path.exists(path):
+            raise ConfigError(
+                f"the tuning's {what} {path} does not exist on this node: share it (NFS) or copy it to the same path"
+            )
+    os.chdir(plan.cwd)
+    launcher = resolve_launcher(options.launcher) if options.launcher else plan.launcher
+    if not os.path.exists(launcher[0]):
+        launcher = resolve_launcher(None)
+    planned = LauncherOptions(**plan.launcher_options)
+    mine = options.launcher_options
+    own_gpus = bool(mine.include or mine.exclude or mine.hostfile)
+    launcher_options = dataclasses.replace(
+        mine,
+        num_gpus=mine.num_gpus if mine.num_gpus > 0 or own_gpus else planned.num_gpus,
+        num_nodes=mine.num_nodes if mine.num_nodes > 0 or own_gpus else planned.num_nodes,
+        master_port=mine.master_port if mine.master_port != LauncherOptions.master_port else planned.master_port,
+        master_addr=mine.master_addr or planned.master_addr,
+    )
+    resources = discover_resources(launcher_options)
+    if resources.multi_node and resources.nodes_per_experiment == 1:
+        resources = resources.restricted_to(_local_hosts())
+    runner = ExperimentRunner(
+        launcher=launcher,
+        script=plan.script,
+        script_args=plan.script_args,
+        arg_mappings=user.arg_mappings,
+        resources=resources,
+        master_port=launcher_options.master_port,
+        master_addr=launcher_options.master_addr,
+        metric_key=user.autotuning.metric_key,
+        exps_dir=plan.exps_dir,
+    )
+    observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
+    tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
+                    seed=options.seed, worker=True)
+    try:
+        with _sigterm_raises():
+            return tuning.run()
+    except KeyboardInterrupt:
+        observer.log("interrupted: this worker's experiments were ended and will run again elsewhere")
+        raise
 
 
 def _write_outputs(
@@ -246,8 +338,6 @@ def _write_outputs(
 
 def report(*, storage: str, study_name: str, output: str) -> str:
     """Write the HTML report of the tuning stored under ``study_name``; return its summary."""
-    from optuna_ds.config import parse_user_config
-    from optuna_ds.storage import load_plan
     from optuna_ds.studies import load_result
 
     store = create_storage(storage)
@@ -281,4 +371,4 @@ def run_training(command: Sequence[str]) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "TuningInterrupted", "report", "run_training", "tune"]
+__all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "TuningInterrupted", "WorkerOptions", "report", "run_training", "tune", "work"]

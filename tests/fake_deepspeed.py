@@ -24,6 +24,7 @@ A config without an ``autotuning`` section is a training run: it prints and exit
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,6 +66,8 @@ def log(entry):
 
 
 def main():
+    # Ended by its process group (a timeout, an interrupt, an orphan): still log the launch.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     surface = json.loads(os.environ.get("FAKE_DS_SURFACE") or "{}")
     launcher, script, args = parse(sys.argv[1:])
     if not os.path.isfile(script):

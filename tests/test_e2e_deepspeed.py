@@ -23,8 +23,8 @@ pytestmark = pytest.mark.e2e
 MODEL_ARGS = ["--hidden", "64", "--layers", "1", "--steps", "12"]
 
 
-def _cli(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, DS_ACCELERATOR="cpu")
+def _cli(cwd: Path, *args: str, timeout: float = 900, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", **env_extra)
     return subprocess.run([sys.executable, "-m", "optuna_ds", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -101,6 +101,30 @@ def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> N
     after = _tree_mtimes(results / "profile_model_info") | {k: v for k, v in _tree_mtimes(results).items() if "/z1_" in k}
     assert after == before, "a finished experiment was launched again"
     assert "running" not in p.stdout
+
+
+def test_two_real_experiments_at_once_on_two_slots(project: Path) -> None:
+    """DeepSpeed's CPU accelerator counts LOCAL_SIZE devices: two slots, two experiments at once,
+    each on its own device and rendezvous port."""
+    config = {
+        "train_micro_batch_size_per_gpu": [2, 4],
+        "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+        "zero_optimization": {"stage": 1},
+        "autotuning": {"enabled": True, "start_profile_step": 2, "end_profile_step": 3, "model_info": {"num_params": 4810}},
+    }
+    (project / "ds_config.json").write_text(json.dumps(config))
+    p = _cli(project, "tune", "--num_gpus", "1", "--master_port", "29680", "train.py", "--deepspeed_config", "ds_config.json",
+             *MODEL_ARGS, LOCAL_SIZE="2", OPTUNA_DS_LOCK_DIR=str(project / "locks"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "2 at once" in p.stdout
+    storage = f"sqlite:///{project / 'autotuning_results' / 'optuna-ds.db'}"
+    trials = [t for t in optuna.load_study(study_name="optuna-ds-z1", storage=storage).get_trials() if t.state == TrialState.COMPLETE]
+    assert sorted(t.params["train_micro_batch_size_per_gpu"] for t in trials) == [2, 4]
+    a, b = trials
+    assert a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete, "they did not overlap"
+    assert {t.user_attrs["slot"] for t in trials} == {"localhost:0", "localhost:1"}
+    ports = {json.loads((Path(t.user_attrs["result_dir"]) / "exp.json").read_text())["master_port"] for t in trials}
+    assert len(ports) == 2
 
 
 def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:

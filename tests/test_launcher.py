@@ -120,3 +120,26 @@ def test_oom_keeps_the_last_lines_of_stderr(tmp_path: Path, script: Path, monkey
     result = _runner(tmp_path, script).run(_experiment(tmp_path, 32), slot=_slot(), timeout=60)
     assert result.reason is FailureReason.OOM
     assert "CUDA out of memory" in result.stderr_tail
+
+
+def test_slot_pool_never_leases_a_gpu_twice_and_a_dead_holder_frees_it(tmp_path: Path) -> None:
+    import subprocess
+    import threading
+
+    from optuna_ds.launcher import Resources
+    from optuna_ds.launcher import SlotPool
+
+    resources = Resources(hosts={"localhost": [0, 1, 2, 3]}, gpus_per_node=2, nodes_per_experiment=1, device_memory=1e9, hostfile=None, multi_node=False)
+    a, b = SlotPool(resources, lock_dir=str(tmp_path)), SlotPool(resources, lock_dir=str(tmp_path))
+    first, second = a.try_acquire(), b.try_acquire()
+    assert first is not None and second is not None
+    assert {first.index, second.index} == {0, 1} and set(first.slot.hosts["localhost"]).isdisjoint(second.slot.hosts["localhost"])
+    assert a.try_acquire() is None and b.try_acquire() is None  # all four GPUs taken
+    # A child that inherits a lease (as an experiment's launcher does) keeps the GPUs after release.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], pass_fds=first.fds, start_new_session=True)
+    a.release(first)
+    assert b.try_acquire() is None
+    child.kill()
+    child.wait()
+    again = b.acquire(threading.Event())
+    assert again is not None and again.index == first.index

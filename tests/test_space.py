@@ -144,3 +144,44 @@ def test_search_is_a_replay_of_the_observations() -> None:
     assert search.next_mbs(partial) == order[len(partial)]
     resumed = _drive(search, surface, start=partial)
     assert list(resumed) == order
+
+
+def _drive_parallel(search: MicroBatchSearch, surface, k: int) -> tuple[dict[int, Observation], int]:
+    """Run the search with k experiments at once (each finishing in launch order); returns the
+    observations and the number of rounds in which several ran together."""
+    obs: dict[int, Observation] = {}
+    running: list[int] = []
+    together = 0
+    for _ in range(200):
+        while len(running) < k:
+            mbs = search.next_mbs(obs, set(running))
+            if mbs is None:
+                break
+            assert mbs not in obs and mbs not in running, "asked for a size twice"
+            running.append(mbs)
+        if not running:
+            return obs, together
+        together += len(running) > 1
+        mbs = running.pop(0)
+        score = surface(mbs)
+        obs[mbs] = Observation(mbs=mbs, score=score, oom=score is None)
+    raise AssertionError("the search did not end")
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_search_with_pending_sizes_runs_several_at_once_and_still_finds_the_edge(k: int) -> None:
+    edge = 37
+    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128, num_tuning=3)
+    obs, together = _drive_parallel(search, lambda m: float(m) if m <= edge else None, k)
+    assert search.edge(obs) >= int(edge * 0.95)
+    assert search.best(obs)[0] == search.edge(obs)
+    assert together >= 3, "the k-ary search never ran sizes together"
+
+
+def test_a_pending_minimum_blocks_the_search() -> None:
+    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128, num_tuning=3)
+    assert search.next_mbs({}, {2}) is None  # nothing is known until the minimum has run
+    ok = {2: Observation(mbs=2, score=2.0)}
+    first = search.next_mbs(ok)
+    second = search.next_mbs(ok, {first})
+    assert first == 128 and second is not None and 2 < second < 128

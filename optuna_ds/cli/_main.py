@@ -115,6 +115,40 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 
 
 @cli.command()
+@_launcher_options
+@click.option("--storage", required=True, help="The tuning's Optuna storage URL, as given to `optuna-ds tune`.")
+@click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="The tuning's name.")
+@click.option("--launcher", default=None, help="The deepspeed launcher (default: the tuning's, else deepspeed on PATH).")
+@click.option("--seed", type=int, default=None, help="Seed of the samplers.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only warnings.")
+@click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr.")
+def worker(storage: str, study_name: str, launcher: str | None, seed: int | None, quiet: bool, verbose: bool, **launcher_kwargs: Any) -> None:
+    """Join a tuning started by `optuna-ds tune`: run its experiments on this node's GPUs.
+
+    The plan (script, arguments, config, stages) comes from the storage; the script must be
+    at the same path here (a shared file system or a copy). Waits if the tuning has not been
+    started yet; exits 0 once it is done.
+    """
+    import optuna
+
+    from optuna_ds._tune import WorkerOptions
+    from optuna_ds._tune import work
+    from optuna_ds.launcher import LauncherOptions
+    from optuna_ds.reporting import Progress
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    progress = Progress(quiet=quiet, verbose=verbose)
+    options = WorkerOptions(storage=storage, study_name=study_name, launcher_options=LauncherOptions(**launcher_kwargs), launcher=launcher, seed=seed)
+    try:
+        result = work(options, observer=progress)
+    finally:
+        progress.close()
+    best = result.best
+    click.echo(f"tuning '{study_name}' is done" + (f": best {best.name} {result.metric}={best.value:.4g}" if best else ""))
+
+
+@cli.command()
 @click.option("--storage", required=True, help="The tuning's Optuna storage URL.")
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True)
 @click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False))

@@ -10,20 +10,26 @@ from optuna_ds.launcher._resources import LauncherOptions
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import discover_resources
+from optuna_ds.launcher._slots import Lease
+from optuna_ds.launcher._slots import SlotPool
+from optuna_ds.launcher._runner import ExperimentInterrupted
 from optuna_ds.launcher._runner import ExperimentRunner
 from optuna_ds.launcher._runner import deferred_signals
 from optuna_ds.launcher._runner import kill_process_group
 
 __all__ = [
     "Experiment",
+    "ExperimentInterrupted",
     "ExperimentResult",
     "ExperimentRunner",
     "FailureReason",
     "LauncherOptions",
+    "Lease",
     "OOM_PATTERNS",
     "Phase",
     "Resources",
     "Slot",
+    "SlotPool",
     "classify",
     "deferred_signals",
     "discover_resources",

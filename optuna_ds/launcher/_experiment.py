@@ -12,7 +12,7 @@ class FailureReason(str, enum.Enum):
     ERROR = "error"
     TIMEOUT = "timeout"
     NO_METRICS = "no-metrics"
-    INTERRUPTED = "interrupted"
+    INTERRUPTED = "interrupted"  # stopped by the user or a dead worker: runs again
 
 
 class Phase(str, enum.Enum):

@@ -88,6 +88,11 @@ class Resources:
                 out.append(Slot({host: ids[i : i + self.gpus_per_node]}))
         return out
 
+    def restricted_to(self, names: set[str]) -> Resources:
+        """Only the hosts called one of ``names`` (this node, for a worker), if any is."""
+        mine = {h: ids for h, ids in self.hosts.items() if h in names}
+        return dataclasses.replace(self, hosts=mine) if mine else self
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

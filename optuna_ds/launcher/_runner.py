@@ -86,6 +86,24 @@ def kill_process_group(pgid: int, *, grace: float = _KILL_GRACE, leader: subproc
         pass
 
 
+class ExperimentInterrupted(Exception):
+    """The tuning was stopped while this experiment ran; it was ended by its process group."""
+
+
+def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None) -> int:
+    if stop is None:
+        return proc.wait(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            if stop.is_set():
+                raise ExperimentInterrupted("the tuning was stopped") from None
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+
+
 class ExperimentRunner:
     """Launches experiments as ``deepspeed --include HOST:IDS --master_port PORT SCRIPT ARGS``.
 
@@ -142,8 +160,14 @@ class ExperimentRunner:
         slot_index: int = 0,
         timeout: float | None,
         on_start: Callable[[int], None] | None = None,
+        stop: threading.Event | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> ExperimentResult:
         """Run one experiment to completion, timeout or interrupt, and classify the outcome.
+
+        ``stop`` set from another thread ends the experiment and raises
+        :class:`ExperimentInterrupted`. ``pass_fds`` (the slot's GPU locks) are inherited by the
+        launcher, so its GPUs stay leased as long as it runs, even if this process dies.
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
@@ -172,11 +196,13 @@ class ExperimentRunner:
         start = time.monotonic()
         timed_out = False
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
+            )
             try:
                 if on_start is not None:
                     on_start(proc.pid)  # the process group id, recorded so a resumed tuning can end it
-                returncode: int | None = proc.wait(timeout=timeout)
+                returncode: int | None = _wait(proc, timeout=timeout, stop=stop)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 kill_process_group(proc.pid, leader=proc)

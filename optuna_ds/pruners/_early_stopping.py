@@ -31,9 +31,13 @@ class TunerEarlyStoppingPruner(BasePruner):
     def _counts(self, trial: FrozenTrial) -> bool:
         return self._phase is None or trial.user_attrs.get(PHASE_ATTR) == self._phase
 
-    def exhausted(self, study: optuna.Study, *, exclude: int | None = None) -> bool:
-        trials = [t for t in study.get_trials(deepcopy=False) if t.number != exclude]
-        counted = [t for t in trials if self._counts(t) and t.state != TrialState.PRUNED]
+    def exhausted(self, study: optuna.Study, *, before: int | None = None) -> bool:
+        """Whether the search is over; with ``before``, as seen by trial number ``before``,
+        which counts only the trials started ahead of it toward ``max_trials``: of several
+        workers racing for the last trial, the first one runs it."""
+        trials = [t for t in study.get_trials(deepcopy=False) if t.number != before]
+        ahead = [t for t in trials if before is None or t.number < before]
+        counted = [t for t in ahead if self._counts(t) and t.state != TrialState.PRUNED]
         if self._max_trials is not None and len(counted) >= self._max_trials:
             return True
         maximize = study.direction == StudyDirection.MAXIMIZE
@@ -55,4 +59,4 @@ class TunerEarlyStoppingPruner(BasePruner):
         return since >= self._patience
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        return self.exhausted(study, exclude=trial.number)
+        return self.exhausted(study, before=trial.number)

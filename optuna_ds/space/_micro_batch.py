@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 
 PLATEAU = 0.05  # DeepSpeed's METRIC_PERCENT_DIFF_CONST: under 5% better counts as no better.
 
@@ -28,6 +28,10 @@ class _Need(Exception):
         self.mbs = mbs
 
 
+class _Blocked(Exception):
+    """Every useful next size is waiting for a running experiment."""
+
+
 @dataclasses.dataclass(frozen=True)
 class MicroBatchSearch:
     """The micro-batch search of one ZeRO stage, as DeepSpeed's README describes it.
@@ -40,7 +44,9 @@ class MicroBatchSearch:
 
     The search is a pure function of the observations: :meth:`next_mbs` replays it over what
     has finished and returns the first size it lacks. A resumed or shared tuning therefore
-    continues exactly where it stopped.
+    continues exactly where it stopped. Sizes running elsewhere (``pending``) are not asked
+    for twice: the edge search then splits the widest open interval instead (a k-ary search
+    with k experiments at once) and the sweet spot takes its next grid size.
     """
 
     min_mbs: int
@@ -49,11 +55,14 @@ class MicroBatchSearch:
     num_tuning: int
     user_list: tuple[int, ...] | None = None
 
-    def next_mbs(self, observations: Mapping[int, Observation]) -> int | None:
+    def next_mbs(self, observations: Mapping[int, Observation], pending: Set[int] = frozenset()) -> int | None:
+        """The next size to run; ``None`` when the search is over or waits for ``pending``."""
         try:
-            self._walk(observations)
+            self._walk(observations, pending)
         except _Need as need:
             return need.mbs
+        except _Blocked:
+            return None
         return None
 
     def edge(self, observations: Mapping[int, Observation]) -> int:
@@ -66,15 +75,18 @@ class MicroBatchSearch:
         ok = sorted((o for o in observations.values() if o.ok), key=lambda o: (-(o.score or 0.0), o.mbs))
         return [o.mbs for o in ok[:n]]
 
-    def _walk(self, obs: Mapping[int, Observation]) -> None:
+    def _walk(self, obs: Mapping[int, Observation], pending: Set[int]) -> None:
         def run(mbs: int) -> Observation:
             if mbs in obs:
                 return obs[mbs]
+            if mbs in pending:
+                raise _Blocked
             raise _Need(mbs)
 
         if self.user_list:
             for mbs in self.user_list:
-                run(mbs)
+                if mbs not in pending:
+                    run(mbs)
             return
 
         cap = max(self.cap, 1)
@@ -86,11 +98,13 @@ class MicroBatchSearch:
             if not run(lo).ok:
                 return
 
-        ok_max = self._edge_search(run, obs, lo, cap)
-        self._sweet_spot(run, obs, lo, ok_max)
+        ok_max = self._edge_search(run, obs, pending, lo, cap)
+        self._sweet_spot(run, obs, pending, lo, ok_max)
 
-    def _edge_search(self, run: Callable[[int], Observation], obs: Mapping[int, Observation], lo: int, cap: int) -> int:
-        if cap > lo:
+    def _edge_search(
+        self, run: Callable[[int], Observation], obs: Mapping[int, Observation], pending: Set[int], lo: int, cap: int
+    ) -> int:
+        if cap > lo and cap not in pending:
             run(cap)
         while True:
             ok_max = max(m for m, o in obs.items() if o.ok and m <= cap)
@@ -100,7 +114,12 @@ class MicroBatchSearch:
                 return ok_max
             if self._plateaued(obs, ok_max):
                 return ok_max
-            run((ok_max + fail_min) // 2)
+            inside = sorted(m for m in pending if ok_max < m < fail_min)
+            points = [ok_max, *inside, fail_min]
+            width, a, b = max((b - a, a, b) for a, b in zip(points, points[1:]))
+            if inside and width <= max(1, int(PLATEAU * a)):
+                raise _Blocked
+            run((a + b) // 2)
 
     @staticmethod
     def _plateaued(obs: Mapping[int, Observation], ok_max: int) -> bool:
@@ -113,14 +132,19 @@ class MicroBatchSearch:
         assert top is not None and below is not None
         return top - below < PLATEAU * abs(below)
 
-    def _sweet_spot(self, run: Callable[[int], Observation], obs: Mapping[int, Observation], lo: int, edge: int) -> None:
+    def _sweet_spot(
+        self, run: Callable[[int], Observation], obs: Mapping[int, Observation], pending: Set[int], lo: int, edge: int
+    ) -> None:
         start = max(lo, edge // 2)
         planned = {lo, edge}
         if edge > start and self.num_tuning > 1:
             stride = max(1, (edge - start) // (self.num_tuning - 1))
             for mbs in range(start, edge, stride):
-                run(mbs)
+                if mbs not in pending:
+                    run(mbs)
                 planned.add(mbs)
+        if planned & set(pending):
+            raise _Blocked
         # One refinement on each side of the planned sizes' best, halfway to its neighbour.
         # Judged on the planned sizes only, so measurement noise cannot drag it on.
         grid = {m: o for m, o in obs.items() if m in planned}

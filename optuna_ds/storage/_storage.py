@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
+from typing import Any
+import time
 
 import optuna
 
@@ -29,11 +34,24 @@ def redact_url(url: str) -> str:
         return "<invalid storage URL>"
 
 
+def _sqlite_wal(path: str) -> None:
+    """Readers then never block the writer, and a writer waits instead of failing. The
+    journal mode is stored in the database file, so once is enough for every process."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=120)) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as e:
+        raise StorageError(f"cannot open SQLite database {path}: {e}") from None
+
+
 def create_storage(url: str) -> optuna.storages.RDBStorage:
     """Open the RDB storage that holds the plan and every study of a tuning.
 
     Heartbeats are on so that a trial whose process died is failed and its experiment run
-    again. SQLite waits for locks instead of failing with "database is locked".
+    again. SQLite runs in WAL mode and waits for locks, so several local workers never fail
+    with "database is locked".
     """
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
@@ -44,18 +62,46 @@ def create_storage(url: str) -> optuna.storages.RDBStorage:
         raise StorageError(f"invalid storage URL {redact_url(url)!s}: expected e.g. sqlite:///path.db or postgresql+psycopg://user@host/db") from None
     engine_kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database:
+        if parsed.database and parsed.database != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(parsed.database)) or ".", exist_ok=True)
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
         engine_kwargs["pool_pre_ping"] = True
+    sqlite_path = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
+    with _creation_lock(sqlite_path):
+        if sqlite_path:
+            _sqlite_wal(sqlite_path)
+        return _open(url, parsed, engine_kwargs)
+
+
+@contextlib.contextmanager
+def _creation_lock(sqlite_path: str | None) -> Iterator[None]:
+    """Local processes that open a new SQLite database together would race to create its
+    tables: they take turns."""
+    if not sqlite_path:
+        yield
+        return
+    with open(f"{os.path.abspath(sqlite_path)}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStorage:
     try:
-        return optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=engine_kwargs,
-            heartbeat_interval=HEARTBEAT_INTERVAL,
-            grace_period=GRACE_PERIOD,
-        )
+        for attempt in range(5):
+            try:
+                return optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=HEARTBEAT_INTERVAL,
+                    grace_period=GRACE_PERIOD,
+                )
+            except Exception as e:
+                # Processes started together race to create Optuna's tables: the loser retries.
+                if not any(m in str(e) for m in ("already exists", "Duplicate", "duplicate key", "UNIQUE constraint")) or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
     except ImportError as e:
         raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or optuna-ds[mysql]") from None
     except Exception as e:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 
@@ -34,3 +35,54 @@ class PrintObserver:
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
+
+
+class LockedObserver:
+    """Serialises the calls of several driver threads to one observer."""
+
+    def __init__(self, observer: TuningObserver) -> None:
+        self._observer = observer
+        self._lock = threading.Lock()
+
+    def log(self, text: str) -> None:
+        with self._lock:
+            self._observer.log(text)
+
+    def detail(self, text: str) -> None:
+        with self._lock:
+            self._observer.detail(text)
+
+    def plan(self, remaining: int, *, maximize: bool) -> None:
+        with self._lock:
+            self._observer.plan(remaining, maximize=maximize)
+
+    def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
+        with self._lock:
+            self._observer.started(stage=stage, number=number, name=name, slot=slot)
+
+    def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
+        with self._lock:
+            self._observer.finished(stage=stage, number=number, name=name, value=value, duration=duration, outcome=outcome)
+
+
+class ExperimentsOnly(LockedObserver):
+    """What a second driver of one process reports: its experiments, not the stage messages
+    that the first driver already prints."""
+
+    def __init__(self, observer: TuningObserver) -> None:
+        self._observer = observer
+
+    def log(self, text: str) -> None:
+        pass
+
+    def plan(self, remaining: int, *, maximize: bool) -> None:
+        pass
+
+    def detail(self, text: str) -> None:
+        self._observer.detail(text)
+
+    def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
+        self._observer.started(stage=stage, number=number, name=name, slot=slot)
+
+    def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
+        self._observer.finished(stage=stage, number=number, name=name, value=value, duration=duration, outcome=outcome)

@@ -9,9 +9,11 @@ from optuna.trial import TrialState
 
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import kill_process_group
+from optuna_ds.studies._results import LOST_ATTR
 
 OWNER_ATTR = "worker"
 PROCESS_ATTR = "experiment_process"
+
 
 
 def _start_time(pid: int) -> str | None:
@@ -57,9 +59,9 @@ def fail_orphaned_trials(study: optuna.Study) -> list[int]:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get(OWNER_ATTR)
         if isinstance(owner, dict) and _dead(owner):
-            study._storage.set_trial_user_attr(t._trial_id, "reason", FailureReason.INTERRUPTED.value)
-            study._storage.set_trial_user_attr(t._trial_id, "detail", "its process died")
             try:
+                for key, value in {"reason": FailureReason.INTERRUPTED.value, "detail": "its process died", LOST_ATTR: True}.items():
+                    study._storage.set_trial_user_attr(t._trial_id, key, value)
                 study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             except RuntimeError:
                 continue  # finished meanwhile

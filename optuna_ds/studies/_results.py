@@ -21,6 +21,20 @@ def is_finished_experiment(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.FAIL and trial.user_attrs.get("reason") in DEFINITIVE_FAILURES
 
 
+LOST_ATTR = "lost"
+
+
+def given_up(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
+    """Experiments whose worker died twice while running them (killed, or no heartbeat for the
+    grace period): retried once, then counted as failed so they cannot kill workers forever."""
+    lost: dict[str, list[FrozenTrial]] = {}
+    for t in trials:
+        attrs = t.user_attrs
+        if t.state == TrialState.FAIL and "exp_name" in attrs and (attrs.get(LOST_ATTR) or "reason" not in attrs):
+            lost.setdefault(attrs["exp_name"], []).append(t)
+    return {name: ts[-1] for name, ts in lost.items() if len(ts) >= 2}
+
+
 def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Trials that ran an experiment (duplicates and early-stopped asks launch nothing)."""
     return [t for t in trials if "exp_name" in t.user_attrs and t.state != TrialState.PRUNED]

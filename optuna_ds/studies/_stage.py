@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+import itertools
+import random
+import threading
 import os
 import shlex
 import time
@@ -18,7 +22,8 @@ from optuna_ds.launcher import ExperimentResult
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
-from optuna_ds.launcher import Slot
+from optuna_ds.launcher import Lease
+from optuna_ds.launcher import SlotPool
 from optuna_ds.pruners import TunerEarlyStoppingPruner
 from optuna_ds.samplers import create_sampler
 from optuna_ds.space import KnobSpace
@@ -31,10 +36,27 @@ from optuna_ds.studies._owner import PROCESS_ATTR
 from optuna_ds.studies._owner import fail_orphaned_trials
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
+from optuna_ds.studies._results import given_up
 from optuna_ds.studies._results import is_finished_experiment
 
 _MAX_CONSECUTIVE_DUPLICATES = 50
-_POLL_SECONDS = 0.5
+_SAMPLER_DUPLICATES = 3
+_POLL_SECONDS = 0.2
+_REAP_SECONDS = 2.0
+_CLAIM_WAIT_SECONDS = 10.0
+_FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
+
+
+class Step(enum.Enum):
+    """What one step of a stage did."""
+
+    RAN = "ran"  # a trial was run (or lost its claim to another worker)
+    WAIT = "wait"  # nothing to start until an experiment running elsewhere finishes
+    DONE = "done"  # the stage is tuned: nothing left to run, nothing running
+
+
+class Stopped(Exception):
+    """The tuning was stopped (Ctrl-C, SIGTERM, or another driver failed)."""
 
 
 class ExperimentFailed(Exception):
@@ -46,6 +68,15 @@ class ExperimentFailed(Exception):
         self.result = result
 
 
+class LocalClaims:
+    """Micro-batch sizes chosen by this process's drivers and not yet claimed in the storage,
+    so that two drivers of one process never pick the same next size."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sizes: set[tuple[str, int]] = set()
+
+
 @dataclasses.dataclass(frozen=True)
 class StageContext:
     """What every stage of one tuning shares."""
@@ -53,7 +84,8 @@ class StageContext:
     storage: optuna.storages.BaseStorage
     builder: ExperimentBuilder
     runner: ExperimentRunner
-    slot: Slot
+    pool: SlotPool
+    stop: threading.Event
     metric_key: str
     direction: str
     tuner_type: str
@@ -65,6 +97,7 @@ class StageContext:
     gas_high: int
     timeout: float | None
     observer: TuningObserver
+    local: LocalClaims
     seed: int | None = None
 
 
@@ -91,8 +124,10 @@ class StageTuner:
     First the micro-batch search (enqueued trials, decided by :class:`MicroBatchSearch` from
     the finished ones); then, unless in fast mode, the ZeRO knobs with the ``tuner_type``
     sampler over the best micro-batch sizes, until :class:`TunerEarlyStoppingPruner` says
-    stop or the space is exhausted. Everything is read back from the storage, so a rerun
-    continues and never pays for a finished experiment again.
+    stop or the space is exhausted. Everything is read back from the storage at every step,
+    so a rerun continues where it stopped and any number of drivers (threads of this process,
+    workers elsewhere) can step the same stage: a trial claims its experiment by name, and
+    the later of two claimants of one experiment stands down.
     """
 
     def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace, search: MicroBatchSearch) -> None:
@@ -101,25 +136,32 @@ class StageTuner:
         self._stage = stage
         self._space = space
         self._search = search
+        self._duplicates = 0
+        self._stood_down = False
+        self._reaped = 0.0
         self.study = optuna.create_study(
             storage=ctx.storage, study_name=study_name, direction=ctx.direction, load_if_exists=True
         )
-        for number in fail_orphaned_trials(self.study):
-            ctx.observer.log(f"[z{stage}] trial {number}: its process died; its experiment will run again")
+        self._reap(force=True)
 
     # -- reading the study ------------------------------------------------------------------
 
     def _trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
 
-    def _finished_by_name(self) -> dict[str, FrozenTrial]:
-        return {t.user_attrs["exp_name"]: t for t in self._trials() if "exp_name" in t.user_attrs and is_finished_experiment(t)}
-
-    def observations(self) -> dict[int, Observation]:
+    def observations(self, trials: list[FrozenTrial] | None = None) -> dict[int, Observation]:
         sign = 1.0 if self._ctx.direction == "maximize" else -1.0
         obs: dict[int, Observation] = {}
-        for t in self._trials():
-            if t.user_attrs.get("phase") != Phase.MICRO_BATCH.value or not is_finished_experiment(t):
+        trials = self._trials() if trials is None else trials
+        dead = given_up(trials)
+        for t in trials:
+            if t.user_attrs.get("phase") != Phase.MICRO_BATCH.value:
+                continue
+            if t.user_attrs.get("exp_name") in dead:
+                mbs = int(t.user_attrs["micro_batch_size"])
+                obs[mbs] = Observation(mbs=mbs, score=None)
+                continue
+            if not is_finished_experiment(t):
                 continue
             mbs = int(t.user_attrs["micro_batch_size"])
             if t.state == TrialState.COMPLETE and t.value is not None:
@@ -128,16 +170,62 @@ class StageTuner:
                 obs[mbs] = Observation(mbs=mbs, score=None, oom=t.user_attrs.get("reason") == FailureReason.OOM.value)
         return obs
 
-    def _running(self, name: str) -> bool:
-        return any(t.state == TrialState.RUNNING and t.user_attrs.get("exp_name") == name for t in self._trials())
+    @staticmethod
+    def _running(trials: list[FrozenTrial], phase: Phase) -> list[FrozenTrial]:
+        # exp_name is written last: a trial that has it has all its attrs.
+        return [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("phase") == phase.value and "exp_name" in t.user_attrs]
 
-    # -- running trials ---------------------------------------------------------------------
+    def _reap(self, *, force: bool = False) -> None:
+        """Fail the trials of dead workers so that their experiments run again: at once for a
+        process of this host, after the heartbeat's grace period for one elsewhere."""
+        now = time.monotonic()
+        if not force and now - self._reaped < _REAP_SECONDS:
+            return
+        self._reaped = now
+        for number in fail_orphaned_trials(self.study):
+            self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died; its experiment will run again")
+        optuna.storages.fail_stale_trials(self.study)
 
-    def _objective(self, phase: Phase, tuning_list: list[int]) -> Callable[[optuna.Trial], float]:
+    def _competitor(self, trial: optuna.Trial, name: str) -> FrozenTrial | None:
+        """Another trial that has this experiment, so this one must stand down; ``None`` if
+        this trial may run it.
+
+        Called after this trial published its claim (``exp_name``), so of two simultaneous
+        claimants at least one sees the other. A claimant yields to a finished or launched
+        competitor and to a later-numbered one; it waits for the fate of an earlier-numbered
+        one still claiming. So never two run one experiment, and never both stand down.
+        """
+        deadline = time.monotonic() + _CLAIM_WAIT_SECONDS
+        while True:
+            trials = self._trials()
+            dead = given_up(trials)
+            if name in dead:
+                return dead[name]
+            undecided = None
+            for t in trials:
+                if t.number == trial.number or t.user_attrs.get("exp_name") != name:
+                    continue
+                if is_finished_experiment(t):
+                    return t
+                if t.state == TrialState.RUNNING:
+                    if t.number > trial.number or PROCESS_ATTR in t.user_attrs:
+                        return t
+                    undecided = t
+            if undecided is None:
+                return None
+            if time.monotonic() > deadline:
+                return undecided
+            time.sleep(0.05)
+
+    # -- running one trial ------------------------------------------------------------------
+
+    def _objective(self, default_phase: Phase, tuning_list: list[int], lease: Lease,
+                   pruner: TunerEarlyStoppingPruner | None) -> Callable[[optuna.Trial], float]:
         ctx = self._ctx
 
         def objective(trial: optuna.Trial) -> float:
             trial.set_user_attr(OWNER_ATTR, this_process())
+            phase = default_phase
             if phase is Phase.MICRO_BATCH:
                 mbs = trial.suggest_int(MBS_KEY, 1, ctx.mbs_high)
                 knobs: dict[str, Any] = {}
@@ -150,29 +238,38 @@ class StageTuner:
             else:
                 trial.suggest_int(GAS_KEY, 1, ctx.gas_high)
             experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=self._space, knobs=knobs)
+            slot = lease.slot.include
             for key, value in {
                 "phase": phase.value,
-                "exp_name": experiment.name,
                 "micro_batch_size": mbs,
                 "gradient_accumulation_steps": gas,
                 "train_batch_size": experiment.ds_config.get("train_batch_size"),
                 "ds_config": experiment.ds_config,
                 "result_dir": experiment.result_dir,
-                "slot": ctx.slot.include,
+                "slot": slot,
+                "exp_name": experiment.name,  # last: the claim, read back by the others
             }.items():
                 trial.set_user_attr(key, value)
-            previous = self._finished_by_name().get(experiment.name)
+            previous = self._competitor(trial, experiment.name)
             if previous is not None:
                 trial.set_user_attr("duplicate_of", previous.number)
+                self._stood_down = True
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
-            ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=ctx.slot.include)
-            ctx.observer.detail(f"  cd {os.getcwd()} && {shlex.join(ctx.runner.command(experiment, os.path.join(experiment.result_dir, 'ds_config.json'), slot=ctx.slot, port=ctx.runner.master_port))}")
+            if phase is Phase.KNOBS and pruner is not None and pruner.exhausted(self.study, before=trial.number):
+                trial.set_user_attr("early_stopped", True)
+                raise optuna.TrialPruned("the knob search is over")
+            ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
+            port = ctx.runner.master_port + lease.index
+            ctx.observer.detail(f"  cd {os.getcwd()} && {shlex.join(ctx.runner.command(experiment, os.path.join(experiment.result_dir, 'ds_config.json'), slot=lease.slot, port=port))}")
             try:
                 result = ctx.runner.run(
                     experiment,
-                    slot=ctx.slot,
+                    slot=lease.slot,
+                    slot_index=lease.index,
                     timeout=ctx.timeout,
                     on_start=lambda pid: trial.set_user_attr(PROCESS_ATTR, process_identity(pid)),
+                    stop=ctx.stop,
+                    pass_fds=lease.fds,
                 )
             except BaseException:
                 trial.set_user_attr("reason", FailureReason.INTERRUPTED.value)
@@ -192,66 +289,105 @@ class StageTuner:
 
         return objective
 
-    def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int]) -> None:
+    def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease,
+                      pruner: TunerEarlyStoppingPruner | None = None) -> None:
+        self._stood_down = False
         study.optimize(
-            self._objective(phase, tuning_list), n_trials=1, catch=(ExperimentFailed,), gc_after_trial=False
+            self._objective(phase, tuning_list, lease, pruner), n_trials=1, catch=(ExperimentFailed,), gc_after_trial=False
         )
+        self._duplicates = self._duplicates + 1 if self._stood_down else 0
+        if self._stood_down:
+            # Two drivers that chose the same experiment both stand down at worst: break the tie.
+            self._ctx.stop.wait(random.uniform(0.0, 0.1))
 
-    def _wait_for(self, name: str) -> None:
-        """Another process is running this experiment: wait for its result, or for its trial
-        to go stale (its worker died) so that the experiment can run again here."""
-        self._ctx.observer.log(f"[z{self._stage}] waiting for {name}, running in another process")
-        while self._running(name):
-            fail_orphaned_trials(self.study)
-            optuna.storages.fail_stale_trials(self.study)
-            time.sleep(_POLL_SECONDS)
+    # -- one step ---------------------------------------------------------------------------
 
-    # -- the two phases ---------------------------------------------------------------------
+    def step(self, lease: Lease) -> Step:
+        """Run the next experiment this stage needs on ``lease``, or say why there is none."""
+        self._reap()
+        local = self._ctx.local
+        with local.lock:
+            trials = self._trials()
+            obs = self.observations(trials)
+            pending = {int(t.user_attrs["micro_batch_size"]) for t in self._running(trials, Phase.MICRO_BATCH)}
+            pending |= {m for study, m in local.sizes if study == self._study_name}
+            mbs = self._search.next_mbs(obs, pending)
+            if mbs is not None:
+                local.sizes.add((self._study_name, mbs))
+        if mbs is not None:
+            try:
+                self._run_micro_batch(mbs, lease)
+            finally:
+                with local.lock:
+                    local.sizes.discard((self._study_name, mbs))
+            return Step.RAN
+        if pending:
+            return Step.WAIT
+        return self._step_knobs(trials, obs, lease)
 
-    def tune_micro_batch(self) -> None:
-        ctx = self._ctx
-        while True:
-            mbs = self._search.next_mbs(self.observations())
-            if mbs is None:
-                return
-            gas = ctx.builder.gas_for(mbs)
-            name = ctx.builder.build(stage=self._stage, phase=Phase.MICRO_BATCH, mbs=mbs, gas=gas, space=self._space).name
-            if self._running(name):
-                self._wait_for(name)
-                continue
-            params = {MBS_KEY: mbs, GAS_KEY: gas}
-            waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-            if not any(t.system_attrs.get("fixed_params") == params for t in waiting):
-                self.study.enqueue_trial(params, user_attrs={"phase": Phase.MICRO_BATCH.value})
-            self._optimize_one(self.study, Phase.MICRO_BATCH, [mbs])
+    def _run_micro_batch(self, mbs: int, lease: Lease) -> None:
+        # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
+        # is not atomic on SQLite, and any driver could pop another's.
+        sampler = optuna.samplers.PartialFixedSampler({MBS_KEY: mbs, GAS_KEY: self._ctx.builder.gas_for(mbs)}, optuna.samplers.RandomSampler())
+        study = optuna.load_study(storage=self._ctx.storage, study_name=self._study_name, sampler=sampler)
+        self._optimize_one(study, Phase.MICRO_BATCH, [mbs], lease)
 
-    def tune_knobs(self) -> None:
+    def _step_knobs(self, trials: list[FrozenTrial], obs: dict[int, Observation], lease: Lease) -> Step:
         ctx = self._ctx
         if ctx.fast or not self._space.tuned:
-            return
-        tuning_list = sorted(self._search.best(self.observations(), n=ctx.num_tuning))
+            return Step.DONE
+        tuning_list = sorted(self._search.best(obs, n=ctx.num_tuning))
         if not tuning_list:
-            return
-        search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
-        pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS.value)
-        study = optuna.load_study(
-            storage=ctx.storage,
-            study_name=self._study_name,
-            sampler=create_sampler(ctx.tuner_type, search_space, seed=ctx.seed),
-            pruner=pruner,
-        )
+            return Step.DONE
+        running = self._running(trials, Phase.KNOBS)
         size = self._space.size * len(tuning_list)
-        ctx.observer.log(f"[z{self._stage}] knob search: {len(self._space.tuned)} knob(s) x {len(tuning_list)} micro-batch size(s) = {size} configs, sampler {ctx.tuner_type}")
-        duplicates = 0
-        while not pruner.exhausted(study) and duplicates < _MAX_CONSECUTIVE_DUPLICATES:
-            knob_trials = [t for t in self._trials() if t.user_attrs.get("phase") == Phase.KNOBS.value and is_finished_experiment(t)]
-            if len({t.user_attrs["exp_name"] for t in knob_trials}) >= size:
-                return
-            before = len(self._trials())
-            self._optimize_one(study, Phase.KNOBS, tuning_list)
-            last = self._trials()[before:] if len(self._trials()) > before else []
-            duplicates = duplicates + 1 if last and last[-1].state == TrialState.PRUNED else 0
+        dead = given_up(trials)
+        taken = {t.user_attrs.get("exp_name") for t in trials if t.user_attrs.get("phase") == Phase.KNOBS.value
+                 and (is_finished_experiment(t) or t in running or t.user_attrs.get("exp_name") in dead)} - {None}
+        pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS.value)
+        if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or pruner.exhausted(self.study):
+            return Step.WAIT if running else Step.DONE
+        search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
+        sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
+        if self._duplicates >= _SAMPLER_DUPLICATES:
+            # The sampler keeps proposing taken configs (a random sampler late in a small space,
+            # a grid point whose worker died): run an untried one.
+            sampler = optuna.samplers.PartialFixedSampler(self._untried(search_space, taken), sampler)
+        study = optuna.load_study(storage=ctx.storage, study_name=self._study_name, sampler=sampler, pruner=pruner)
+        if not any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials):
+            ctx.observer.log(f"[z{self._stage}] knob search: {len(self._space.tuned)} knob(s) x {len(tuning_list)} micro-batch size(s) = {size} configs, sampler {ctx.tuner_type}")
+        self._optimize_one(study, Phase.KNOBS, tuning_list, lease, pruner)
+        return Step.RAN
+
+    def _untried(self, search_space: dict[str, list[Any]], taken: set[str]) -> dict[str, Any]:
+        names = sorted(search_space)
+        for values in itertools.product(*(search_space[k] for k in names)):
+            params = dict(zip(names, values))
+            mbs = params.pop(MBS_KEY)
+            name = self._ctx.builder.build(stage=self._stage, phase=Phase.KNOBS, mbs=mbs, gas=self._ctx.builder.gas_for(mbs),
+                                           space=self._space, knobs=params).name
+            if name not in taken:
+                return {**params, MBS_KEY: mbs}
+        return {}
 
     def run(self) -> None:
-        self.tune_micro_batch()
-        self.tune_knobs()
+        """Step this stage on the slots of ``ctx.pool`` until it is tuned; :class:`Stopped`
+        if the tuning is stopped first."""
+        ctx = self._ctx
+        while True:
+            lease = ctx.pool.acquire(ctx.stop)
+            if lease is None:
+                raise Stopped
+            try:
+                step = self.step(lease)
+            finally:
+                ctx.pool.release(lease)
+            if step is Step.RAN:
+                # Locks are not fair: give the drivers of other processes waiting for a slot a turn.
+                ctx.stop.wait(random.uniform(0.0, _FAIRNESS_PAUSE))
+            if step is Step.DONE:
+                return
+            if ctx.stop.is_set():
+                raise Stopped
+            if step is Step.WAIT:
+                ctx.stop.wait(_POLL_SECONDS)

@@ -1,14 +1,20 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
 
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._errors import ResourceError
 from optuna_ds.config import UserConfig
+from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import SlotPool
+from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import Resources
 from optuna_ds.space import MemoryEstimate
 from optuna_ds.space import MicroBatchSearch
@@ -18,13 +24,18 @@ from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import stage_study_name
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._observer import ExperimentsOnly
+from optuna_ds.studies._observer import LockedObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import stage_result
+from optuna_ds.studies._stage import LocalClaims
 from optuna_ds.studies._stage import StageContext
 from optuna_ds.studies._stage import StageTuner
+from optuna_ds.studies._stage import Stopped
 
+STAGE_ATTR_PREFIX = "stage:"
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
@@ -62,7 +73,9 @@ class Tuning:
         resources: Resources,
         runner: ExperimentRunner,
         observer: TuningObserver,
+        pool: SlotPool | None = None,
         seed: int | None = None,
+        worker: bool = False,
     ) -> None:
         self._plan = plan
         self._user = user
@@ -72,8 +85,33 @@ class Tuning:
         self._observer = observer
         self._log = observer.log
         self._seed = seed
+        self._worker = worker
+        self._pool = pool or SlotPool(resources)
+        self._stop = threading.Event()
+        self._local = LocalClaims()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.direction)
+        self._check_resources()
+
+    def _check_resources(self) -> None:
+        """Every process of a tuning runs experiments of one size on one kind of GPU: the
+        batch sizes and the memory estimates depend on it. The first process records them."""
+        recorded = self._root.user_attrs.get("resources")
+        mine = {"gpus_per_experiment": self._resources.total_gpus, "device_memory": self._resources.device_memory}
+        if recorded is None:
+            if not self._worker:
+                self._root.set_user_attr("resources", mine)
+            return
+        if int(recorded["gpus_per_experiment"]) != mine["gpus_per_experiment"]:
+            raise ResourceError(
+                f"this tuning runs experiments on {recorded['gpus_per_experiment']} GPU(s), but the launcher options "
+                f"here give {mine['gpus_per_experiment']}: pass --num_gpus/--num_nodes to match"
+            )
+
+    @property
+    def _device_memory(self) -> float:
+        recorded = self._root.user_attrs.get("resources")
+        return float(recorded["device_memory"]) if recorded else self._resources.device_memory
 
     @property
     def root(self) -> optuna.Study:
@@ -86,10 +124,17 @@ class Tuning:
         stored = self._root.user_attrs.get("model_info")
         if stored:
             return {**given, **stored}
+        if self._worker:
+            return {**given, **self._wait_for_model_info()}
         experiment = self._builder.build_profile()
+        lease = self._pool.acquire(self._stop)
+        assert lease is not None
         self._log(f"profile run: measuring the model ({experiment.result_dir})")
         timeout = self._plan.trial_timeout or _TIMEOUT_WITHOUT_PROFILE
-        result = self._runner.run(experiment, slot=self._resources.slots()[0], timeout=timeout)
+        try:
+            result = self._runner.run(experiment, slot=lease.slot, slot_index=lease.index, timeout=timeout, pass_fds=lease.fds)
+        finally:
+            self._pool.release(lease)
         if not result.ok:
             cause = result.stderr_tail.strip().splitlines()[-1] if result.stderr_tail.strip() else result.detail
             raise ProfileError(
@@ -102,6 +147,15 @@ class Tuning:
         self._root.set_user_attr("model_info", info)
         self._root.set_user_attr("profile_duration", round(result.duration, 3))
         return info
+
+    def _wait_for_model_info(self) -> dict[str, Any]:
+        """A worker started before the profile run finished waits for its result."""
+        self._log("waiting for the profile run of the tuning's first process")
+        while True:
+            stored = optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs.get("model_info")
+            if stored:
+                return dict(stored)
+            time.sleep(1.0)
 
     def _timeout(self) -> float:
         if self._plan.trial_timeout:
@@ -120,7 +174,7 @@ class Tuning:
                 num_params=int(info["num_params"]),
                 trainable_params=info.get("trainable_num_params"),
                 activation_per_sample=info.get("activation_mem_per_gpu"),
-                device_memory=self._resources.device_memory,
+                device_memory=self._device_memory,
                 num_gpus=self._resources.total_gpus,
                 mp_size=a.mp_size,
                 precision=self._user.precision,
@@ -150,7 +204,7 @@ class Tuning:
             count += min(a.tuner_num_trials, space.size * a.num_tuning_micro_batch_sizes)
         return count
 
-    def _context(self) -> StageContext:
+    def _context(self, observer: TuningObserver) -> StageContext:
         a = self._user.autotuning
         bound = self._builder.max_batch_per_gpu() or 1
         mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
@@ -158,7 +212,8 @@ class Tuning:
             storage=self._storage,
             builder=self._builder,
             runner=self._runner,
-            slot=self._resources.slots()[0],
+            pool=self._pool,
+            stop=self._stop,
             metric_key=a.metric_key,
             direction=a.direction,
             tuner_type=a.tuner_type,
@@ -169,17 +224,17 @@ class Tuning:
             mbs_high=mbs_high,
             gas_high=max(self._user.gradient_accumulation_steps, bound),
             timeout=self._timeout(),
-            observer=self._observer,
+            observer=observer,
+            local=self._local,
             seed=self._seed,
         )
 
     def _record_stage(self, stage: int, status: str, reason: str = "", **extra: Any) -> None:
-        stages = dict(self._root.user_attrs.get("stages", {}))
-        stages[f"z{stage}"] = {"status": status, "reason": reason, **extra}
-        self._root.set_user_attr("stages", stages)
+        # One attr per stage: several drivers write them, a shared dict would lose updates.
+        self._root.set_user_attr(f"{STAGE_ATTR_PREFIX}z{stage}", {"status": status, "reason": reason, **extra})
 
-    def _skip(self, stage: int, reason: str, estimate: MemoryEstimate) -> None:
-        self._log(f"[z{stage}] skipped: {reason}")
+    def _skip(self, stage: int, reason: str, estimate: MemoryEstimate, log: Callable[[str], None]) -> None:
+        log(f"[z{stage}] skipped: {reason}")
         self._record_stage(stage, "skipped", reason, memory=estimate.to_dict())
 
     def result(self) -> TuningResult:
@@ -191,24 +246,67 @@ class Tuning:
         spent, and the storage keeps every finished experiment."""
         start = time.monotonic()
         try:
-            self._explore()
+            info = self._model_info()
+            self._run_drivers(info)
         finally:
-            # Time spent across every run of this tuning, resumed ones included.
-            elapsed = float(self._root.user_attrs.get("elapsed", 0.0)) + time.monotonic() - start
-            self._root.set_user_attr("elapsed", round(elapsed, 3))
+            if not self._worker:
+                # Wall time of the tuning across its resumed runs; workers only help within it.
+                elapsed = float(self._root.user_attrs.get("elapsed", 0.0)) + time.monotonic() - start
+                self._root.set_user_attr("elapsed", round(elapsed, 3))
         return self.result()
 
-    def _explore(self) -> None:
+    def _run_drivers(self, info: dict[str, Any]) -> None:
+        """One driver thread per GPU slot of this process, each stepping the stages in order.
+
+        A driver leases a slot for each step, so drivers of several processes on one node share
+        its GPUs. Ctrl-C or SIGTERM (in the main thread) stops every driver: each ends its
+        running experiment by process group and marks its trial ``interrupted``.
+        """
         a = self._user.autotuning
-        info = self._model_info()
         self._log(
             f"model: {_humanize(info['num_params'])} parameters; "
-            f"{_humanize(self._resources.device_memory)}B memory per GPU; "
-            f"{self._resources.total_gpus} GPU(s) per experiment; metric {a.metric} ({a.direction})"
+            f"{_humanize(self._device_memory)}B memory per GPU; "
+            f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.direction})"
         )
         estimates = self._estimates(info)
-        self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
-        ctx = self._context()
+        if not self._worker:
+            self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
+        shared = LockedObserver(self._observer)
+        errors: list[BaseException] = []
+
+        finished = [threading.Event() for _ in range(self._pool.size)]
+
+        def drive(index: int) -> None:
+            try:
+                lead = index == 0
+                self._explore(info, estimates, self._context(shared if lead else ExperimentsOnly(shared)), lead=lead)
+            except (Stopped, ExperimentInterrupted):
+                pass
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                errors.append(e)
+                self._stop.set()
+            finally:
+                finished[index].set()
+
+        for i in range(self._pool.size):
+            threading.Thread(target=drive, args=(i,), name=f"optuna-ds-driver-{i}", daemon=True).start()
+        # Events, not Thread.join: an interrupted join marks a running thread as stopped.
+        try:
+            for done in finished:
+                while not done.wait(0.1):
+                    pass
+        except BaseException:
+            self._stop.set()
+            with deferred_signals():
+                for done in finished:
+                    done.wait()
+            raise
+        if errors:
+            raise errors[0]
+
+    def _explore(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate], ctx: StageContext, *, lead: bool) -> None:
+        a = self._user.autotuning
+        log = ctx.observer.log
         prev: StageResult | None = None  # the best stage so far
         prev_edge = 0
 
@@ -217,17 +315,18 @@ class Tuning:
 
         for stage in self._user.stages:
             later = self._user.stages[self._user.stages.index(stage) :]
-            self._observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=a.direction == "maximize")
+            if lead:
+                ctx.observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=a.direction == "maximize")
             estimate = estimates[stage]
             if not estimate.fits:
                 self._skip(stage, (
                     f"needs {_humanize(estimate.instantiation)}B per GPU for parameters, gradients and optimizer "
                     f"states, more than the {_humanize(estimate.device_memory)}B available"
-                ), estimate)
+                ), estimate, log)
                 continue
             cap = self._mbs_cap(estimate)
             if self._user.all_stages and prev is not None and prev.best is not None and cap <= prev_edge:
-                self._skip(stage, f"fits no micro-batch larger than the {prev_edge} that z{prev.stage} already runs", estimate)
+                self._skip(stage, f"fits no micro-batch larger than the {prev_edge} that z{prev.stage} already runs", estimate, log)
                 continue
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
             search = MicroBatchSearch(
@@ -237,7 +336,7 @@ class Tuning:
                 num_tuning=a.num_tuning_micro_batch_sizes,
                 user_list=tuple(self._user.micro_batch_sizes) if self._user.micro_batch_sizes else None,
             )
-            self._log(f"[z{stage}] tuning: micro-batch {self._user.min_micro_batch_size}..{cap}" + ("" if a.fast else f", {len(space.tuned)} ZeRO knob(s)"))
+            log(f"[z{stage}] tuning: micro-batch {self._user.min_micro_batch_size}..{cap}" + ("" if a.fast else f", {len(space.tuned)} ZeRO knob(s)"))
             tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space, search=search)
             tuner.study.set_user_attr("memory", estimate.to_dict())
             tuner.study.set_user_attr("model_info", info)
@@ -249,22 +348,28 @@ class Tuning:
             result = stage_result(tuner.study, stage)
             self._record_stage(stage, "tuned", memory=estimate.to_dict(), max_runnable_micro_batch_size=edge)
             if result.best is not None:
-                self._log(f"[z{stage}] best: {result.best.name} {a.metric}={result.best.value:.4g} after {result.num_experiments} experiment(s)")
+                log(f"[z{stage}] best: {result.best.name} {a.metric}={result.best.value:.4g} after {result.num_experiments} experiment(s)")
             if self._user.all_stages and prev is not None and prev.best is not None and result.best is not None:
                 if not better_than(result.best.value, prev.best.value):
                     for later in self._user.stages[self._user.stages.index(stage) + 1 :]:
-                        self._skip(later, f"z{stage} was no better than z{prev.stage}", estimates[later])
+                        self._skip(later, f"z{stage} was no better than z{prev.stage}", estimates[later], log)
                     return
             prev_edge = max(prev_edge, edge)
             if result.best is not None and (prev is None or prev.best is None or better_than(result.best.value, prev.best.value)):
                 prev = result
 
 
+def recorded_stages(root: optuna.Study) -> dict[str, dict[str, Any]]:
+    """What the drivers recorded of each stage, by ``z<stage>``."""
+    n = len(STAGE_ATTR_PREFIX)
+    return {k[n:]: v for k, v in root.user_attrs.items() if k.startswith(STAGE_ATTR_PREFIX)}
+
+
 def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: UserConfig) -> TuningResult:
     """Rebuild a tuning's result from the storage alone (``optuna-ds report`` does this)."""
     a = user.autotuning
     root = optuna.load_study(study_name=plan.study_name, storage=storage)
-    recorded = root.user_attrs.get("stages", {})
+    recorded = recorded_stages(root)
     results = []
     for stage in user.stages:
         entry = recorded.get(f"z{stage}", {})

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import re
+import tempfile
+import threading
+
+from optuna_ds.launcher._resources import Resources
+from optuna_ds.launcher._resources import Slot
+
+_POLL_SECONDS = 0.05
+
+
+def default_lock_dir() -> str:
+    """Where this node's GPU leases live: one lock file per GPU, shared by every optuna-ds
+    process of this user on the node (``OPTUNA_DS_LOCK_DIR`` overrides)."""
+    return os.environ.get("OPTUNA_DS_LOCK_DIR") or os.path.join(tempfile.gettempdir(), f"optuna-ds-gpus-{os.getuid()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A slot held by one experiment: its GPUs, its index (for the master port) and the locks."""
+
+    slot: Slot
+    index: int
+    fds: tuple[int, ...]
+
+
+class SlotPool:
+    """Hands out the GPU slots of this node, never one GPU to two experiments at once.
+
+    A slot is leased by taking an exclusive ``flock`` on one file per GPU. The kernel drops the
+    locks when the holder dies, however it dies, so a crashed process or experiment frees its
+    GPUs at once; several optuna-ds processes on one node (``tune`` and ``worker``s) share the
+    GPUs without any coordinator.
+    """
+
+    def __init__(self, resources: Resources, *, lock_dir: str | None = None) -> None:
+        self._slots = resources.slots()
+        self._lock_dir = lock_dir or default_lock_dir()
+        os.makedirs(self._lock_dir, exist_ok=True)
+        self._mutex = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return len(self._slots)
+
+    def _path(self, host: str, gpu: int) -> str:
+        return os.path.join(self._lock_dir, f"{re.sub(r'[^A-Za-z0-9_.-]', '_', host)}-{gpu}.lock")
+
+    def _try(self, slot: Slot) -> tuple[int, ...] | None:
+        fds: list[int] = []
+        for host, ids in slot.hosts.items():
+            for gpu in ids:
+                fd = os.open(self._path(host, gpu), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    for held in fds:
+                        os.close(held)
+                    return None
+                fds.append(fd)
+        return tuple(fds)
+
+    def try_acquire(self) -> Lease | None:
+        """A free slot, leased, or ``None`` if every slot is busy."""
+        # flock is per open file: two threads of this process must not both think they won.
+        with self._mutex:
+            for index, slot in enumerate(self._slots):
+                fds = self._try(slot)
+                if fds is not None:
+                    return Lease(slot=slot, index=index, fds=fds)
+        return None
+
+    def acquire(self, stop: threading.Event) -> Lease | None:
+        """Wait for a free slot; ``None`` once ``stop`` is set."""
+        while not stop.is_set():
+            lease = self.try_acquire()
+            if lease is not None:
+                return lease
+            stop.wait(_POLL_SECONDS)
+        return None
+
+    def release(self, lease: Lease) -> None:
+        for fd in lease.fds:
+            os.close(fd)  # closing the last descriptor drops the lock

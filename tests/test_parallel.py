@@ -1,0 +1,190 @@
+"""Parallel tuning: `tune` and `worker` processes sharing one storage and one node's GPUs.
+
+Four simulated GPUs (a hostfile with `localhost slots=4`, one GPU per experiment) and the fake
+launcher, which logs the start, end and GPUs of every launch. PostgreSQL tests skip with the
+reason where no server is reachable, except under CI=true.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from conftest import FAKE_LAUNCHER
+from conftest import Workspace
+from test_storages import SERVERS
+from test_storages import _reachable
+
+# A fixed micro-batch list: the experiments are then the same however many run at once (an
+# adaptive search explores k sizes at a time with k slots), so the best must be the same.
+CONFIG = {
+    "train_micro_batch_size_per_gpu": [8, 16, 24, 32, 48],
+    "zero_optimization": {"stage": 1},
+    "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64, "tuner_type": "gridsearch",
+                   "num_tuning_micro_batch_sizes": 2, "tuner_early_stopping": 100},
+}
+SURFACE = {"oom_above": {"1": 40}, "peak": 24, "duration": 0.6,
+           "knob_gain": {"allgather_bucket_size": {"1000000000.0": 1.1}, "reduce_bucket_size": {"500000000.0": 1.05}}}
+
+
+def _storage(kind: str, ws: Workspace) -> str:
+    if kind == "sqlite":
+        return ws.storage
+    url, port = SERVERS["postgresql"]
+    if not _reachable(port):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but no PostgreSQL server at 127.0.0.1:5432")
+        pytest.skip("no PostgreSQL server at 127.0.0.1:5432")
+    return url
+
+
+class Cluster:
+    """`tune` and workers of one tuning, with the 4-GPU hostfile and one lock folder."""
+
+    def __init__(self, ws: Workspace, storage: str, name: str) -> None:
+        self.ws, self.storage, self.name = ws, storage, name
+        (ws.root / "hostfile").write_text("localhost slots=4\n")
+        self.env = ws.env(SURFACE, OPTUNA_DS_LOCK_DIR=str(ws.root / "locks"))
+        self.common = ["--hostfile", "hostfile", "--num_gpus", "1", "--storage", storage, "--study-name", name]
+
+    def _start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=self.ws.root, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def worker(self) -> subprocess.Popen[str]:
+        return self._start("worker", *self.common)
+
+    def tune(self) -> subprocess.Popen[str]:
+        return self._start("tune", "--launcher", FAKE_LAUNCHER, *self.common, "train.py", "--deepspeed_config", "ds_config.json")
+
+    def study(self) -> optuna.Study:
+        return optuna.load_study(study_name=f"{self.name}-z1", storage=self.storage)
+
+
+def _experiments(ws: Workspace) -> list[dict]:
+    launches = [l for l in ws.launches() if not l.get("profile") and not l.get("training")]
+    for l in launches:
+        config = l["args"][l["args"].index("--deepspeed_config") + 1]
+        l["name"] = Path(config).parent.name
+    return launches
+
+
+def _assert_no_gpu_shared(launches: list[dict]) -> int:
+    """No two launches overlap on a GPU; returns the most launches that ran at once."""
+    by_gpu = collections.defaultdict(list)
+    for l in launches:
+        host, ids = l["include"].split(":")
+        for gpu in ids.split(","):
+            by_gpu[(host, gpu)].append((l["start"], l["end"], l["name"]))
+    for gpu, spans in by_gpu.items():
+        spans.sort()
+        for (s1, e1, n1), (s2, e2, n2) in zip(spans, spans[1:]):
+            assert s2 >= e1, f"{n1} and {n2} overlap on GPU {gpu}"
+    events = sorted([(l["start"], 1) for l in launches] + [(l["end"], -1) for l in launches])
+    most = running = 0
+    for _, delta in events:
+        running += delta
+        most = max(most, running)
+    return most
+
+
+def _best(study: optuna.Study) -> tuple[str, float]:
+    best = study.best_trial
+    return best.user_attrs["exp_name"], best.value
+
+
+def _single_process_best(tmp_path: Path) -> tuple[str, float]:
+    (tmp_path / "single").mkdir()
+    ws = Workspace(tmp_path / "single")
+    ws.config(CONFIG)
+    p = ws.tune(surface={**SURFACE, "duration": 0.0})
+    assert p.returncode == 0, p.stderr
+    return _best(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
+
+
+def _wait(procs: list[subprocess.Popen[str]], timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("the tuning did not finish")
+        assert p.returncode == 0, (p.args, out[-2000:], err[-2000:])
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_path: Path, kind: str) -> None:
+    ws.config(CONFIG)
+    cluster = Cluster(ws, _storage(kind, ws), f"par-{uuid.uuid4().hex[:8]}")
+    workers = [cluster.worker(), cluster.worker()]  # started first: they wait for the plan
+    tune = cluster.tune()
+    _wait([tune, *workers])
+
+    launches = _experiments(ws)
+    counts = collections.Counter(l["name"] for l in launches)
+    assert counts and max(counts.values()) == 1, [n for n, c in counts.items() if c > 1]
+    assert _assert_no_gpu_shared(launches) >= 3  # four slots, shared by three processes
+    assert len({l["master_port"] for l in launches}) >= 3
+
+    trials = cluster.study().get_trials()
+    owners = {t.user_attrs["worker"]["pid"] for t in trials if t.state == TrialState.COMPLETE}
+    assert len(owners) >= 2, "the workers ran nothing"
+    assert sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)) == len(launches)
+    assert _best(cluster.study()) == _single_process_best(tmp_path)
+    assert (ws.results / "ds_config_optimal.json").exists()
+    # A worker that joins a finished tuning runs nothing and exits 0.
+    late = cluster.worker()
+    _wait([late], timeout=60)
+    assert len(_experiments(ws)) == len(launches)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_sigkilled_worker_loses_nothing_and_its_experiment_runs_again(ws: Workspace, kind: str) -> None:
+    ws.config(CONFIG)
+    cluster = Cluster(ws, _storage(kind, ws), f"kill-{uuid.uuid4().hex[:8]}")
+    cluster.env["FAKE_DS_SURFACE"] = cluster.env["FAKE_DS_SURFACE"].replace('"duration": 0.6', '"duration": 1.5')
+    victim = cluster.worker()
+    tune = cluster.tune()
+    deadline = time.monotonic() + 120
+    victim_trial = None
+    while victim_trial is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            trials = cluster.study().get_trials()
+        except Exception:  # the storage or the study does not exist yet
+            continue
+        running = [t for t in trials if t.state == TrialState.RUNNING and "experiment_process" in t.user_attrs
+                   and t.user_attrs["worker"]["pid"] == victim.pid]
+        if running and any(t.state == TrialState.COMPLETE for t in trials):
+            victim_trial = running[0]
+    assert victim_trial is not None, "the worker never ran an experiment"
+    finished_before = {t.number: t.value for t in cluster.study().get_trials() if t.state == TrialState.COMPLETE}
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    _wait([tune])
+
+    trials = {t.number: t for t in cluster.study().get_trials()}
+    lost = [t for t in trials.values() if t.state == TrialState.FAIL and t.user_attrs.get("lost")]
+    assert victim_trial.number in {t.number for t in lost}
+    assert all(t.user_attrs["worker"]["pid"] == victim.pid and t.user_attrs["reason"] == "interrupted" for t in lost)
+    names = {t.user_attrs["exp_name"] for t in lost}
+    for name in names:
+        reruns = [t for t in trials.values() if t.user_attrs.get("exp_name") == name and t.state == TrialState.COMPLETE]
+        assert len(reruns) == 1, f"the lost experiment {name} did not run again"
+    for number, value in finished_before.items():
+        assert trials[number].state == TrialState.COMPLETE and trials[number].value == value
+    launches = _experiments(ws)
+    counts = collections.Counter(l["name"] for l in launches)
+    assert {n: c for n, c in counts.items() if c > 1} == {n: 2 for n in names}
+    _assert_no_gpu_shared(launches)  # the orphans kept their GPUs until they were ended
