@@ -71,7 +71,22 @@ def create_storage(url: str) -> optuna.storages.RDBStorage:
     with _creation_lock(sqlite_path):
         if sqlite_path:
             _sqlite_wal(sqlite_path)
-        return _open(url, parsed, engine_kwargs)
+        storage = _open(url, parsed, engine_kwargs)
+    if sqlite_path:
+        _sqlite_sync_normal(storage)
+    return storage
+
+
+def _sqlite_sync_normal(storage: optuna.storages.RDBStorage) -> None:
+    """In WAL mode, ``synchronous=NORMAL`` still never corrupts the database and loses nothing
+    when a process dies; it skips the fsync of every commit (a trial makes a dozen)."""
+    from sqlalchemy import event
+
+    def on_connect(connection: Any, _record: Any) -> None:
+        connection.execute("PRAGMA synchronous=NORMAL")
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections opened before the listener reconnect with it
 
 
 @contextlib.contextmanager
