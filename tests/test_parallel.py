@@ -188,3 +188,19 @@ def test_a_sigkilled_worker_loses_nothing_and_its_experiment_runs_again(ws: Work
     counts = collections.Counter(l["name"] for l in launches)
     assert {n: c for n, c in counts.items() if c > 1} == {n: 2 for n in names}
     _assert_no_gpu_shared(launches)  # the orphans kept their GPUs until they were ended
+
+
+def test_worker_errors_are_one_line(ws: Workspace) -> None:
+    ws.config({**CONFIG, "autotuning": {"enabled": True}})
+    assert ws.tune().returncode == 0
+    args = ["worker", "--storage", ws.storage]
+    env = ws.env(LOCAL_SIZE="2")
+    p = ws.cli(*args, "--num_gpus", "2", env=env)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "runs experiments on 1 GPU(s)" in p.stderr and "--num_gpus" in p.stderr
+    ws.script.unlink()
+    p = ws.cli(*args, env=env)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "train.py does not exist on this node" in p.stderr
+    p = ws.cli("worker", "--storage", "postgresql+psycopg://u:secret@127.0.0.1:1/db", env=env)
+    assert p.returncode == 2 and "secret" not in p.stderr and "127.0.0.1:1" in p.stderr
