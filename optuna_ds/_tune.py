@@ -25,6 +25,7 @@ from optuna_ds.config import replace_config_path
 from optuna_ds.config import set_arg
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import LauncherOptions
+from optuna_ds.launcher import Resources
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import kill_process_group
@@ -106,6 +107,20 @@ def _training_args(script_args: Sequence[str], config_path: str, user: UserConfi
     return args
 
 
+def _runner(plan: TuningPlan, user: UserConfig, resources: Resources, launcher: list[str], options: LauncherOptions) -> ExperimentRunner:
+    return ExperimentRunner(
+        launcher=launcher,
+        script=plan.script,
+        script_args=plan.script_args,
+        arg_mappings=user.arg_mappings,
+        resources=resources,
+        master_port=options.master_port,
+        master_addr=options.master_addr,
+        metric_key=user.autotuning.metric_key,
+        exps_dir=plan.exps_dir,
+    )
+
+
 def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: str, results_dir: str, exps_dir: str) -> None:
     """``--overwrite``: delete the studies and the files of their experiments, nothing else."""
     dirs = set()
@@ -169,17 +184,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         exps_dir=exps_dir,
         trial_timeout=options.trial_timeout,
     )
-    runner = ExperimentRunner(
-        launcher=launcher,
-        script=plan.script,
-        script_args=plan.script_args,
-        arg_mappings=user.arg_mappings,
-        resources=resources,
-        master_port=options.launcher_options.master_port,
-        master_addr=options.launcher_options.master_addr,
-        metric_key=a.metric_key,
-        exps_dir=exps_dir,
-    )
+    runner = _runner(plan, user, resources, launcher, options.launcher_options)
     log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
     tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
     try:
@@ -274,17 +279,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
     resources = discover_resources(launcher_options)
     if resources.multi_node and resources.nodes_per_experiment == 1:
         resources = resources.restricted_to(_local_hosts())
-    runner = ExperimentRunner(
-        launcher=launcher,
-        script=plan.script,
-        script_args=plan.script_args,
-        arg_mappings=user.arg_mappings,
-        resources=resources,
-        master_port=launcher_options.master_port,
-        master_addr=launcher_options.master_addr,
-        metric_key=user.autotuning.metric_key,
-        exps_dir=plan.exps_dir,
-    )
+    runner = _runner(plan, user, resources, launcher, launcher_options)
     observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
     tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
                     seed=options.seed, worker=True)

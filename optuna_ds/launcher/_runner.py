@@ -138,6 +138,11 @@ class ExperimentRunner:
     def master_port(self) -> int:
         return self._master_port
 
+    def port(self, slot_index: int) -> int:
+        """The rendezvous port of an experiment on slot ``slot_index``: one per slot, so
+        experiments running at once on one node never share a port."""
+        return self._master_port + slot_index
+
     def command(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
         args = replace_config_path(self._script_args, config_path)
         for key, flag in self._arg_mappings.items():
@@ -182,7 +187,7 @@ class ExperimentRunner:
                 os.remove(stale)
         config_path = os.path.join(result_dir, "ds_config.json")
         _write_json(config_path, experiment.ds_config)
-        port = self._master_port + slot_index
+        port = self.port(slot_index)
         cmd = self.command(experiment, config_path, slot=slot, port=port)
         description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port}
         _write_json(os.path.join(self._exps_dir, f"{experiment.name}.json"), description)

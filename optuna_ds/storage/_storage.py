@@ -3,9 +3,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
-import time
 
 import optuna
 
@@ -61,13 +61,14 @@ def create_storage(url: str) -> optuna.storages.RDBStorage:
     except (ArgumentError, ValueError):
         raise StorageError(f"invalid storage URL {redact_url(url)!s}: expected e.g. sqlite:///path.db or postgresql+psycopg://user@host/db") from None
     engine_kwargs: dict = {}
+    sqlite_path: str | None = None
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(parsed.database)) or ".", exist_ok=True)
+            sqlite_path = parsed.database
+            os.makedirs(os.path.dirname(os.path.abspath(sqlite_path)) or ".", exist_ok=True)
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
         engine_kwargs["pool_pre_ping"] = True
-    sqlite_path = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
     with _creation_lock(sqlite_path):
         if sqlite_path:
             _sqlite_wal(sqlite_path)

@@ -65,7 +65,7 @@ class LockedObserver:
             self._observer.finished(stage=stage, number=number, name=name, value=value, duration=duration, outcome=outcome)
 
 
-class ExperimentsOnly(LockedObserver):
+class ExperimentsOnly:
     """What a second driver of one process reports: its experiments, not the stage messages
     that the first driver already prints."""
 

@@ -15,7 +15,6 @@ OWNER_ATTR = "worker"
 PROCESS_ATTR = "experiment_process"
 
 
-
 def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
     try:

@@ -121,13 +121,13 @@ def record_result(trial: optuna.Trial, experiment: Experiment, result: Experimen
 class StageTuner:
     """Tunes one ZeRO stage in its own Optuna study, one trial per experiment.
 
-    First the micro-batch search (enqueued trials, decided by :class:`MicroBatchSearch` from
-    the finished ones); then, unless in fast mode, the ZeRO knobs with the ``tuner_type``
+    First the micro-batch search (trials with fixed params, decided by :class:`MicroBatchSearch`
+    from the finished and running ones); then, unless in fast mode, the ZeRO knobs with the ``tuner_type``
     sampler over the best micro-batch sizes, until :class:`TunerEarlyStoppingPruner` says
     stop or the space is exhausted. Everything is read back from the storage at every step,
     so a rerun continues where it stopped and any number of drivers (threads of this process,
-    workers elsewhere) can step the same stage: a trial claims its experiment by name, and
-    the later of two claimants of one experiment stands down.
+    workers elsewhere) can step the same stage: a trial claims its experiment by name, and of
+    two claimants of one experiment one runs it and the other stands down (:meth:`_competitor`).
     """
 
     def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace, search: MicroBatchSearch) -> None:
@@ -160,14 +160,12 @@ class StageTuner:
             if t.user_attrs.get("exp_name") in dead:
                 mbs = int(t.user_attrs["micro_batch_size"])
                 obs[mbs] = Observation(mbs=mbs, score=None)
-                continue
-            if not is_finished_experiment(t):
-                continue
-            mbs = int(t.user_attrs["micro_batch_size"])
-            if t.state == TrialState.COMPLETE and t.value is not None:
-                obs[mbs] = Observation(mbs=mbs, score=sign * t.value)
-            else:
-                obs[mbs] = Observation(mbs=mbs, score=None, oom=t.user_attrs.get("reason") == FailureReason.OOM.value)
+            elif is_finished_experiment(t):
+                mbs = int(t.user_attrs["micro_batch_size"])
+                if t.state == TrialState.COMPLETE and t.value is not None:
+                    obs[mbs] = Observation(mbs=mbs, score=sign * t.value)
+                else:
+                    obs[mbs] = Observation(mbs=mbs, score=None, oom=t.user_attrs.get("reason") == FailureReason.OOM.value)
         return obs
 
     @staticmethod
@@ -219,13 +217,12 @@ class StageTuner:
 
     # -- running one trial ------------------------------------------------------------------
 
-    def _objective(self, default_phase: Phase, tuning_list: list[int], lease: Lease,
+    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease,
                    pruner: TunerEarlyStoppingPruner | None) -> Callable[[optuna.Trial], float]:
         ctx = self._ctx
 
         def objective(trial: optuna.Trial) -> float:
             trial.set_user_attr(OWNER_ATTR, this_process())
-            phase = default_phase
             if phase is Phase.MICRO_BATCH:
                 mbs = trial.suggest_int(MBS_KEY, 1, ctx.mbs_high)
                 knobs: dict[str, Any] = {}
@@ -259,7 +256,7 @@ class StageTuner:
                 trial.set_user_attr("early_stopped", True)
                 raise optuna.TrialPruned("the knob search is over")
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
-            port = ctx.runner.master_port + lease.index
+            port = ctx.runner.port(lease.index)
             ctx.observer.detail(f"  cd {os.getcwd()} && {shlex.join(ctx.runner.command(experiment, os.path.join(experiment.result_dir, 'ds_config.json'), slot=lease.slot, port=port))}")
             try:
                 result = ctx.runner.run(
@@ -296,9 +293,6 @@ class StageTuner:
             self._objective(phase, tuning_list, lease, pruner), n_trials=1, catch=(ExperimentFailed,), gc_after_trial=False
         )
         self._duplicates = self._duplicates + 1 if self._stood_down else 0
-        if self._stood_down:
-            # Two drivers that chose the same experiment both stand down at worst: break the tie.
-            self._ctx.stop.wait(random.uniform(0.0, 0.1))
 
     # -- one step ---------------------------------------------------------------------------
 

@@ -73,7 +73,6 @@ class Tuning:
         resources: Resources,
         runner: ExperimentRunner,
         observer: TuningObserver,
-        pool: SlotPool | None = None,
         seed: int | None = None,
         worker: bool = False,
     ) -> None:
@@ -86,11 +85,12 @@ class Tuning:
         self._log = observer.log
         self._seed = seed
         self._worker = worker
-        self._pool = pool or SlotPool(resources)
+        self._pool = SlotPool(resources)
         self._stop = threading.Event()
         self._local = LocalClaims()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.direction)
+        self._recorded_memory: float | None = None
         self._check_resources()
 
     def _check_resources(self) -> None:
@@ -110,8 +110,13 @@ class Tuning:
 
     @property
     def _device_memory(self) -> float:
-        recorded = self._root.user_attrs.get("resources")
-        return float(recorded["device_memory"]) if recorded else self._resources.device_memory
+        """The first process's figure, read from the storage until it is there, then kept."""
+        if self._recorded_memory is None:
+            recorded = self._root.user_attrs.get("resources")
+            if not recorded:
+                return self._resources.device_memory
+            self._recorded_memory = float(recorded["device_memory"])
+        return self._recorded_memory
 
     @property
     def root(self) -> optuna.Study:
