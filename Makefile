@@ -17,7 +17,7 @@ endif
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
 
-.PHONY: venv example test bench-parallel clean
+.PHONY: venv example test bench bench-parallel clean
 
 venv: $(VENV)/.installed
 
@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
-	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf]'
+	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf,bench]'
 	touch $@
 
 example: venv
@@ -38,6 +38,9 @@ test: venv
 
 clean:
 	rm -rf $(VENV) examples/autotuning_results examples/autotuning_exps examples/hf/autotuning_* examples/hf/output_*
+
+bench: venv
+	$(BIN)/python benchmarks/search.py $(BENCH_ARGS)
 
 bench-parallel: venv
 	$(BIN)/python benchmarks/parallel.py

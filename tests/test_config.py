@@ -16,7 +16,7 @@ from optuna_ds._errors import ConfigError
 def test_defaults_follow_deepspeeds_readme() -> None:
     c = parse_autotuning_config({"enabled": True})
     assert (c.metric, c.start_profile_step, c.end_profile_step, c.fast) == ("throughput", 3, 5, True)
-    assert (c.tuner_type, c.tuner_early_stopping, c.tuner_num_trials) == ("model_based", 5, 50)
+    assert (c.tuner_type, c.tuner_early_stopping, c.tuner_num_trials) == ("model_based", 3, 50)
     assert (c.num_tuning_micro_batch_sizes, c.mp_size, c.max_train_batch_size) == (3, 1, None)
     assert c.overwrite is False  # the README's default, not the code's
     assert (c.results_dir, c.exps_dir) == ("autotuning_results", "autotuning_exps")

@@ -223,3 +223,38 @@ def test_overwrite_touches_only_its_own_tuning(ws: Workspace) -> None:
     assert p.returncode == 0, p.stderr
     assert len(optuna.load_study(study_name="optuna-ds-zeta-z1", storage=storage).get_trials()) == len(other)
     assert all(os.path.isdir(t.user_attrs["result_dir"]) and "/other/" in t.user_attrs["result_dir"] for t in other)
+
+
+def test_stage3_offloads_to_cpu_when_it_does_not_fit_otherwise(ws: Workspace) -> None:
+    """A model whose states do not fit one device at any stage: stage 3 runs with the optimizer
+    states offloaded to the CPU, named so, and the optimal config keeps the offload section."""
+    import psutil
+
+    device = psutil.virtual_memory().total  # what DeepSpeed's CPU accelerator reports
+    num_params = int(device / 16 * 1.3)  # fp32 Adam: 16 bytes a parameter, 30% too many
+    ws.config({"zero_optimization": {"stage": "all"}, "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 16}})
+    p = ws.tune("ds_config.json", "--num_gpus", "1", surface={"num_params": num_params, "activation_mem_per_gpu": int(device / 100)})
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "[z3] offload-opt: without offload to CPU it fits nothing" in p.stdout
+    launched = _launched(ws)
+    assert launched and all(l["stage"] == 3 for l in launched)
+    trials = [t for t in _study(ws, "optuna-ds-z3").trials if t.state == TrialState.COMPLETE]
+    assert trials and all(t.user_attrs["exp_name"].endswith("_offload-opt") for t in trials)
+    assert all(t.user_attrs["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu" for t in trials)
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert "offload_param" not in optimal["zero_optimization"]  # the optimizer alone was enough
+
+
+def test_the_users_own_offload_sections_are_kept_and_nothing_else_is_tried(ws: Workspace) -> None:
+    import psutil
+
+    device = psutil.virtual_memory().total
+    nvme = {"device": "nvme", "nvme_path": "/local_nvme"}
+    ws.config({"zero_optimization": {"stage": 3, "offload_param": nvme}, "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 8}})
+    p = ws.tune(surface={"num_params": int(device / 16 * 1.3), "activation_mem_per_gpu": int(device / 100)})
+    assert p.returncode == 0, p.stderr + p.stdout
+    trials = [t for t in _study(ws, "optuna-ds-z3").trials if "exp_name" in t.user_attrs]
+    assert trials and all("offload" not in t.user_attrs["exp_name"] for t in trials)
+    assert all(t.user_attrs["ds_config"]["zero_optimization"]["offload_param"] == nvme for t in trials)
+    assert all("offload_optimizer" not in t.user_attrs["ds_config"]["zero_optimization"] for t in trials)

@@ -42,7 +42,7 @@ def test_tune_writes_a_self_contained_escaped_report(tuned: Workspace) -> None:
     assert "<script src=" not in page and "Plotly.newPlot" in page  # plotly.js is inlined, nothing loaded from outside
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;b&gt;bold&lt;/b&gt;" in page
-    assert page.count('<tr class="oom">') >= 2 and page.count('<tr class="complete">') >= 4
+    assert page.count('<tr class="oom">') >= 1 and page.count('<tr class="complete">') >= 4
     assert "localhost:0" in page  # the GPU slot of each experiment
 
 

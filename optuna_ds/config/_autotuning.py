@@ -45,7 +45,7 @@ class AutotuningConfig:
     mp_size: int = 1
     num_tuning_micro_batch_sizes: int = 3
     tuner_type: str = "model_based"
-    tuner_early_stopping: int = 5
+    tuner_early_stopping: int = 3
     tuner_num_trials: int = 50
     arg_mappings: dict[str, str] = dataclasses.field(default_factory=dict)
     model_info: dict[str, Any] | None = None

@@ -2,6 +2,7 @@
 
 from optuna_ds.launcher._classify import OOM_PATTERNS
 from optuna_ds.launcher._classify import classify
+from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._experiment import Experiment
 from optuna_ds.launcher._experiment import ExperimentResult
 from optuna_ds.launcher._experiment import FailureReason
@@ -34,4 +35,5 @@ __all__ = [
     "deferred_signals",
     "discover_resources",
     "kill_process_group",
+    "telling_line",
 ]

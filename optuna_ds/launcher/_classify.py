@@ -37,6 +37,19 @@ def last_lines(text: str, n: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-n:])
 
 
+_ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception)\b.*:|out of memory", re.IGNORECASE)
+
+
+def telling_line(stderr_tail: str) -> str:
+    """The line of a failed experiment's stderr that says why: the last out-of-memory or
+    ``...Error: ...`` line, not a shutdown warning printed after it."""
+    lines = [line.strip() for line in stderr_tail.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if OOM_PATTERNS.search(line) or _ERROR_LINE.search(line):
+            return line
+    return lines[-1] if lines else ""
+
+
 def read_metrics(path: str, metric_key: str | None) -> dict[str, Any] | None:
     """The engine's metrics file, or ``None`` when absent, unreadable or lacking the metric."""
     try:
@@ -77,5 +90,6 @@ def classify(
     ):
         return FailureReason.OOM, "a process was killed by SIGKILL, most likely by the kernel's OOM killer"
     if returncode != 0:
-        return FailureReason.ERROR, f"exit status {returncode}"
+        cause = telling_line(stderr_tail)
+        return FailureReason.ERROR, f"exit status {returncode}" + (f": {cause[:200]}" if cause else "")
     return FailureReason.NO_METRICS, "exited with status 0 but wrote no metrics"

@@ -14,18 +14,27 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-_CANDIDATE_ATTR = "xgboost:candidate"
+CANDIDATE_ATTR = "xgboost:candidate"
+# Micro-batch size and gradient accumulation act on throughput roughly linearly: keep them so.
+LINEAR_PARAMS = frozenset({"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+# A failure that says nothing about the config: the experiment was stopped from outside.
+_NOT_THE_CONFIG = frozenset({"interrupted"})
 
 
-def _encode_column(values: Sequence[Any]) -> list[list[float]]:
-    """Encode one parameter's values: booleans 0/1, wide positive ranges (bucket sizes) on a
-    log scale, other numbers as is, anything else one-hot."""
+def _encode_column(name: str, values: Sequence[Any]) -> list[list[float]]:
+    """Encode one parameter's values as feature columns.
+
+    Booleans are one 0/1 column (one-hot of two values, less the redundant column); numbers
+    that span a decade or more (bucket sizes, thresholds) are on a log scale, where their
+    effects are smooth; micro-batch size and accumulation stay linear; anything else is
+    one-hot.
+    """
     distinct = list(dict.fromkeys(values))
     if all(isinstance(v, bool) for v in distinct):
         return [[float(v)] for v in values]
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in distinct):
         positive = all(v > 0 for v in distinct)
-        wide = positive and max(distinct) / min(distinct) >= 100
+        wide = positive and name not in LINEAR_PARAMS and max(distinct) / min(distinct) >= 10
         return [[math.log10(v) if wide else float(v)] for v in values]
     return [[1.0 if v == d else 0.0 for d in distinct] for v in values]
 
@@ -33,17 +42,26 @@ def _encode_column(values: Sequence[Any]) -> list[list[float]]:
 class XGBoostSampler(BaseSampler):
     """A cost-model sampler over a finite space, like DeepSpeed's ``model_based`` tuner.
 
-    After ``n_startup_trials`` random picks, an xgboost regressor trained on the study's
-    finished trials ranks the untried candidates and the best predicted one runs next; with
-    probability ``exploration`` a random untried candidate runs instead. The model is rebuilt
-    from the storage on every trial, so any number of workers can share one study. A candidate
-    being run by another worker is published in the trial's system attrs and skipped.
+    After ``n_startup_trials`` finished trials picked at random, an xgboost regressor trained on
+    the completed trials ranks the untried candidates and the best predicted one runs next;
+    with probability ``exploration`` a random untried candidate runs instead. Failed trials
+    (out of memory, crashes) are information, not zeros: once there are some, an xgboost
+    classifier of feasibility is trained as well and candidates it predicts to fail are
+    passed over while others remain.
+
+    The model is rebuilt from the storage at every trial, so the sampler keeps no state and
+    any number of workers can share one study. Each trial publishes its candidate in the
+    system attr ``xgboost:candidate`` before it runs (a constant liar, as TPE's): no other
+    worker proposes a candidate that is running or finished.
+
+    Parameters outside ``search_space`` (or values their distribution does not hold) are
+    sampled at random.
 
     Args:
         search_space: parameter name to its candidate values; the candidates are their product.
         n_startup_trials: random candidates before the model is used.
         exploration: share of picks made at random after the start-up.
-        seed: seed of the random choices and the model.
+        seed: seed of the random choices and the models.
     """
 
     def __init__(
@@ -54,18 +72,27 @@ class XGBoostSampler(BaseSampler):
         exploration: float = 0.1,
         seed: int | None = None,
     ) -> None:
+        if n_startup_trials < 1:
+            raise ValueError(f"n_startup_trials must be at least 1, got {n_startup_trials}")
+        if not 0.0 <= exploration <= 1.0:
+            raise ValueError(f"exploration must be within [0, 1], got {exploration}")
         self._names = sorted(search_space)
         self._space = {k: list(search_space[k]) for k in self._names}
         self._candidates = [tuple(c) for c in itertools.product(*(self._space[k] for k in self._names))]
-        columns = [_encode_column([c[i] for c in self._candidates]) for i in range(len(self._names))]
-        self._features = np.array([sum((col[j] for col in columns), []) for j in range(len(self._candidates))])
+        columns = [_encode_column(k, [c[i] for c in self._candidates]) for i, k in enumerate(self._names)]
+        self._features = np.array(
+            [sum((col[j] for col in columns), []) for j in range(len(self._candidates))], dtype=float
+        ).reshape(len(self._candidates), -1)
+        self._index = {c: i for i, c in enumerate(self._candidates)}
         self._n_startup_trials = n_startup_trials
         self._exploration = exploration
         self._seed = seed
         self._rng = np.random.RandomState(seed)
+        self._random = optuna.samplers.RandomSampler(seed=seed)
 
     def reseed_rng(self) -> None:
         self._rng.seed()
+        self._random.reseed_rng()
 
     @property
     def candidates(self) -> list[dict[str, Any]]:
@@ -73,8 +100,8 @@ class XGBoostSampler(BaseSampler):
 
     def _index_of(self, params: Mapping[str, Any]) -> int | None:
         try:
-            return self._candidates.index(tuple(params[k] for k in self._names))
-        except (KeyError, ValueError):
+            return self._index.get(tuple(params[k] for k in self._names))
+        except (KeyError, TypeError):
             return None
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -83,50 +110,78 @@ class XGBoostSampler(BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
+        self._single_objective(study)
         return {}
 
+    @staticmethod
+    def _single_objective(study: optuna.Study) -> None:
+        if study._is_multi_objective():
+            raise ValueError("XGBoostSampler supports single-objective studies only")
+
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if _CANDIDATE_ATTR in trial.system_attrs or "fixed_params" in trial.system_attrs:
+        if not self._candidates or study._is_multi_objective():
+            return
+        if CANDIDATE_ATTR in trial.system_attrs or "fixed_params" in trial.system_attrs:
             return
         trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
         taken: set[int] = set()
         scored: list[tuple[int, float]] = []
+        failed: set[int] = set()
         sign = 1.0 if study.direction == StudyDirection.MAXIMIZE else -1.0
         for t in trials:
-            index = t.system_attrs.get(_CANDIDATE_ATTR)
+            if t._trial_id == trial._trial_id:
+                continue
+            # The params once set (a fixed-param trial may differ from its published candidate),
+            # the published candidate while they are not.
+            index = self._index_of(t.params)
             if index is None:
-                index = self._index_of(t.params)
-            if index is None or t._trial_id == trial._trial_id:
+                index = t.system_attrs.get(CANDIDATE_ATTR)
+            if index is None:
                 continue
             if t.state in (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED):
                 taken.add(index)
-            if t.state == TrialState.COMPLETE and t.value is not None:
+            if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value):
                 scored.append((index, sign * t.value))
-        untried = [i for i in range(len(self._candidates)) if i not in taken]
-        if not untried:
-            untried = list(range(len(self._candidates)))
-        if len(scored) < self._n_startup_trials or self._rng.rand() < self._exploration:
+            elif t.state == TrialState.FAIL and t.user_attrs.get("reason") not in _NOT_THE_CONFIG:
+                failed.add(index)
+        untried = [i for i in range(len(self._candidates)) if i not in taken] or list(range(len(self._candidates)))
+        if len(scored) + len(failed) < self._n_startup_trials or not scored or self._rng.rand() < self._exploration:
             choice = int(self._rng.choice(untried))
         else:
-            choice = self._predict_best(scored, untried)
-        study._storage.set_trial_system_attr(trial._trial_id, _CANDIDATE_ATTR, choice)
+            choice = self._predict_best(scored, failed, untried)
+        study._storage.set_trial_system_attr(trial._trial_id, CANDIDATE_ATTR, choice)
 
-    def _predict_best(self, scored: list[tuple[int, float]], untried: list[int]) -> int:
+    def _predict_best(self, scored: list[tuple[int, float]], failed: set[int], untried: list[int]) -> int:
         import xgboost
 
+        params = {"max_depth": 3, "eta": 0.3, "seed": self._seed or 0, "nthread": 1, "verbosity": 0}
         x = self._features[[i for i, _ in scored]]
         y = np.array([s for _, s in scored])
-        params = {"max_depth": 3, "eta": 0.3, "seed": self._seed or 0, "nthread": 1, "verbosity": 0}
         model = xgboost.train(params, xgboost.DMatrix(x, label=y), num_boost_round=50)
         predictions = model.predict(xgboost.DMatrix(self._features[untried]))
+        if failed:
+            ok = sorted({i for i, _ in scored})
+            bad = sorted(failed - set(ok))
+            features = self._features[ok + bad]
+            labels = np.array([1.0] * len(ok) + [0.0] * len(bad))
+            # Few samples, small hessians: let the trees split on them.
+            classifier = xgboost.train({**params, "objective": "binary:logistic", "min_child_weight": 0.0, "lambda": 0.1},
+                                       xgboost.DMatrix(features, label=labels), num_boost_round=30)
+            feasible = classifier.predict(xgboost.DMatrix(self._features[untried])) >= 0.5
+            if feasible.any():
+                predictions = np.where(feasible, predictions, -np.inf)
         return untried[int(np.argmax(predictions))]
 
     def sample_independent(
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
-        index = trial.system_attrs.get(_CANDIDATE_ATTR)
-        if index is None or param_name not in self._space:
-            return optuna.samplers.RandomSampler(seed=self._seed).sample_independent(
-                study, trial, param_name, param_distribution
-            )
-        return self._candidates[index][self._names.index(param_name)]
+        self._single_objective(study)
+        index = trial.system_attrs.get(CANDIDATE_ATTR)
+        if index is not None and param_name in self._space:
+            value = self._candidates[index][self._names.index(param_name)]
+            try:
+                if param_distribution._contains(param_distribution.to_internal_repr(value)):
+                    return value
+            except ValueError:
+                pass
+        return self._random.sample_independent(study, trial, param_name, param_distribution)

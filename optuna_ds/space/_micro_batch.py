@@ -1,9 +1,18 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Set
+import math
+from collections.abc import Mapping, Set
 
-PLATEAU = 0.05  # DeepSpeed's METRIC_PERCENT_DIFF_CONST: under 5% better counts as no better.
+EDGE_TOLERANCE = 0.05  # the OOM edge is known well enough within 5%
+FLAT = 0.01  # scores within 1% are as good as each other: no refinement between them
+REFINE_TOLERANCE = 0.1  # near a sweet spot, sizes 10% apart perform within about 1%
+PLATEAU_ELASTICITY = 0.1  # growing the size by x% gained under 0.1x%: larger sizes do not pay
+NEAR_EDGE = 0.15  # a best size this close under the OOM edge may sit in memory pressure
+COMPETITIVE = 0.05  # a carried stage more than 5% behind the best so far is not pursued
+PROFILE_UNDERESTIMATE = 1.1  # the engine's activation figure is low (seen: 23 estimated, 20 ran on an H100)
+MAX_PROBES = 12
+_MAX_CRASHES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,9 +32,68 @@ class Observation:
         return self.score is not None
 
 
-class _Need(Exception):
-    def __init__(self, mbs: int) -> None:
-        self.mbs = mbs
+@dataclasses.dataclass(frozen=True)
+class MemoryModel:
+    """The real memory of one sample, learned from runs.
+
+    Memory is modelled as ``instantiation + mbs * per_sample``: a size that ran bounds
+    ``per_sample`` from above by ``free / mbs``, an OOM bounds it from below (``free`` is the
+    device memory less the stage's estimated instantiation memory). Runs of earlier stages are
+    ``carried`` as ``(free, mbs, oom)``, so a later stage knows its edge before its first run.
+    Where the bounds contradict each other (a memory cliff, a wrong estimate) the carried runs
+    are dropped, then the model gives up and the search bisects.
+    """
+
+    free: float
+    prior: float | None = None  # the profile's activation memory of one sample
+    carried: tuple[tuple[float, int, bool], ...] = ()
+
+    def bounds(self, obs: Mapping[int, Observation], *, carry: bool = True) -> tuple[float, float] | None:
+        """``(lo, hi)``: per-sample memory is above ``lo`` and at most ``hi``; ``None`` if
+        the runs contradict each other."""
+        lo, hi = 0.0, math.inf
+        points = [(self.free, o.mbs, o.oom) for o in obs.values() if o.ok or o.oom]
+        if carry:
+            points += list(self.carried)
+        for free, mbs, oom in points:
+            if oom:
+                lo = max(lo, free / mbs)
+            else:
+                hi = min(hi, free / mbs)
+        if lo >= hi:
+            return self.bounds(obs, carry=False) if carry and self.carried else None
+        return lo, hi
+
+    def per_sample(self, obs: Mapping[int, Observation]) -> float | None:
+        bounds = self.bounds(obs)
+        if bounds is None:
+            return None
+        lo, hi = bounds
+        prior = self.prior * PROFILE_UNDERESTIMATE if self.prior else None
+        if lo > 0 and math.isfinite(hi):
+            return (lo + hi) / 2
+        if lo > 0:
+            # Each OOM without a run below it was a worse guess: step down faster.
+            ooms = sum(1 for o in obs.values() if o.oom)
+            return max(lo * 1.1 * 1.5 ** max(0, ooms - 1), prior or 0.0)
+        if math.isfinite(hi):
+            # Only runs that fit: 10% more than the largest of them, unless the profile says more.
+            return prior if prior and prior < hi * 0.9 else hi * 0.9
+        return prior
+
+    def edge(self, obs: Mapping[int, Observation]) -> int | None:
+        """The predicted largest size that fits; ``None`` when unknown."""
+        a = self.per_sample(obs)
+        if not a or self.free <= 0:
+            return None
+        return max(1, int(self.free // a))
+
+    def equivalent(self, mbs: int, free: float, obs: Mapping[int, Observation]) -> int | None:
+        """The size here that leaves the memory free that ``mbs`` left at a stage with ``free``."""
+        a = self.per_sample(obs)
+        if not a:
+            return None
+        return max(1, int(mbs + (self.free - free) // a))
 
 
 class _Blocked(Exception):
@@ -34,19 +102,28 @@ class _Blocked(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class MicroBatchSearch:
-    """The micro-batch search of one ZeRO stage, as DeepSpeed's README describes it.
+    """The micro-batch search of one ZeRO stage.
 
-    1. The minimum: the user's micro-batch size, else ``min_train_micro_batch_size_per_gpu``.
-    2. The OOM edge: the memory estimate's bound is tried, then bisected against the real
-       failures until the edge is known to 5% or throughput plateaus.
-    3. The sweet spot: ``num_tuning`` sizes between half the edge and the edge, then one
-       size halfway to each neighbour of the best of them.
+    It looks for the best size, not the whole curve. The first size is the memory model's
+    predicted OOM edge (or, at a later stage, the size that leaves as much memory free as the
+    best size of the earlier stages did); from there:
 
-    The search is a pure function of the observations: :meth:`next_mbs` replays it over what
-    has finished and returns the first size it lacks. A resumed or shared tuning therefore
-    continues exactly where it stopped. Sizes running elsewhere (``pending``) are not asked
-    for twice: the edge search then splits the widest open interval instead (a k-ary search
-    with k experiments at once) and the sweet spot takes its next grid size.
+    - up, while throughput still grows and no OOM is within 5%, to the edge the model predicts
+      from the runs so far (bisecting where it cannot predict);
+    - down once, when the best size sits within 15% under the OOM edge or a larger size ran
+      worse (memory pressure often makes a slightly smaller size faster);
+    - halfway to a neighbour that is more than 1% worse, until the sizes are 10% apart.
+
+    A later stage starts from what the earlier ones learned: if their best size was below the
+    OOM edge (an interior sweet spot), this stage's curve is theirs shifted by the memory it
+    saves, so it runs the equivalent size (``start``) and goes on (``local`` steps) only if that
+    beats the best so far (``to_beat``); otherwise it searches from its predicted edge and stops
+    as soon as it is more than 5% behind. The user's own micro-batch size, when given, runs
+    first as the baseline.
+
+    The next size is a pure function of the observations, so a resumed or shared tuning
+    continues where it stopped. Sizes running elsewhere (``pending``) are not asked for twice:
+    the search then splits the widest open interval instead, so k experiments run at once.
     """
 
     min_mbs: int
@@ -54,103 +131,163 @@ class MicroBatchSearch:
     cap: int
     num_tuning: int
     user_list: tuple[int, ...] | None = None
+    memory: MemoryModel | None = None
+    start: int | None = None
+    to_beat: float | None = None
+    local: bool = False
+    probe_min: bool = True
 
     def next_mbs(self, observations: Mapping[int, Observation], pending: Set[int] = frozenset()) -> int | None:
         """The next size to run; ``None`` when the search is over or waits for ``pending``."""
         try:
-            self._walk(observations, pending)
-        except _Need as need:
-            return need.mbs
+            return self._next(observations, pending)
         except _Blocked:
             return None
-        return None
 
     def edge(self, observations: Mapping[int, Observation]) -> int:
         """The largest micro-batch size known to run (0 if none)."""
-        ok = [m for m, o in observations.items() if o.ok]
-        return max(ok, default=0)
+        return max((m for m, o in observations.items() if o.ok), default=0)
 
     def best(self, observations: Mapping[int, Observation], n: int = 1) -> list[int]:
         """The ``n`` best micro-batch sizes by score."""
         ok = sorted((o for o in observations.values() if o.ok), key=lambda o: (-(o.score or 0.0), o.mbs))
         return [o.mbs for o in ok[:n]]
 
-    def _walk(self, obs: Mapping[int, Observation], pending: Set[int]) -> None:
-        def run(mbs: int) -> Observation:
-            if mbs in obs:
-                return obs[mbs]
-            if mbs in pending:
-                raise _Blocked
-            raise _Need(mbs)
+    def predicted_edge(self) -> int:
+        """The largest size expected to fit before this stage has run anything."""
+        guess = self.memory.edge({}) if self.memory else None
+        return min(self.cap, guess) if guess else self.cap
 
+    # -- the state machine -----------------------------------------------------------------
+
+    def _next(self, obs: Mapping[int, Observation], pending: Set[int]) -> int | None:
         if self.user_list:
-            for mbs in self.user_list:
-                if mbs not in pending:
-                    run(mbs)
-            return
-
+            todo = [m for m in self.user_list if m not in obs]
+            free = [m for m in todo if m not in pending]
+            return free[0] if free else None
         cap = max(self.cap, 1)
-        lo = min(self.min_mbs, cap)
-        if not run(lo).ok:
-            if self.floor_mbs >= lo:
-                return
-            lo = self.floor_mbs
-            if not run(lo).ok:
-                return
+        lo = min(self.floor_mbs, cap)
+        if self.probe_min:
+            user = min(self.min_mbs, cap)
+            for size in (user, lo) if lo < user else (user,):
+                if size not in obs:
+                    return self._want(size, pending)
+                if obs[size].ok:
+                    break
+            else:
+                return None
+        if len(obs) >= MAX_PROBES:
+            return None
+        ok = sorted(m for m, o in obs.items() if o.ok)
+        if not ok:
+            if sum(1 for o in obs.values() if not o.ok and not o.oom) >= _MAX_CRASHES:
+                return None  # it crashes, and not for memory: no size will help
+            fail_min = min(obs, default=cap + 1)
+            if fail_min <= lo:
+                return None
+            return self._between(lo - 1, fail_min, self._first(obs), obs, pending)
 
-        ok_max = self._edge_search(run, obs, pending, lo, cap)
-        self._sweet_spot(run, obs, pending, lo, ok_max)
+        best = self.best(obs)[0]
+        score = obs[best].score
+        assert score is not None
+        if self.to_beat is not None:
+            if self.local and score <= self.to_beat:
+                return None  # its curve is the earlier stage's, shifted: its best is no better
+            if score < self.to_beat - COMPETITIVE * abs(self.to_beat):
+                return None
+        moves = self._local_moves(obs, best, cap) if self.local else self._moves(obs, pending, best, ok, cap)
+        for size in moves:
+            if size not in obs and size not in pending:
+                return size
+        if any(m in pending for m in moves):
+            raise _Blocked
+        return None
 
-    def _edge_search(
-        self, run: Callable[[int], Observation], obs: Mapping[int, Observation], pending: Set[int], lo: int, cap: int
-    ) -> int:
-        if cap > lo and cap not in pending:
-            run(cap)
-        while True:
-            ok_max = max(m for m, o in obs.items() if o.ok and m <= cap)
-            fails = [m for m, o in obs.items() if not o.ok and m > ok_max]
-            fail_min = min(fails, default=cap + 1)
-            if fail_min - ok_max <= max(1, int(PLATEAU * ok_max)):
-                return ok_max
-            if self._plateaued(obs, ok_max):
-                return ok_max
-            inside = sorted(m for m in pending if ok_max < m < fail_min)
-            points = [ok_max, *inside, fail_min]
-            width, a, b = max((b - a, a, b) for a, b in zip(points, points[1:]))
-            if inside and width <= max(1, int(PLATEAU * a)):
-                raise _Blocked
-            run((a + b) // 2)
+    def _first(self, obs: Mapping[int, Observation]) -> int:
+        if self.start is not None and self.start not in obs:
+            return self.start
+        guess = self.memory.edge(obs) if self.memory else None
+        return guess if guess is not None else self.cap
+
+    def _want(self, size: int, pending: Set[int]) -> int:
+        if size in pending:
+            raise _Blocked
+        return size
+
+    def _between(self, a: int, b: int, preferred: int | None, obs: Mapping[int, Observation], pending: Set[int]) -> int | None:
+        """A size strictly between ``a`` and ``b``: ``preferred`` if it is free, else the middle
+        of the widest gap left by the sizes running elsewhere."""
+        if b - a <= 1:
+            return None
+        if preferred is not None and a < preferred < b and preferred not in pending and preferred not in obs:
+            return preferred
+        points = [a, *sorted(m for m in pending if a < m < b), b]
+        width, x, y = max((y - x, x, y) for x, y in zip(points, points[1:]))
+        if width <= 1:
+            raise _Blocked
+        return (x + y) // 2
+
+    def _moves(self, obs: Mapping[int, Observation], pending: Set[int], best: int, ok: list[int], cap: int) -> list[int]:
+        """The sizes worth running next around ``best``, most useful first."""
+        moves: list[int] = []
+        top = ok[-1]
+        fail_above = min((m for m, o in obs.items() if not o.ok and m > top), default=None)
+        ceiling = fail_above if fail_above is not None else cap + 1
+        below = [m for m in ok if m < best]
+        # Down first when the best is just under the OOM edge (memory pressure) or larger sizes
+        # ran worse: the sweet spot may be lower still.
+        near_edge = fail_above is not None and fail_above - best <= max(1, NEAR_EDGE * best) + 1
+        if not below and best > self.floor_mbs and (near_edge or best < top):
+            moves.append(max(self.floor_mbs, int(round(best * (1 - NEAR_EDGE)))))
+        # Up: the best is the largest size that ran and larger ones may still pay.
+        plateau = best == top and self._plateau(obs, below, top)
+        if best == top and ceiling - top > max(1, int(EDGE_TOLERANCE * top)) and not plateau:
+            guess = self.memory.edge(obs) if self.memory else None
+            if guess is not None and guess > cap:
+                guess = cap  # memory allows more than the configured maximum
+            if guess is None or not top < guess < ceiling:
+                guess = (top + ceiling) // 2 if fail_above is not None else min(cap, top * 2)
+            try:
+                up = self._between(top, ceiling, guess, obs, pending)  # with k running: k-ary
+            except _Blocked:
+                up = guess  # pending: waited for unless another move is free
+            if up is not None:
+                moves.append(up)
+        return moves + self._refinements(obs, best, flattened=plateau)
+
+    def _local_moves(self, obs: Mapping[int, Observation], best: int, cap: int) -> list[int]:
+        """A step of 10% each way from the best, then halfway to a worse neighbour."""
+        step = max(1, int(round(0.1 * best)))
+        fail_above = min((m for m, o in obs.items() if not o.ok and m > best), default=cap + 1)
+        moves = []
+        if not any(best < m <= best + step for m in obs) and best + step < fail_above:
+            moves.append(min(best + step, cap))
+        if not any(best - step <= m < best for m in obs) and best - step >= self.floor_mbs:
+            moves.append(best - step)
+        return [m for m in moves if m != best] + self._refinements(obs, best)
+
+    def _refinements(self, obs: Mapping[int, Observation], best: int, *, flattened: bool = False) -> list[int]:
+        """Halfway between the best and a neighbour that is worse by more than FLAT, once a
+        larger size ran worse or the scores ``flattened`` (while they still rise with the size,
+        the way is up)."""
+        ok = sorted(m for m, o in obs.items() if o.ok)
+        if ok[-1] == best and not flattened:
+            return []
+        score = lambda m: obs[m].score or 0.0  # noqa: E731
+        neighbours = [max(m for m in ok if m < best)] if ok[0] < best else []
+        if ok[-1] > best:
+            neighbours.append(min(m for m in ok if m > best))
+        return [(n + best) // 2 for n in neighbours
+                if abs(n - best) > max(1, round(REFINE_TOLERANCE * best)) and score(n) < score(best) - FLAT * abs(score(best))]
 
     @staticmethod
-    def _plateaued(obs: Mapping[int, Observation], ok_max: int) -> bool:
-        """Larger sizes stopped paying: the edge so far is under 5% better than the next smaller
-        size that ran."""
-        ok = sorted(m for m, o in obs.items() if o.ok and m < ok_max)
-        if not ok:
+    def _plateau(obs: Mapping[int, Observation], below: list[int], top: int) -> bool:
+        """Growing the size stopped paying: from the next smaller size to ``top`` the score grew
+        by under a tenth of the size's growth."""
+        if not below:
             return False
-        top, below = obs[ok_max].score, obs[ok[-1]].score
-        assert top is not None and below is not None
-        return top - below < PLATEAU * abs(below)
-
-    def _sweet_spot(
-        self, run: Callable[[int], Observation], obs: Mapping[int, Observation], pending: Set[int], lo: int, edge: int
-    ) -> None:
-        start = max(lo, edge // 2)
-        planned = {lo, edge}
-        if edge > start and self.num_tuning > 1:
-            stride = max(1, (edge - start) // (self.num_tuning - 1))
-            for mbs in range(start, edge, stride):
-                if mbs not in pending:
-                    run(mbs)
-                planned.add(mbs)
-        if planned & set(pending):
-            raise _Blocked
-        # One refinement on each side of the planned sizes' best, halfway to its neighbour.
-        # Judged on the planned sizes only, so measurement noise cannot drag it on.
-        grid = {m: o for m, o in obs.items() if m in planned}
-        best = self.best(grid)[0]
-        tried = sorted(grid)
-        i = tried.index(best)
-        for neighbour in (tried[i - 1] if i > 0 else None, tried[i + 1] if i + 1 < len(tried) else None):
-            if neighbour is not None and abs(neighbour - best) > max(1, int(PLATEAU * best)):
-                run((best + neighbour) // 2)
+        prev = max(below)
+        s_top, s_prev = obs[top].score, obs[prev].score
+        assert s_top is not None and s_prev is not None
+        gain = (s_top - s_prev) / abs(s_prev) if s_prev else math.inf
+        return gain < PLATEAU_ELASTICITY * (top / prev - 1)

@@ -52,6 +52,34 @@ def default_tuning_space(stage: int, *, hidden_size: int | None = None) -> dict[
     return space
 
 
+# DeepSpeed's defaults for the knobs a config leaves out (stage 3 overlaps communication by default).
+KNOB_DEFAULTS: dict[str, Any] = {
+    "overlap_comm": False,
+    "reduce_scatter": True,
+    "reduce_bucket_size": 5e8,
+    "allgather_bucket_size": 5e8,
+    "allgather_partitions": True,
+    "contiguous_gradients": True,
+}
+# What DeepSpeed's ZeRO documentation recommends for ZeRO-2 and ZeRO-3 runs.
+KNOB_RECOMMENDED: dict[str, Any] = {**KNOB_DEFAULTS, "overlap_comm": True}
+
+
+def recommended_knobs(space: KnobSpace) -> dict[str, Any] | None:
+    """The tuned knobs set as DeepSpeed recommends, the first knob experiment of a stage; ``None``
+    where that is the stage's default config, which its micro-batch search already ran."""
+    defaults = {**KNOB_DEFAULTS, "overlap_comm": space.stage == 3}
+    knobs: dict[str, Any] = {}
+    differs = False
+    for key, choices in space.tuned.items():
+        value = KNOB_RECOMMENDED.get(key)
+        if value not in choices:
+            value = defaults.get(key) if defaults.get(key) in choices else choices[0]
+        knobs[key] = value
+        differs |= key not in defaults or value != defaults[key]
+    return knobs if differs else None
+
+
 def _unique(values: list[Any]) -> list[Any]:
     out: list[Any] = []
     for v in values:
@@ -71,6 +99,7 @@ class KnobSpace:
     stage: int
     tuned: dict[str, list[Any]]
     fixed: dict[str, Any]
+    offload: str = ""  # the offload variant we added (its label), "" for none
 
     @property
     def size(self) -> int:
@@ -80,11 +109,17 @@ class KnobSpace:
         return n
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "tuned": self.tuned, "fixed": self.fixed}
+        return {"stage": self.stage, "tuned": self.tuned, "fixed": self.fixed, "offload": self.offload}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KnobSpace:
-        return cls(stage=data["stage"], tuned=data["tuned"], fixed=data["fixed"])
+        return cls(stage=data["stage"], tuned=data["tuned"], fixed=data["fixed"], offload=data.get("offload", ""))
+
+    def with_offload(self, label: str) -> KnobSpace:
+        """This space with the offload variant ``label`` fixed in every experiment."""
+        from optuna_ds.space._offload import offload_sections
+
+        return dataclasses.replace(self, fixed={**self.fixed, **offload_sections(label)}, offload=label)
 
 
 def build_knob_space(

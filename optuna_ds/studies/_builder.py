@@ -64,7 +64,7 @@ class ExperimentBuilder:
 
     def build(self, *, stage: int, phase: Phase, mbs: int, gas: int, space: KnobSpace, knobs: dict[str, Any] | None = None) -> Experiment:
         knobs = dict(knobs or {})
-        name = experiment_name(stage=stage, mbs=mbs, gas=gas, knobs=knobs)
+        name = experiment_name(stage=stage, mbs=mbs, gas=gas, knobs=knobs) + (f"_{space.offload}" if space.offload else "")
         result_dir = os.path.join(self._results_dir, name)
         config = self._base(stage=stage, mbs=mbs, gas=gas, zero={**copy.deepcopy(space.fixed), **knobs})
         a = self._user.autotuning

@@ -8,6 +8,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import telling_line
 
 # Failures that say something about the config itself; anything else (an interrupt, a dead
 # worker) leaves the experiment to be run again.
@@ -102,8 +103,8 @@ def stage_result(study: optuna.Study, stage: int, *, status: str = "tuned", reas
     last_failure = ""
     if failed:
         t = failed[-1]
-        tail = (t.user_attrs.get("stderr_tail") or "").strip().splitlines()
-        last_failure = f"{t.user_attrs.get('exp_name')}: {t.user_attrs.get('reason', 'failed')}" + (f": {tail[-1].strip()}" if tail else "")
+        line = telling_line(t.user_attrs.get("stderr_tail") or "")
+        last_failure = f"{t.user_attrs.get('exp_name')}: {t.user_attrs.get('reason', 'failed')}" + (f": {line}" if line else "")
     return StageResult(
         stage=stage,
         status=status,

@@ -29,6 +29,7 @@ from optuna_ds.samplers import create_sampler
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import MicroBatchSearch
 from optuna_ds.space import Observation
+from optuna_ds.space import recommended_knobs
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import OWNER_ATTR
@@ -122,16 +123,21 @@ class StageTuner:
     """Tunes one ZeRO stage in its own Optuna study, one trial per experiment.
 
     First the micro-batch search (trials with fixed params, decided by :class:`MicroBatchSearch`
-    from the finished and running ones); then, unless in fast mode, the ZeRO knobs with the ``tuner_type``
-    sampler over the best micro-batch sizes, until :class:`TunerEarlyStoppingPruner` says
-    stop or the space is exhausted. Everything is read back from the storage at every step,
+    from the finished and running ones); then, with ``knobs`` and unless in fast mode, the ZeRO
+    knobs: DeepSpeed's recommended settings first, then the ``tuner_type`` sampler over the best
+    micro-batch sizes, until :class:`TunerEarlyStoppingPruner` says stop or the space is
+    exhausted. Everything is read back from the storage at every step,
     so a rerun continues where it stopped and any number of drivers (threads of this process,
     workers elsewhere) can step the same stage: a trial claims its experiment by name, and of
     two claimants of one experiment one runs it and the other stands down (:meth:`_competitor`).
     """
 
-    def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace, search: MicroBatchSearch) -> None:
-        self._ctx = ctx
+    def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace, search: MicroBatchSearch,
+                 knobs: bool = True) -> None:
+        self.ctx = self._ctx = ctx
+        self.stage = stage
+        self.space = space
+        self._knobs = knobs
         self._study_name = study_name
         self._stage = stage
         self._space = space
@@ -328,7 +334,7 @@ class StageTuner:
 
     def _step_knobs(self, trials: list[FrozenTrial], obs: dict[int, Observation], lease: Lease) -> Step:
         ctx = self._ctx
-        if ctx.fast or not self._space.tuned:
+        if ctx.fast or not self._knobs or not self._space.tuned:
             return Step.DONE
         tuning_list = sorted(self._search.best(obs, n=ctx.num_tuning))
         if not tuning_list:
@@ -343,7 +349,11 @@ class StageTuner:
             return Step.WAIT if running else Step.DONE
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
-        if self._duplicates >= _SAMPLER_DUPLICATES:
+        first = recommended_knobs(self._space)
+        if first is not None and not any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials):
+            # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
+            sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._search.best(obs)[0]}, sampler)
+        elif self._duplicates >= _SAMPLER_DUPLICATES:
             # The sampler keeps proposing taken configs (a random sampler late in a small space,
             # a grid point whose worker died): run an untried one.
             sampler = optuna.samplers.PartialFixedSampler(self._untried(search_space, taken), sampler)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import math
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -17,9 +17,14 @@ from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import Resources
 from optuna_ds.space import MemoryEstimate
+from optuna_ds.space import MemoryModel
+from optuna_ds.space import OFFLOAD_VARIANTS
 from optuna_ds.space import MicroBatchSearch
+from optuna_ds.space import Observation
 from optuna_ds.space import build_knob_space
 from optuna_ds.space import estimate_memory
+from optuna_ds.space import offload_sections
+from optuna_ds.space import user_offloads
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import stage_study_name
@@ -39,6 +44,7 @@ STAGE_ATTR_PREFIX = "stage:"
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
+KNOB_STAGE_MARGIN = 0.05
 
 
 class ProfileError(OptunaDSError):
@@ -170,23 +176,52 @@ class Tuning:
             return _TIMEOUT_WITHOUT_PROFILE
         return max(_MIN_TIMEOUT, _TIMEOUT_PER_PROFILE * float(profile))
 
-    def _estimates(self, info: dict[str, Any]) -> dict[int, MemoryEstimate]:
+    def _estimate(self, stage: int, info: dict[str, Any], zero: dict[str, Any]) -> MemoryEstimate:
         a = self._user.autotuning
-        out = {}
-        for stage in self._user.stages:
-            out[stage] = estimate_memory(
-                stage=stage,
-                num_params=int(info["num_params"]),
-                trainable_params=info.get("trainable_num_params"),
-                activation_per_sample=info.get("activation_mem_per_gpu"),
-                device_memory=self._device_memory,
-                num_gpus=self._resources.total_gpus,
-                mp_size=a.mp_size,
-                precision=self._user.precision,
-                adam_type=self._user.adam_type_optimizer,
-                zero=self._user.zero_section(),
-            )
-        return out
+        return estimate_memory(
+            stage=stage,
+            num_params=int(info["num_params"]),
+            trainable_params=info.get("trainable_num_params"),
+            activation_per_sample=info.get("activation_mem_per_gpu"),
+            device_memory=self._device_memory,
+            num_gpus=self._resources.total_gpus,
+            mp_size=a.mp_size,
+            precision=self._user.precision,
+            adam_type=self._user.adam_type_optimizer,
+            zero=zero,
+        )
+
+    def _estimates(self, info: dict[str, Any]) -> dict[int, MemoryEstimate]:
+        return {stage: self._estimate(stage, info, self._user.zero_section()) for stage in self._user.stages}
+
+    def _offload(self, estimate: MemoryEstimate, info: dict[str, Any], carried: list[tuple[float, int, bool]]) -> tuple[MemoryEstimate, str]:
+        """Stage 3's estimate, with the offload variant it needs: none if it fits more than one
+        sample, else the cheapest variant that does (or the last one that fits at all). The
+        user's own offload sections are kept and nothing else is tried."""
+        zero = self._user.zero_section()
+        if user_offloads(zero):
+            return estimate, ""
+
+        def roomy(e: MemoryEstimate) -> bool:
+            edge = self._memory_model(e, info, carried).edge({})
+            return e.fits and (edge is None or edge > 1)
+
+        if roomy(estimate):
+            return estimate, ""
+        fallback: tuple[MemoryEstimate, str] = (estimate, "")
+        for label in OFFLOAD_VARIANTS:
+            offloaded = self._estimate(3, info, {**zero, **offload_sections(label)})
+            if roomy(offloaded):
+                return offloaded, label
+            if offloaded.fits and not fallback[0].fits:
+                fallback = (offloaded, label)
+        return fallback
+
+    @staticmethod
+    def _memory_model(estimate: MemoryEstimate, info: dict[str, Any], carried: list[tuple[float, int, bool]]) -> MemoryModel:
+        prior = info.get("activation_mem_per_gpu")
+        return MemoryModel(free=estimate.device_memory - estimate.instantiation, prior=float(prior) if prior else None,
+                           carried=tuple(carried))
 
     def _mbs_cap(self, estimate: MemoryEstimate) -> int:
         a = self._user.autotuning
@@ -202,11 +237,10 @@ class Tuning:
         if self._user.micro_batch_sizes:
             count = len(self._user.micro_batch_sizes)
         else:
-            cap = self._mbs_cap(estimate)
-            count = 2 + math.ceil(math.log2(max(1.0, cap / max(1, self._user.min_micro_batch_size)))) // 2 + a.num_tuning_micro_batch_sizes + 1
+            count = 4  # the predicted edge, a correction, one size down, one refinement
         space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
         if space.tuned:
-            count += min(a.tuner_num_trials, space.size * a.num_tuning_micro_batch_sizes)
+            count += min(a.tuner_num_trials, space.size * a.num_tuning_micro_batch_sizes, 1 + 2 * a.tuner_early_stopping)
         return count
 
     def _context(self, observer: TuningObserver) -> StageContext:
@@ -312,8 +346,13 @@ class Tuning:
     def _explore(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate], ctx: StageContext, *, lead: bool) -> None:
         a = self._user.autotuning
         log = ctx.observer.log
+        sign = 1.0 if a.direction == "maximize" else -1.0
         prev: StageResult | None = None  # the best stage so far
+        prev_free = 0.0
+        prev_obs: dict[int, Observation] = {}
         prev_edge = 0
+        carried: list[tuple[float, int, bool]] = []  # what earlier stages' runs say of memory
+        tuned: list[tuple[StageTuner, MicroBatchSearch]] = []
 
         def better_than(a_value: float, b_value: float) -> bool:
             return a_value > b_value if a.direction == "maximize" else a_value < b_value
@@ -323,45 +362,91 @@ class Tuning:
             if lead:
                 ctx.observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=a.direction == "maximize")
             estimate = estimates[stage]
+            offload = ""
+            if stage == 3:
+                estimate, offload = self._offload(estimate, info, carried)
             if not estimate.fits:
                 self._skip(stage, (
                     f"needs {_humanize(estimate.instantiation)}B per GPU for parameters, gradients and optimizer "
                     f"states, more than the {_humanize(estimate.device_memory)}B available"
                 ), estimate, log)
                 continue
+            memory = self._memory_model(estimate, info, carried)
+            free = memory.free
             cap = self._mbs_cap(estimate)
-            if self._user.all_stages and prev is not None and prev.best is not None and cap <= prev_edge:
-                self._skip(stage, f"fits no micro-batch larger than the {prev_edge} that z{prev.stage} already runs", estimate, log)
-                continue
-            space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
             search = MicroBatchSearch(
                 min_mbs=self._user.min_micro_batch_size,
                 floor_mbs=a.min_train_micro_batch_size_per_gpu,
                 cap=cap,
                 num_tuning=a.num_tuning_micro_batch_sizes,
                 user_list=tuple(self._user.micro_batch_sizes) if self._user.micro_batch_sizes else None,
+                memory=memory,
+                probe_min=self._user.min_micro_batch_size != a.min_train_micro_batch_size_per_gpu,
             )
-            log(f"[z{stage}] tuning: micro-batch {self._user.min_micro_batch_size}..{cap}" + ("" if a.fast else f", {len(space.tuned)} ZeRO knob(s)"))
-            tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space, search=search)
+            predicted = search.predicted_edge()
+            if self._user.all_stages and prev is not None and prev.best is not None and predicted <= prev_edge:
+                self._skip(stage, f"fits no micro-batch larger than the {prev_edge} that z{prev.stage} already runs", estimate, log)
+                continue
+            if prev is not None and prev.best is not None and not self._user.micro_batch_sizes:
+                best_mbs = prev.best.micro_batch_size
+                search = dataclasses.replace(search, to_beat=sign * prev.best.value, probe_min=False)
+                if any(o.ok and m > best_mbs for m, o in prev_obs.items()):
+                    # An interior sweet spot: start where it leaves as much memory free.
+                    start = memory.equivalent(best_mbs, prev_free, {})
+                    if start:
+                        search = dataclasses.replace(search, start=min(cap, start), local=True)
+            space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
+            if offload:
+                space = space.with_offload(offload)
+                log(f"[z{stage}] {offload}: without offload to CPU it fits {'only one sample' if estimates[stage].fits else 'nothing'}")
+            log(f"[z{stage}] tuning: micro-batch up to {cap}" + (f", edge predicted at {predicted}" if predicted < cap else "")
+                + ("" if a.fast else f", {len(space.tuned)} ZeRO knob(s)"))
+            tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space,
+                               search=search, knobs=False)
             tuner.study.set_user_attr("memory", estimate.to_dict())
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())
             tuner.study.set_metric_names([a.metric])
-            self._record_stage(stage, "running", memory=estimate.to_dict())
+            self._record_stage(stage, "running", memory=estimate.to_dict(), offload=offload)
             tuner.run()
-            edge = search.edge(tuner.observations())
+            tuned.append((tuner, search))
+            observations = tuner.observations()
+            carried += [(free, o.mbs, o.oom) for o in observations.values() if o.ok or o.oom]
+            edge = search.edge(observations)
             result = stage_result(tuner.study, stage)
-            self._record_stage(stage, "tuned", memory=estimate.to_dict(), max_runnable_micro_batch_size=edge)
+            self._record_stage(stage, "tuned", memory=estimate.to_dict(), max_runnable_micro_batch_size=edge, offload=offload)
             if result.best is not None:
                 log(f"[z{stage}] best: {result.best.name} {a.metric}={result.best.value:.4g} after {result.num_experiments} experiment(s)")
             if self._user.all_stages and prev is not None and prev.best is not None and result.best is not None:
                 if not better_than(result.best.value, prev.best.value):
                     for later in self._user.stages[self._user.stages.index(stage) + 1 :]:
                         self._skip(later, f"z{stage} was no better than z{prev.stage}", estimates[later], log)
-                    return
+                    break
             prev_edge = max(prev_edge, edge)
             if result.best is not None and (prev is None or prev.best is None or better_than(result.best.value, prev.best.value)):
                 prev = result
+                prev_free = free
+                prev_obs = observations
+        if not a.fast and prev is not None and prev.best is not None:
+            self._tune_knobs(tuned, sign * prev.best.value, sign, log)
+
+    def _tune_knobs(self, tuned: list[tuple[StageTuner, MicroBatchSearch]], best: float, sign: float,
+                    log: Callable[[str], None]) -> None:
+        """The knob search, after every stage's micro-batch search, best stage first: at each
+        stage the user listed, or with ``"stage": "all"`` only at the stages whose best is within
+        5% of the best of all (knobs rarely pay more)."""
+        ranked = []
+        for tuner, search in tuned:
+            result = stage_result(tuner.study, tuner.stage)
+            close = sign * result.best.value >= best - KNOB_STAGE_MARGIN * abs(best) if result.best is not None else False
+            if result.best is not None and tuner.space.tuned and (close or not self._user.all_stages):
+                ranked.append((-sign * result.best.value, tuner.stage, tuner, search))
+        for _, stage, tuner, search in sorted(ranked, key=lambda r: r[:2]):
+            knobs = StageTuner(ctx=tuner.ctx, study_name=tuner.study.study_name, stage=stage, space=tuner.space, search=search)
+            knobs.run()
+            result = stage_result(knobs.study, stage)
+            if result.best is not None:
+                log(f"[z{stage}] best with knobs: {result.best.name} {self._user.autotuning.metric}={result.best.value:.4g}")
 
 
 def recorded_stages(root: optuna.Study) -> dict[str, dict[str, Any]]:

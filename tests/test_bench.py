@@ -1,0 +1,69 @@
+"""`make bench` runs: the simulated launcher speaks both tools' command lines, and the runner
+counts launches and scores the chosen configs (no performance threshold here: the figures are
+the benchmark's to report)."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import surfaces  # noqa: E402
+
+
+def test_surfaces_have_the_features_they_claim() -> None:
+    cliff = surfaces.by_name("cliff-crash")
+    assert cliff.memory_gb(surfaces.Config(stage=0, mbs=24)) - cliff.memory_gb(surfaces.Config(stage=0, mbs=23)) > 20
+    crash = surfaces.Config(stage=2, mbs=4, knobs=(("reduce_scatter", False),))
+    assert cliff.evaluate(crash).kind == "crash"
+    large = surfaces.by_name("gpt2-large")
+    best, value = large.optimum(fast=True)
+    edge = max(c.mbs for c in large.configs(fast=True, stages=(best.stage,)))
+    assert best.mbs < edge, "the sweet spot lies below the largest runnable size"
+    assert large.optimum(fast=False)[1] > value, "knobs pay in full mode"
+    assert surfaces.by_name("offload-only").optimum(fast=True, offload=False)[0] is None
+    assert surfaces.by_name("offload-only").optimum(fast=True, offload=True)[0].offload_optimizer
+
+
+def test_the_simulated_launcher_answers_like_deepspeed(tmp_path: Path) -> None:
+    import base64
+
+    ledger = tmp_path / "ledger.jsonl"
+    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0},
+              "autotuning": {"enabled": True, "metric_path": str(tmp_path / "m" / "metrics.json")}}
+    encoded = base64.urlsafe_b64encode(json.dumps(config).encode()).decode()  # as DeepSpeed's autotuner passes it
+    env = {"SIM_SURFACE": "gpt2-large", "SIM_LEDGER": str(ledger), "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, str(BENCH / "simulated_deepspeed.py"), "--hostfile", "/job/hostfile", "--include",
+                        "localhost:0,1", "--master_port", "29500", "train.py", "--deepspeed_config", encoded],
+                       env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "m" / "metrics.json").read_text())["throughput"] > 0
+    config["train_micro_batch_size_per_gpu"] = 500
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(config))
+    p = subprocess.run([sys.executable, str(BENCH / "simulated_deepspeed.py"), "--include", "localhost:0", "train.py",
+                        "--deepspeed", str(path)], env=env, capture_output=True, text=True)
+    assert p.returncode == 1 and "CUDA out of memory" in p.stderr
+    entries = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [e["outcome"] for e in entries] == ["ok", "oom"] and entries[0]["gpus"] == 2
+
+
+def test_the_benchmark_runs_both_tools_and_prints_their_figures() -> None:
+    p = subprocess.run([sys.executable, str(BENCH / "search.py"), "--surfaces", "small-plateau", "--modes", "fast"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"\| small-plateau \| fast \| (deepspeed|optuna-ds) \| (\d+) \| (\d+) \| ([\d.]+) \| (.+?) \| ([\d.]+) \|", line)
+        if m:
+            rows[m.group(1)] = (int(m.group(2)), int(m.group(3)), float(m.group(4)), m.group(5), float(m.group(6)))
+    assert set(rows) == {"deepspeed", "optuna-ds"}, p.stdout
+    for launches, oom, gpu_hours, chosen, share in rows.values():
+        assert launches > 1 and 0 <= oom < launches and gpu_hours > 0
+        assert chosen.startswith("z") and 0.5 < share <= 1.0
+    assert "| fast | optuna-ds |" in p.stdout and "GPU-h vs DeepSpeed" in p.stdout

@@ -1,0 +1,138 @@
+"""The xgboost cost-model sampler: Optuna's own sampler test cases, then what it is for."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import optuna
+import pytest
+from optuna.testing.pytest_samplers import BasicSamplerTestCase
+from optuna.testing.pytest_samplers import SingleOnlySamplerTestCase
+from optuna.trial import TrialState
+
+from optuna_ds.samplers import XGBoostSampler
+from optuna_ds.samplers._xgboost import CANDIDATE_ATTR
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SPACE = {
+    "train_micro_batch_size_per_gpu": [4, 8, 16, 32],
+    "reduce_bucket_size": [5e7, 5e8, 1e9],
+    "overlap_comm": [True, False],
+}
+
+
+class TestOptunaSamplerCases(BasicSamplerTestCase, SingleOnlySamplerTestCase):
+    """Optuna's cases for any sampler: parameters outside the finite space (these tests'
+    ``x``, ``y``...) are sampled at random within their distributions."""
+
+    @pytest.fixture
+    def sampler(self) -> Callable[[], optuna.samplers.BaseSampler]:
+        return lambda: XGBoostSampler(SPACE, seed=0)
+
+
+def _throughput(p: dict) -> float:
+    """A surface: throughput grows with the micro-batch size, 1e9 buckets and overlap help."""
+    return p["train_micro_batch_size_per_gpu"] * (1.1 if p["overlap_comm"] else 1.0) * {5e7: 0.9, 5e8: 1.0, 1e9: 1.05}[p["reduce_bucket_size"]]
+
+
+def _objective(trial: optuna.Trial) -> float:
+    p = {k: trial.suggest_categorical(k, v) for k, v in SPACE.items()}
+    if p["train_micro_batch_size_per_gpu"] == 32:
+        trial.set_user_attr("reason", "oom")
+        raise RuntimeError("out of memory")
+    return _throughput(p)
+
+
+def _run(sampler: optuna.samplers.BaseSampler, n: int, storage: str | None = None) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage)
+    study.optimize(_objective, n_trials=n, catch=(RuntimeError,))
+    return study
+
+
+def _configs(study: optuna.Study) -> list[tuple]:
+    return [tuple(sorted(t.params.items())) for t in study.trials if t.state != TrialState.RUNNING]
+
+
+def test_never_repeats_a_config_and_uses_the_model() -> None:
+    study = _run(XGBoostSampler(SPACE, n_startup_trials=3, exploration=0.0, seed=1), 12)
+    configs = _configs(study)
+    assert len(configs) == len(set(configs)), "a config ran twice"
+    best = max(_throughput(dict(c)) for c in configs if dict(c)["train_micro_batch_size_per_gpu"] < 32)
+    assert study.best_value == best
+    # The optimum that runs (16, overlap, 1e9 buckets) is found well before the space (24) is used up.
+    assert study.best_value == pytest.approx(16 * 1.1 * 1.05)
+
+
+def test_out_of_memory_failures_steer_it_away() -> None:
+    """Failures are information: once mbs 32 has failed, the classifier predicts its other
+    configs fail too, and the model does not keep proposing them (a regressor on the completed
+    trials alone ranks 32 first: throughput grows with the size)."""
+    sampler = XGBoostSampler(SPACE, n_startup_trials=4, exploration=0.0, seed=3)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for params, value in [({"train_micro_batch_size_per_gpu": 8, "reduce_bucket_size": 5e8, "overlap_comm": False}, 8.0),
+                          ({"train_micro_batch_size_per_gpu": 16, "reduce_bucket_size": 5e8, "overlap_comm": False}, 16.0),
+                          ({"train_micro_batch_size_per_gpu": 4, "reduce_bucket_size": 5e8, "overlap_comm": True}, 4.4)]:
+        study.enqueue_trial(params)
+        study.optimize(_objective, n_trials=1)
+    failed = {"train_micro_batch_size_per_gpu": 32, "reduce_bucket_size": 5e8, "overlap_comm": False}
+    study.enqueue_trial(failed)
+    study.optimize(_objective, n_trials=1, catch=(RuntimeError,))
+    study.optimize(_objective, n_trials=4, catch=(RuntimeError,))
+    later = [t.params for t in study.trials[4:]]
+    assert all(p["train_micro_batch_size_per_gpu"] != 32 for p in later), later
+
+
+def test_running_candidates_of_other_workers_are_not_proposed() -> None:
+    """Two workers, one storage: a candidate published by a running trial is skipped."""
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(direction="maximize", storage=storage, study_name="s")
+    a = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(SPACE, seed=0))
+    b = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(SPACE, seed=0))
+    running = [a.ask(), b.ask(), a.ask(), b.ask()]  # the same seed: without the liar, the same picks
+    picked = [t.study._storage.get_trial(t._trial_id).system_attrs[CANDIDATE_ATTR] for t in running]
+    assert len(set(picked)) == 4
+    params = [tuple(sorted({k: t.suggest_categorical(k, v) for k, v in SPACE.items()}.items())) for t in running]
+    assert len(set(params)) == 4
+    assert len(study.trials) == 4
+
+
+def test_seeded_runs_repeat() -> None:
+    first = _configs(_run(XGBoostSampler(SPACE, seed=7), 8))
+    second = _configs(_run(XGBoostSampler(SPACE, seed=7), 8))
+    assert first == second
+
+
+def test_stateless_across_sampler_instances(tmp_path) -> None:
+    """Rebuilt from the storage at every trial: a new sampler (a new worker) continues the
+    study without repeating what finished."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(direction="maximize", storage=url, study_name="s")
+    for seed in range(6):
+        s = optuna.load_study(study_name="s", storage=url, sampler=XGBoostSampler(SPACE, n_startup_trials=2, seed=seed))
+        s.optimize(_objective, n_trials=2, catch=(RuntimeError,))
+    assert len(set(_configs(study))) == 12
+
+
+def test_features_log_scale_and_one_hot() -> None:
+    from optuna_ds.samplers._xgboost import _encode_column
+
+    assert [c[0] for c in _encode_column("reduce_bucket_size", [5e7, 5e8, 1e9])] == pytest.approx([7.69897, 8.69897, 9.0])
+    assert _encode_column("train_micro_batch_size_per_gpu", [1, 64]) == [[1.0], [64.0]]
+    assert _encode_column("overlap_comm", [True, False]) == [[1.0], [0.0]]
+    assert _encode_column("device", ["cpu", "nvme", "cpu"]) == [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="n_startup_trials"):
+        XGBoostSampler(SPACE, n_startup_trials=0)
+    with pytest.raises(ValueError, match="exploration"):
+        XGBoostSampler(SPACE, exploration=1.5)
+
+
+def test_full_space_is_covered_then_repeats_are_allowed() -> None:
+    space = {"a": [1, 2], "b": [True, False]}
+    study = optuna.create_study(sampler=XGBoostSampler(space, n_startup_trials=1, seed=0))
+    study.optimize(lambda t: t.suggest_categorical("a", [1, 2]) + t.suggest_categorical("b", [True, False]), n_trials=5)
+    first_four = {tuple(sorted(t.params.items())) for t in study.trials[:4]}
+    assert first_four == {tuple(sorted(zip(space, c))) for c in itertools.product(*space.values())}
