@@ -107,7 +107,7 @@ def _drive(search: MicroBatchSearch, surface, limit: int = 100, start: dict[int,
 
 def test_search_finds_the_oom_edge_and_stays_below_it() -> None:
     edge = 37
-    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128, num_tuning=3)
+    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128)
     obs = _drive(search, lambda m: float(m) if m <= edge else None)
     assert search.edge(obs) >= int(edge * 0.95)
     assert search.best(obs)[0] == search.edge(obs)
@@ -115,7 +115,7 @@ def test_search_finds_the_oom_edge_and_stays_below_it() -> None:
 
 
 def test_search_finds_a_sweet_spot_below_the_edge() -> None:
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, num_tuning=3)
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64)
     obs = _drive(search, lambda m: m / (1 + (m / 40) ** 2))
     best = search.best(obs)[0]
     assert 32 <= best <= 48
@@ -123,27 +123,27 @@ def test_search_finds_a_sweet_spot_below_the_edge() -> None:
 
 
 def test_search_falls_back_to_the_floor_when_the_minimum_fails() -> None:
-    search = MicroBatchSearch(min_mbs=8, floor_mbs=1, cap=64, num_tuning=3)
+    search = MicroBatchSearch(min_mbs=8, floor_mbs=1, cap=64)
     obs = _drive(search, lambda m: float(m) if m <= 4 else None)
     assert obs[8].oom and obs[1].ok
     assert search.edge(obs) == 4
 
 
 def test_search_gives_up_when_nothing_runs() -> None:
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, num_tuning=3)
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64)
     obs = _drive(search, lambda m: None)
     assert list(obs) == [1]
 
 
 def test_user_list_is_run_exactly() -> None:
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, num_tuning=3, user_list=(1, 4, 16))
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, user_list=(1, 4, 16))
     assert sorted(_drive(search, float)) == [1, 4, 16]
 
 
 def test_search_is_a_replay_of_the_observations() -> None:
     """Given the same observations, the same next experiment: a resumed or shared tuning
     continues exactly where it stopped."""
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=256, num_tuning=4)
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=256)
     surface = lambda m: float(m) if m <= 100 else None  # noqa: E731
     full = _drive(search, surface)
     order = list(full)
@@ -178,7 +178,7 @@ def _drive_parallel(search: MicroBatchSearch, surface, k: int) -> tuple[dict[int
 @pytest.mark.parametrize("k", [2, 4])
 def test_search_with_pending_sizes_runs_several_at_once_and_still_finds_the_edge(k: int) -> None:
     edge = 37
-    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128, num_tuning=3)
+    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128)
     obs, together = _drive_parallel(search, lambda m: float(m) if m <= edge else None, k)
     assert search.edge(obs) >= int(edge * 0.95)
     assert search.best(obs)[0] == search.edge(obs)
@@ -186,7 +186,7 @@ def test_search_with_pending_sizes_runs_several_at_once_and_still_finds_the_edge
 
 
 def test_a_pending_minimum_blocks_the_search() -> None:
-    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128, num_tuning=3)
+    search = MicroBatchSearch(min_mbs=2, floor_mbs=1, cap=128)
     assert search.next_mbs({}, {2}) is None  # nothing is known until the minimum has run
     ok = {2: Observation(mbs=2, score=2.0)}
     first = search.next_mbs(ok)
@@ -238,7 +238,7 @@ def test_memory_model_carries_an_earlier_stage_edge_to_the_next() -> None:
 def test_search_with_a_memory_model_finds_the_edge_in_few_runs() -> None:
     true_edge = 37
     score = _memory_surface(free=74 * GB, per_sample=2 * GB)  # the profile said 1.8 GB: 10% low
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, num_tuning=3, memory=MemoryModel(free=74 * GB, prior=1.8 * GB), probe_min=False)
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, memory=MemoryModel(free=74 * GB, prior=1.8 * GB), probe_min=False)
     obs = _drive(search, score)
     assert search.best(obs)[0] >= int(true_edge * 0.9)
     assert sum(o.oom for o in obs.values()) <= 2
@@ -247,7 +247,7 @@ def test_search_with_a_memory_model_finds_the_edge_in_few_runs() -> None:
 
 def test_search_finds_the_memory_pressure_sweet_spot() -> None:
     score = _memory_surface(free=74 * GB, per_sample=2 * GB, sweet=0.8)
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, num_tuning=3, memory=MemoryModel(free=74 * GB, prior=2 * GB), probe_min=False)
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, memory=MemoryModel(free=74 * GB, prior=2 * GB), probe_min=False)
     obs = _drive(search, score)
     best_possible = max(score(m) or 0.0 for m in range(1, 40))
     assert (obs[search.best(obs)[0]].score or 0) >= 0.99 * best_possible
@@ -258,7 +258,7 @@ def test_search_survives_a_memory_cliff() -> None:
     """A workspace switch at 24 needs 20 GB more: the linear model's guesses fail, the search
     still finds the largest size that runs."""
     score = _memory_surface(free=74 * GB, per_sample=1.5 * GB, cliff=(24, 20 * GB))
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, num_tuning=3, memory=MemoryModel(free=74 * GB, prior=1.5 * GB), probe_min=False)
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, memory=MemoryModel(free=74 * GB, prior=1.5 * GB), probe_min=False)
     obs = _drive(search, score)
     assert search.edge(obs) >= 21 and search.best(obs)[0] >= 21
     assert len(obs) <= MAX_PROBES
@@ -266,7 +266,7 @@ def test_search_survives_a_memory_cliff() -> None:
 
 def test_a_carried_stage_runs_once_when_it_cannot_win_and_searches_on_when_it_can() -> None:
     memory = MemoryModel(free=74 * GB, prior=2 * GB)
-    losing = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, num_tuning=3, memory=memory, start=30, to_beat=200.0, local=True, probe_min=False)
+    losing = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=1024, memory=memory, start=30, to_beat=200.0, local=True, probe_min=False)
     obs = _drive(losing, lambda m: float(m))
     assert list(obs) == [30]
     winning = dataclasses.replace(losing, to_beat=20.0)
@@ -275,7 +275,7 @@ def test_a_carried_stage_runs_once_when_it_cannot_win_and_searches_on_when_it_ca
 
 
 def test_a_crashing_stage_is_given_up_after_two_non_memory_failures() -> None:
-    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, num_tuning=3, memory=MemoryModel(free=64 * GB, prior=1 * GB), probe_min=False)
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=64, memory=MemoryModel(free=64 * GB, prior=1 * GB), probe_min=False)
     first = search.next_mbs({})
     crash = {first: Observation(mbs=first, score=None)}
     second = search.next_mbs(crash)

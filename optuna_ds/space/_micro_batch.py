@@ -129,7 +129,6 @@ class MicroBatchSearch:
     min_mbs: int
     floor_mbs: int
     cap: int
-    num_tuning: int
     user_list: tuple[int, ...] | None = None
     memory: MemoryModel | None = None
     start: int | None = None

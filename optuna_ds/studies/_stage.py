@@ -69,6 +69,14 @@ class ExperimentFailed(Exception):
         self.result = result
 
 
+class KnobSearch(enum.Enum):
+    """How much of a stage's knob space to search."""
+
+    NONE = "none"
+    RECOMMENDED = "recommended"  # DeepSpeed's recommended setting only: one experiment
+    FULL = "full"  # the recommended setting, then the sampler until early stopping
+
+
 class LocalClaims:
     """Micro-batch sizes chosen by this process's drivers and not yet claimed in the storage,
     so that two drivers of one process never pick the same next size."""
@@ -123,17 +131,17 @@ class StageTuner:
     """Tunes one ZeRO stage in its own Optuna study, one trial per experiment.
 
     First the micro-batch search (trials with fixed params, decided by :class:`MicroBatchSearch`
-    from the finished and running ones); then, with ``knobs`` and unless in fast mode, the ZeRO
-    knobs: DeepSpeed's recommended settings first, then the ``tuner_type`` sampler over the best
-    micro-batch sizes, until :class:`TunerEarlyStoppingPruner` says stop or the space is
-    exhausted. Everything is read back from the storage at every step,
+    from the finished and running ones); then, unless in fast mode, as much of the knob search as
+    ``knobs`` says: DeepSpeed's recommended setting at the best size, then the ``tuner_type``
+    sampler over the best micro-batch sizes, until :class:`TunerEarlyStoppingPruner` says stop
+    or the space is exhausted. Everything is read back from the storage at every step,
     so a rerun continues where it stopped and any number of drivers (threads of this process,
     workers elsewhere) can step the same stage: a trial claims its experiment by name, and of
     two claimants of one experiment one runs it and the other stands down (:meth:`_competitor`).
     """
 
     def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace, search: MicroBatchSearch,
-                 knobs: bool = True) -> None:
+                 knobs: KnobSearch = KnobSearch.FULL) -> None:
         self.ctx = self._ctx = ctx
         self.stage = stage
         self.space = space
@@ -334,7 +342,7 @@ class StageTuner:
 
     def _step_knobs(self, trials: list[FrozenTrial], obs: dict[int, Observation], lease: Lease) -> Step:
         ctx = self._ctx
-        if ctx.fast or not self._knobs or not self._space.tuned:
+        if ctx.fast or self._knobs is KnobSearch.NONE or not self._space.tuned:
             return Step.DONE
         tuning_list = sorted(self._search.best(obs, n=ctx.num_tuning))
         if not tuning_list:
@@ -344,12 +352,14 @@ class StageTuner:
         dead = given_up(trials)
         taken = {t.user_attrs.get("exp_name") for t in trials if t.user_attrs.get("phase") == Phase.KNOBS.value
                  and (is_finished_experiment(t) or t in running or t.user_attrs.get("exp_name") in dead)} - {None}
+        first = recommended_knobs(self._space)
+        if self._knobs is KnobSearch.RECOMMENDED and (first is None or taken):
+            return Step.WAIT if running else Step.DONE
         pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS.value)
         if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or pruner.exhausted(self.study):
             return Step.WAIT if running else Step.DONE
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
-        first = recommended_knobs(self._space)
         if first is not None and not any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials):
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
             sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._search.best(obs)[0]}, sampler)

@@ -35,6 +35,7 @@ from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import stage_result
+from optuna_ds.studies._stage import KnobSearch
 from optuna_ds.studies._stage import LocalClaims
 from optuna_ds.studies._stage import StageContext
 from optuna_ds.studies._stage import StageTuner
@@ -378,7 +379,6 @@ class Tuning:
                 min_mbs=self._user.min_micro_batch_size,
                 floor_mbs=a.min_train_micro_batch_size_per_gpu,
                 cap=cap,
-                num_tuning=a.num_tuning_micro_batch_sizes,
                 user_list=tuple(self._user.micro_batch_sizes) if self._user.micro_batch_sizes else None,
                 memory=memory,
                 probe_min=self._user.min_micro_batch_size != a.min_train_micro_batch_size_per_gpu,
@@ -402,7 +402,7 @@ class Tuning:
             log(f"[z{stage}] tuning: micro-batch up to {cap}" + (f", edge predicted at {predicted}" if predicted < cap else "")
                 + ("" if a.fast else f", {len(space.tuned)} ZeRO knob(s)"))
             tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space,
-                               search=search, knobs=False)
+                               search=search, knobs=KnobSearch.NONE)
             tuner.study.set_user_attr("memory", estimate.to_dict())
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())
@@ -432,21 +432,38 @@ class Tuning:
 
     def _tune_knobs(self, tuned: list[tuple[StageTuner, MicroBatchSearch]], best: float, sign: float,
                     log: Callable[[str], None]) -> None:
-        """The knob search, after every stage's micro-batch search, best stage first: at each
-        stage the user listed, or with ``"stage": "all"`` only at the stages whose best is within
-        5% of the best of all (knobs rarely pay more)."""
-        ranked = []
-        for tuner, search in tuned:
+        """The knob search, after every stage's micro-batch search. With ``"stage": "all"`` only
+        the stages whose best is within 5% of the best of all take part (knobs rarely pay more):
+        each runs DeepSpeed's recommended setting once, then the sampler searches at the best of
+        them. Stages the user listed each get the whole search."""
+        def ranked(margin: float) -> list[tuple[StageTuner, MicroBatchSearch]]:
+            top = max([sign * r.best.value for r in (stage_result(t.study, t.stage) for t, _ in tuned) if r.best is not None], default=best)
+            out = []
+            for tuner, search in tuned:
+                result = stage_result(tuner.study, tuner.stage)
+                if result.best is not None and tuner.space.tuned and sign * result.best.value >= top - margin * abs(top):
+                    out.append((-sign * result.best.value, tuner.stage, tuner, search))
+            return [(t, s) for *_, t, s in sorted(out, key=lambda r: r[:2])]
+
+        searched: dict[int, StageTuner] = {}
+
+        def run(tuner: StageTuner, search: MicroBatchSearch, knobs: KnobSearch) -> None:
+            StageTuner(ctx=tuner.ctx, study_name=tuner.study.study_name, stage=tuner.stage, space=tuner.space,
+                       search=search, knobs=knobs).run()
+            searched[tuner.stage] = tuner
+
+        if not self._user.all_stages:
+            for tuner, search in ranked(float("inf")):
+                run(tuner, search, KnobSearch.FULL)
+        else:
+            for tuner, search in ranked(KNOB_STAGE_MARGIN):
+                run(tuner, search, KnobSearch.RECOMMENDED)
+            for tuner, search in ranked(KNOB_STAGE_MARGIN)[:1]:
+                run(tuner, search, KnobSearch.FULL)
+        for tuner in searched.values():
             result = stage_result(tuner.study, tuner.stage)
-            close = sign * result.best.value >= best - KNOB_STAGE_MARGIN * abs(best) if result.best is not None else False
-            if result.best is not None and tuner.space.tuned and (close or not self._user.all_stages):
-                ranked.append((-sign * result.best.value, tuner.stage, tuner, search))
-        for _, stage, tuner, search in sorted(ranked, key=lambda r: r[:2]):
-            knobs = StageTuner(ctx=tuner.ctx, study_name=tuner.study.study_name, stage=stage, space=tuner.space, search=search)
-            knobs.run()
-            result = stage_result(knobs.study, stage)
             if result.best is not None:
-                log(f"[z{stage}] best with knobs: {result.best.name} {self._user.autotuning.metric}={result.best.value:.4g}")
+                log(f"[z{tuner.stage}] best with knobs: {result.best.name} {self._user.autotuning.metric}={result.best.value:.4g}")
 
 
 def recorded_stages(root: optuna.Study) -> dict[str, dict[str, Any]]:
