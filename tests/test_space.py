@@ -293,3 +293,11 @@ def test_offload_variants_and_recommended_knobs() -> None:
     # Stage 2's recommended first knob experiment overlaps communication; stage 1's is its default config.
     assert recommended_knobs(build_knob_space(2, {}, fast=False))["overlap_comm"] is True
     assert recommended_knobs(build_knob_space(1, {}, fast=False)) is None
+
+
+def test_the_first_size_is_the_predicted_edge_within_the_cap() -> None:
+    roomy = MemoryModel(free=64 * GB, prior=0.01 * GB, carried=((60 * GB, 128, False),))
+    search = MicroBatchSearch(min_mbs=1, floor_mbs=1, cap=128, memory=roomy, probe_min=False)
+    assert search.next_mbs({}) == 128  # memory allows far more: the configured maximum, not a bisection
+    tight = MemoryModel(free=64 * GB, prior=2 * GB)
+    assert dataclasses.replace(search, memory=tight).next_mbs({}) == int(64 / 2.2)

@@ -206,7 +206,7 @@ class MicroBatchSearch:
         if self.start is not None and self.start not in obs:
             return self.start
         guess = self.memory.edge(obs) if self.memory else None
-        return guess if guess is not None else self.cap
+        return min(guess, self.cap) if guess is not None else self.cap
 
     def _want(self, size: int, pending: Set[int]) -> int:
         if size in pending:

@@ -436,12 +436,13 @@ class Tuning:
         the stages whose best is within 5% of the best of all take part (knobs rarely pay more):
         each runs DeepSpeed's recommended setting once, then the sampler searches at the best of
         them. Stages the user listed each get the whole search."""
-        def ranked(margin: float) -> list[tuple[StageTuner, MicroBatchSearch]]:
+        def ranked(margin: float | None) -> list[tuple[StageTuner, MicroBatchSearch]]:
             top = max([sign * r.best.value for r in (stage_result(t.study, t.stage) for t, _ in tuned) if r.best is not None], default=best)
             out = []
             for tuner, search in tuned:
                 result = stage_result(tuner.study, tuner.stage)
-                if result.best is not None and tuner.space.tuned and sign * result.best.value >= top - margin * abs(top):
+                close = margin is None or sign * result.best.value >= top - margin * abs(top) if result.best is not None else False
+                if result.best is not None and tuner.space.tuned and close:
                     out.append((-sign * result.best.value, tuner.stage, tuner, search))
             return [(t, s) for *_, t, s in sorted(out, key=lambda r: r[:2])]
 
@@ -453,7 +454,7 @@ class Tuning:
             searched[tuner.stage] = tuner
 
         if not self._user.all_stages:
-            for tuner, search in ranked(float("inf")):
+            for tuner, search in ranked(None):
                 run(tuner, search, KnobSearch.FULL)
         else:
             for tuner, search in ranked(KNOB_STAGE_MARGIN):
