@@ -42,7 +42,8 @@ def _encode_column(name: str, values: Sequence[Any]) -> list[list[float]]:
 class XGBoostSampler(BaseSampler):
     """A cost-model sampler over a finite space, like DeepSpeed's ``model_based`` tuner.
 
-    After ``n_startup_trials`` finished trials picked at random, an xgboost regressor trained on
+    After ``n_startup_trials`` finished trials (one parameter away from the best so far, once
+    there is one; else at random), an xgboost regressor trained on
     the completed trials ranks the untried candidates and the best predicted one runs next;
     with probability ``exploration`` a random untried candidate runs instead. Failed trials
     (out of memory, crashes) are information, not zeros: once there are some, an xgboost
@@ -145,11 +146,21 @@ class XGBoostSampler(BaseSampler):
             elif t.state == TrialState.FAIL and t.user_attrs.get("reason") not in _NOT_THE_CONFIG:
                 failed.add(index)
         untried = [i for i in range(len(self._candidates)) if i not in taken] or list(range(len(self._candidates)))
-        if len(scored) + len(failed) < self._n_startup_trials or not scored or self._rng.rand() < self._exploration:
+        if len(scored) + len(failed) < self._n_startup_trials or not scored:
+            choice = int(self._rng.choice(self._neighbours(scored, untried) or untried))
+        elif self._rng.rand() < self._exploration:
             choice = int(self._rng.choice(untried))
         else:
             choice = self._predict_best(scored, failed, untried)
         study._storage.set_trial_system_attr(trial._trial_id, CANDIDATE_ATTR, choice)
+
+    def _neighbours(self, scored: list[tuple[int, float]], untried: list[int]) -> list[int]:
+        """The untried candidates one parameter away from the best so far: with few trials,
+        changing one knob of the incumbent says more than a random point that changes all."""
+        if not scored:
+            return []
+        best = self._candidates[max(scored, key=lambda s: s[1])[0]]
+        return [i for i in untried if sum(a != b for a, b in zip(self._candidates[i], best)) == 1]
 
     def _predict_best(self, scored: list[tuple[int, float]], failed: set[int], untried: list[int]) -> int:
         import xgboost
