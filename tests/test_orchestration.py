@@ -258,3 +258,27 @@ def test_the_users_own_offload_sections_are_kept_and_nothing_else_is_tried(ws: W
     assert trials and all("offload" not in t.user_attrs["exp_name"] for t in trials)
     assert all(t.user_attrs["ds_config"]["zero_optimization"]["offload_param"] == nvme for t in trials)
     assert all("offload_optimizer" not in t.user_attrs["ds_config"]["zero_optimization"] for t in trials)
+
+
+def test_full_mode_with_all_stages_tries_the_recommended_setting_then_searches_the_best_stage(ws: Workspace) -> None:
+    """After every stage's micro-batch search: DeepSpeed's recommended setting once at each stage
+    within 5% of the best, then the sampler only at the best of them."""
+    ws.config({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": "all"},
+               "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64}})
+    # Throughput peaks at 12 samples, far from the memory limit: later stages start at the same size.
+    surface = {"base": {"0": 100, "1": 101, "2": 102, "3": 60}, "peak": 12, "num_params": 1_000_000_000,
+               "activation_mem_per_gpu": 200_000_000, "knob_gain": {"overlap_comm": {"true": 1.10}}}
+    p = ws.cli("tune", "--launcher", __import__("conftest").FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+               env=ws.env(surface, LOCAL_SIZE="4"))
+    assert p.returncode == 0, p.stderr + p.stdout
+    knob = {s: [t for t in _study(ws, f"optuna-ds-z{s}").get_trials() if t.user_attrs.get("phase") == "knobs"] for s in (1, 2)}
+    # Stage 1's recommended setting is its default config (already run): no knob experiment there.
+    assert knob[1] == []
+    first = min(knob[2], key=lambda t: t.number)
+    assert first.params["overlap_comm"] is True  # the recommended setting first
+    mbs_phase = [t for t in _study(ws, "optuna-ds-z2").get_trials() if t.user_attrs.get("phase") == "micro_batch" and t.value]
+    assert first.user_attrs["micro_batch_size"] == max(mbs_phase, key=lambda t: t.value).user_attrs["micro_batch_size"]
+    # It wins (overlap pays 10%), so the sampler searches stage 2 until 3 experiments bring nothing.
+    assert 1 + 3 <= len(knob[2]) <= 1 + 3 + 2
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["stage"] == 2 and optimal["zero_optimization"]["overlap_comm"] is True

@@ -10,6 +10,7 @@ from optuna_ds.space import MemoryModel
 from optuna_ds.space import MicroBatchSearch
 from optuna_ds.space import Observation
 from optuna_ds.space import build_knob_space
+from optuna_ds.space import carried_start
 from optuna_ds.space import default_tuning_space
 from optuna_ds.space import estimate_memory
 from optuna_ds.space import experiment_name
@@ -301,3 +302,17 @@ def test_the_first_size_is_the_predicted_edge_within_the_cap() -> None:
     assert search.next_mbs({}) == 128  # memory allows far more: the configured maximum, not a bisection
     tight = MemoryModel(free=64 * GB, prior=2 * GB)
     assert dataclasses.replace(search, memory=tight).next_mbs({}) == int(64 / 2.2)
+
+
+def test_a_later_stage_starts_where_the_earlier_sweet_spot_says() -> None:
+    # The earlier stage (50 GB free) ran 20 and ran out of memory at 22: about 2.4 GB a sample.
+    memory = MemoryModel(free=70 * GB, prior=2 * GB, carried=((50 * GB, 20, False), (50 * GB, 22, True)))
+    ok = lambda m, s: Observation(mbs=m, score=s)  # noqa: E731
+    # Best 18 fills 86% of the free memory: memory pressure, so start leaving as much free (+8 or so).
+    pressure = {16: ok(16, 9.0), 18: ok(18, 10.0), 20: ok(20, 9.5), 22: Observation(mbs=22, score=None, oom=True)}
+    assert 24 <= carried_start(pressure, 18, memory=memory, free=50 * GB) <= 28
+    # Best 8 fills 38%: the curve's own peak, the same size.
+    peak = {4: ok(4, 9.0), 8: ok(8, 10.0), 16: ok(16, 8.0), 22: Observation(mbs=22, score=None, oom=True)}
+    assert carried_start(peak, 8, memory=memory, free=50 * GB) == 8
+    # Best at the largest size that ran: nothing to carry, the stage searches from its own edge.
+    assert carried_start({16: ok(16, 9.0), 20: ok(20, 10.0)}, 20, memory=memory, free=50 * GB) is None

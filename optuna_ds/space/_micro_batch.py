@@ -9,6 +9,7 @@ FLAT = 0.01  # scores within 1% are as good as each other: no refinement between
 REFINE_TOLERANCE = 0.1  # near a sweet spot, sizes 10% apart perform within about 1%
 PLATEAU_ELASTICITY = 0.1  # growing the size by x% gained under 0.1x%: larger sizes do not pay
 NEAR_EDGE = 0.15  # a best size this close under the OOM edge may sit in memory pressure
+PRESSURE_SHARE = 0.5  # activations filling this share of the free memory: a memory-pressure sweet spot
 COMPETITIVE = 0.05  # a carried stage more than 5% behind the best so far is not pursued
 PROFILE_UNDERESTIMATE = 1.1  # the engine's activation figure is low (seen: 23 estimated, 20 ran on an H100)
 MAX_PROBES = 12
@@ -96,6 +97,23 @@ class MemoryModel:
         return max(1, int(mbs + (self.free - free) // a))
 
 
+def carried_start(previous: Mapping[int, Observation], best: int, *, memory: MemoryModel, free: float) -> int | None:
+    """Where a later stage starts, given an earlier stage's runs and its best size ``best``
+    (``free``: that stage's free memory); ``None`` when that best was the largest size that ran,
+    so the later stage searches from its own predicted edge.
+
+    An interior best whose samples fill most of the free memory is a memory-pressure sweet spot:
+    it moves with the memory a higher stage saves, so the start leaves as much memory free. An
+    interior best with memory to spare is the throughput curve's own peak: the same size.
+    """
+    if not any(o.ok and m > best for m, o in previous.items()):
+        return None
+    per_sample = memory.per_sample({})
+    if per_sample and best * per_sample >= PRESSURE_SHARE * free:
+        return memory.equivalent(best, free, {})
+    return best
+
+
 class _Blocked(Exception):
     """Every useful next size is waiting for a running experiment."""
 
@@ -114,11 +132,10 @@ class MicroBatchSearch:
       worse (memory pressure often makes a slightly smaller size faster);
     - halfway to a neighbour that is more than 1% worse, until the sizes are 10% apart.
 
-    A later stage starts from what the earlier ones learned: if their best size was below the
-    OOM edge (an interior sweet spot), this stage's curve is theirs shifted by the memory it
-    saves, so it runs the equivalent size (``start``) and goes on (``local`` steps) only if that
-    beats the best so far (``to_beat``); otherwise it searches from its predicted edge and stops
-    as soon as it is more than 5% behind. The user's own micro-batch size, when given, runs
+    A later stage starts from what the earlier ones learned: if their best size was an interior
+    sweet spot, this stage runs the size :func:`carried_start` says (``start``) and goes on
+    (``local`` steps) only if that beats the best so far (``to_beat``); otherwise it searches
+    from its predicted edge and stops as soon as it is more than 5% behind. The user's own micro-batch size, when given, runs
     first as the baseline.
 
     The next size is a pure function of the observations, so a resumed or shared tuning

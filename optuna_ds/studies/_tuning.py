@@ -22,6 +22,7 @@ from optuna_ds.space import OFFLOAD_VARIANTS
 from optuna_ds.space import MicroBatchSearch
 from optuna_ds.space import Observation
 from optuna_ds.space import build_knob_space
+from optuna_ds.space import carried_start
 from optuna_ds.space import estimate_memory
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
@@ -65,10 +66,13 @@ def _humanize(n: float) -> str:
 class Tuning:
     """One tuning: the profile run, then one study per ZeRO stage in DeepSpeed's order.
 
-    Stages that cannot fit are skipped with the reason. With ``"stage": "all"`` DeepSpeed's
-    stop heuristics apply: a stage is skipped when its memory allows no larger micro-batch
-    than a lower stage already ran, and exploration stops at a stage no better than the one
-    below it. Stages the user lists explicitly are each tuned if they fit.
+    Stages that cannot fit are skipped with the reason; stage 3 that fits one sample at most
+    is tried with offload to CPU. Each stage's micro-batch search starts from what the earlier
+    ones learned (their runs bound the memory of a sample; their best size says where this
+    stage's sweet spot should be). With ``"stage": "all"`` DeepSpeed's stop heuristics apply: a
+    stage is skipped when its memory allows no larger micro-batch than a lower stage already
+    ran, and exploration stops at a stage no better than the one below it. Stages the user
+    lists explicitly are each tuned if they fit. The knob search (``"fast": false``) comes last.
     """
 
     def __init__(
@@ -390,11 +394,9 @@ class Tuning:
             if prev is not None and prev.best is not None and not self._user.micro_batch_sizes:
                 best_mbs = prev.best.micro_batch_size
                 search = dataclasses.replace(search, to_beat=sign * prev.best.value, probe_min=False)
-                if any(o.ok and m > best_mbs for m, o in prev_obs.items()):
-                    # An interior sweet spot: start where it leaves as much memory free.
-                    start = memory.equivalent(best_mbs, prev_free, {})
-                    if start:
-                        search = dataclasses.replace(search, start=min(cap, start), local=True)
+                start = carried_start(prev_obs, best_mbs, memory=memory, free=prev_free)
+                if start:
+                    search = dataclasses.replace(search, start=min(cap, start), local=True)
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
             if offload:
                 space = space.with_offload(offload)
