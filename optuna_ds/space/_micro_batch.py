@@ -89,9 +89,9 @@ class MemoryModel:
             return None
         return max(1, int(self.free // a))
 
-    def equivalent(self, mbs: int, free: float, obs: Mapping[int, Observation]) -> int | None:
+    def equivalent(self, mbs: int, free: float) -> int | None:
         """The size here that leaves the memory free that ``mbs`` left at a stage with ``free``."""
-        a = self.per_sample(obs)
+        a = self.per_sample({})
         if not a:
             return None
         return max(1, int(mbs + (self.free - free) // a))
@@ -110,7 +110,7 @@ def carried_start(previous: Mapping[int, Observation], best: int, *, memory: Mem
         return None
     per_sample = memory.per_sample({})
     if per_sample and best * per_sample >= PRESSURE_SHARE * free:
-        return memory.equivalent(best, free, {})
+        return memory.equivalent(best, free)
     return best
 
 
@@ -171,8 +171,13 @@ class MicroBatchSearch:
 
     def predicted_edge(self) -> int:
         """The largest size expected to fit before this stage has run anything."""
-        guess = self.memory.edge({}) if self.memory else None
-        return min(self.cap, guess) if guess else self.cap
+        guess = self._edge_guess({})
+        return guess if guess is not None else self.cap
+
+    def _edge_guess(self, obs: Mapping[int, Observation]) -> int | None:
+        """The memory model's edge within the configured maximum; ``None`` when it has none."""
+        guess = self.memory.edge(obs) if self.memory else None
+        return min(guess, self.cap) if guess is not None else None
 
     # -- the state machine -----------------------------------------------------------------
 
@@ -222,8 +227,8 @@ class MicroBatchSearch:
     def _first(self, obs: Mapping[int, Observation]) -> int:
         if self.start is not None and self.start not in obs:
             return self.start
-        guess = self.memory.edge(obs) if self.memory else None
-        return min(guess, self.cap) if guess is not None else self.cap
+        guess = self._edge_guess(obs)
+        return guess if guess is not None else self.cap
 
     def _want(self, size: int, pending: Set[int]) -> int:
         if size in pending:
@@ -258,9 +263,7 @@ class MicroBatchSearch:
         # Up: the best is the largest size that ran and larger ones may still pay.
         plateau = best == top and self._plateau(obs, below, top)
         if best == top and ceiling - top > max(1, int(EDGE_TOLERANCE * top)) and not plateau:
-            guess = self.memory.edge(obs) if self.memory else None
-            if guess is not None and guess > cap:
-                guess = cap  # memory allows more than the configured maximum
+            guess = self._edge_guess(obs)
             if guess is None or not top < guess < ceiling:
                 guess = (top + ceiling) // 2 if fail_above is not None else min(cap, top * 2)
             try:

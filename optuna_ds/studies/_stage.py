@@ -142,9 +142,7 @@ class StageTuner:
 
     def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace, search: MicroBatchSearch,
                  knobs: KnobSearch = KnobSearch.FULL) -> None:
-        self.ctx = self._ctx = ctx
-        self.stage = stage
-        self.space = space
+        self._ctx = ctx
         self._knobs = knobs
         self._study_name = study_name
         self._stage = stage
@@ -157,6 +155,19 @@ class StageTuner:
             storage=ctx.storage, study_name=study_name, direction=ctx.direction, load_if_exists=True
         )
         self._reap(force=True)
+
+    @property
+    def stage(self) -> int:
+        return self._stage
+
+    @property
+    def space(self) -> KnobSpace:
+        return self._space
+
+    def with_knobs(self, knobs: KnobSearch) -> StageTuner:
+        """This stage's tuner, searching as much of the knob space as ``knobs`` says."""
+        return StageTuner(ctx=self._ctx, study_name=self._study_name, stage=self._stage, space=self._space,
+                          search=self._search, knobs=knobs)
 
     # -- reading the study ------------------------------------------------------------------
 
@@ -360,7 +371,8 @@ class StageTuner:
             return Step.WAIT if running else Step.DONE
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
-        if first is not None and not any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials):
+        started = any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials)
+        if first is not None and not started:
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
             sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._search.best(obs)[0]}, sampler)
         elif self._duplicates >= _SAMPLER_DUPLICATES:
@@ -368,7 +380,7 @@ class StageTuner:
             # a grid point whose worker died): run an untried one.
             sampler = optuna.samplers.PartialFixedSampler(self._untried(search_space, taken), sampler)
         study = optuna.load_study(storage=ctx.storage, study_name=self._study_name, sampler=sampler, pruner=pruner)
-        if not any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials):
+        if not started:
             ctx.observer.log(f"[z{self._stage}] knob search: {len(self._space.tuned)} knob(s) x {len(tuning_list)} micro-batch size(s) = {size} configs, sampler {ctx.tuner_type}")
         self._optimize_one(study, Phase.KNOBS, tuning_list, lease, pruner)
         return Step.RAN

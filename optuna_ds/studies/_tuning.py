@@ -357,7 +357,7 @@ class Tuning:
         prev_obs: dict[int, Observation] = {}
         prev_edge = 0
         carried: list[tuple[float, int, bool]] = []  # what earlier stages' runs say of memory
-        tuned: list[tuple[StageTuner, MicroBatchSearch]] = []
+        tuned: list[StageTuner] = []
 
         def better_than(a_value: float, b_value: float) -> bool:
             return a_value > b_value if a.direction == "maximize" else a_value < b_value
@@ -411,7 +411,7 @@ class Tuning:
             tuner.study.set_metric_names([a.metric])
             self._record_stage(stage, "running", memory=estimate.to_dict(), offload=offload)
             tuner.run()
-            tuned.append((tuner, search))
+            tuned.append(tuner)
             observations = tuner.observations()
             carried += [(free, o.mbs, o.oom) for o in observations.values() if o.ok or o.oom]
             edge = search.edge(observations)
@@ -430,40 +430,36 @@ class Tuning:
                 prev_free = free
                 prev_obs = observations
         if not a.fast and prev is not None and prev.best is not None:
-            self._tune_knobs(tuned, sign * prev.best.value, sign, log)
+            self._tune_knobs(tuned, sign, log)
 
-    def _tune_knobs(self, tuned: list[tuple[StageTuner, MicroBatchSearch]], best: float, sign: float,
-                    log: Callable[[str], None]) -> None:
+    def _tune_knobs(self, tuned: list[StageTuner], sign: float, log: Callable[[str], None]) -> None:
         """The knob search, after every stage's micro-batch search. With ``"stage": "all"`` only
         the stages whose best is within 5% of the best of all take part (knobs rarely pay more):
         each runs DeepSpeed's recommended setting once, then the sampler searches at the best of
         them. Stages the user listed each get the whole search."""
-        def ranked(margin: float | None) -> list[tuple[StageTuner, MicroBatchSearch]]:
-            top = max([sign * r.best.value for r in (stage_result(t.study, t.stage) for t, _ in tuned) if r.best is not None], default=best)
-            out = []
-            for tuner, search in tuned:
-                result = stage_result(tuner.study, tuner.stage)
-                close = margin is None or sign * result.best.value >= top - margin * abs(top) if result.best is not None else False
-                if result.best is not None and tuner.space.tuned and close:
-                    out.append((-sign * result.best.value, tuner.stage, tuner, search))
-            return [(t, s) for *_, t, s in sorted(out, key=lambda r: r[:2])]
+        def ranked(margin: float | None) -> list[StageTuner]:
+            """The stages with knobs to tune, best first, within ``margin`` of the best of all."""
+            scored = [(sign * r.best.value, t) for t in tuned if (r := stage_result(t.study, t.stage)).best is not None]
+            top = max((score for score, _ in scored), default=0.0)
+            close = [(score, t) for score, t in scored
+                     if t.space.tuned and (margin is None or score >= top - margin * abs(top))]
+            return [t for _, t in sorted(close, key=lambda c: (-c[0], c[1].stage))]
 
-        searched: dict[int, StageTuner] = {}
+        searched: list[StageTuner] = []
 
-        def run(tuner: StageTuner, search: MicroBatchSearch, knobs: KnobSearch) -> None:
-            StageTuner(ctx=tuner.ctx, study_name=tuner.study.study_name, stage=tuner.stage, space=tuner.space,
-                       search=search, knobs=knobs).run()
-            searched[tuner.stage] = tuner
+        def run(tuner: StageTuner, knobs: KnobSearch) -> None:
+            tuner.with_knobs(knobs).run()
+            searched.append(tuner)
 
         if not self._user.all_stages:
-            for tuner, search in ranked(None):
-                run(tuner, search, KnobSearch.FULL)
+            for tuner in ranked(None):
+                run(tuner, KnobSearch.FULL)
         else:
-            for tuner, search in ranked(KNOB_STAGE_MARGIN):
-                run(tuner, search, KnobSearch.RECOMMENDED)
-            for tuner, search in ranked(KNOB_STAGE_MARGIN)[:1]:
-                run(tuner, search, KnobSearch.FULL)
-        for tuner in searched.values():
+            for tuner in ranked(KNOB_STAGE_MARGIN):
+                run(tuner, KnobSearch.RECOMMENDED)
+            for tuner in ranked(KNOB_STAGE_MARGIN)[:1]:  # ranked again: the recommended settings may reorder
+                run(tuner, KnobSearch.FULL)
+        for tuner in dict.fromkeys(searched):
             result = stage_result(tuner.study, tuner.stage)
             if result.best is not None:
                 log(f"[z{tuner.stage}] best with knobs: {result.best.name} {self._user.autotuning.metric}={result.best.value:.4g}")
