@@ -16,6 +16,8 @@ endif
 # virtual environment its own cache so two checkouts do not rebuild each other's ops.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
+# The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
+BENCH_ARGS ?= --random 100
 
 .PHONY: venv example test bench bench-parallel clean
 

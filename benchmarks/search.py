@@ -1,5 +1,9 @@
 """`make bench`: search quality of optuna-ds beside DeepSpeed's autotuner on simulated jobs.
 
+The jobs are the six hand-made surfaces of benchmarks/surfaces.py (regression cases) and
+``--random N`` generated ones (benchmarks/jobs.py): a search is judged on the distribution --
+mean, 5th percentile and worst share of the optimum -- not on a handful of cases.
+
 Both tools tune the same config on the same simulated surfaces (benchmarks/surfaces.py), with
 the simulated launcher (benchmarks/simulated_deepspeed.py) first on PATH as ``deepspeed`` and a
 no-op ``pdsh`` (DeepSpeed's autotuner ends each experiment with ``pdsh ... pkill``). Every
@@ -9,12 +13,19 @@ GPU-hours; the config each tool writes to ``ds_config_optimal.json`` is scored b
 
 DeepSpeed's autotuner is run as ``python -m deepspeed.launcher.runner --autotuning tune``; its
 scheduler's 5-second polling sleep is shortened to keep the benchmark short (it changes no
-decision and no simulated time).
+decision and no simulated time), and its knob experiments get the ``hostfile`` key that 0.19.8
+forgets (``KeyError: 'hostfile'``), so its full mode runs them. Its figures are deterministic
+for a job, so they are cached in ``benchmarks/deepspeed_figures.json`` (keyed by the job, the
+mode and DeepSpeed's version); ``--refresh-deepspeed`` runs it again.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import dataclasses
+import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -26,13 +37,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import jobs  # noqa: E402
 import surfaces  # noqa: E402
 
 ROOT = HERE.parent
 SIMULATOR = HERE / "simulated_deepspeed.py"
-NUM_GPUS = 8
+DS_CACHE = HERE / "deepspeed_figures.json"
 _DS_RUNNER = (
     "import sys, runpy, deepspeed.autotuning.scheduler as s; s.TIMEOUT = 0.02; "
+    "run = s.run_experiment; "
+    "s.run_experiment = lambda exp, *a: (exp.setdefault('hostfile', '/job/hostfile'), run(exp, *a))[1]; "
     "sys.argv = ['deepspeed'] + sys.argv[1:]; runpy.run_module('deepspeed.launcher.runner', run_name='__main__')"
 )
 
@@ -54,7 +68,7 @@ def _environment(work: Path, surface: surfaces.Surface) -> tuple[dict[str, str],
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     ledger = work / "ledger.jsonl"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", DS_ACCELERATOR="cpu", LOCAL_SIZE=str(NUM_GPUS),
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", DS_ACCELERATOR="cpu", LOCAL_SIZE=str(surface.num_gpus),
                SIM_SURFACE=surface.name, SIM_LEDGER=str(ledger), OPTUNA_DS_LOCK_DIR=str(work / "locks"),
                PYTHONPATH=str(ROOT))
     return env, ledger
@@ -68,9 +82,9 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
         (work / "ds_config.json").write_text(json.dumps(user_config(fast=fast, tuner_type=tuner_type)))
         script = ["train.py", "--deepspeed_config", "ds_config.json"]
         if tool == "optuna-ds":
-            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--launcher", str(SIMULATOR), "--num_gpus", str(NUM_GPUS), *script]
+            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--launcher", str(SIMULATOR), "--num_gpus", str(surface.num_gpus), *script]
         else:
-            cmd = [sys.executable, "-c", _DS_RUNNER, "--autotuning", "tune", "--num_gpus", str(NUM_GPUS), *script]
+            cmd = [sys.executable, "-c", _DS_RUNNER, "--autotuning", "tune", "--num_gpus", str(surface.num_gpus), *script]
         start = time.monotonic()
         p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
@@ -88,16 +102,18 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
             "launches": len(launches),
             "oom": sum(1 for l in launches if l["outcome"] == "oom"),
             "gpu_hours": sum(l["seconds"] * l["gpus"] for l in launches) / 3600.0,
-            "chosen": chosen,
+            "chosen": dataclasses.asdict(chosen) if chosen else None,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0,
             "wall": wall,
             "rc": p.returncode,
         }
 
 
-def _describe(c: surfaces.Config | None) -> str:
+def _describe(c: surfaces.Config | dict | None) -> str:
     if c is None:
         return "none"
+    if isinstance(c, dict):
+        c = surfaces.Config(**{**c, "knobs": tuple(tuple(kv) for kv in c["knobs"])})
     text = f"z{c.stage} mbs {c.mbs}"
     if c.offload_optimizer or c.offload_param:
         text += " offload " + "+".join(k for k, on in (("opt", c.offload_optimizer), ("param", c.offload_param)) if on)
@@ -108,12 +124,72 @@ def _describe(c: surfaces.Config | None) -> str:
     return text
 
 
+
+
+@dataclasses.dataclass
+class Run:
+    job: str
+    mode: str
+    label: str
+    share: float | None  # true throughput of the chosen config over the optimum; None: nothing fits
+    figures: dict
+
+
+def _fingerprint(surface: surfaces.Surface, *, fast: bool) -> str:
+    import deepspeed
+
+    text = repr(surface) + json.dumps(user_config(fast=fast, tuner_type="gridsearch"), sort_keys=True) + deepspeed.__version__
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _summarise(runs: list[Run], title: str) -> None:
+    by: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        by.setdefault((r.mode, r.label), []).append(r)
+    ds_ok = {(r.job, r.mode) for r in runs if r.label == "deepspeed" and r.figures["chosen"] is not None}
+    print()
+    print(f"{title}: share of the optimum over the jobs that have one; 'vs DeepSpeed' totals only the jobs where "
+          "DeepSpeed's autotuner found a config.")
+    print("| mode | tool | jobs | mean | p5 | worst | >= 0.99 | launches | OOM | GPU-h | launches vs DeepSpeed "
+          "| GPU-h vs DeepSpeed | worst where DeepSpeed found one |")
+    print("| :-- | :-- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |")
+    for (mode, label), group in by.items():
+        shares = [r.share for r in group if r.share is not None]
+        if not shares:
+            continue
+        theirs = {r.job: r for r in by.get((mode, "deepspeed"), [])}
+        both = [r for r in group if (r.job, mode) in ds_ok and r.job in theirs]
+        vs = "- | - | -"
+        if both and label != "deepspeed":
+            ds_launches = sum(theirs[r.job].figures["launches"] for r in both)
+            ds_hours = sum(theirs[r.job].figures["gpu_hours"] for r in both)
+            worst = min(r.share for r in both if r.share is not None)
+            vs = (f"{sum(r.figures['launches'] for r in both) / ds_launches:.2f} | "
+                  f"{sum(r.figures['gpu_hours'] for r in both) / ds_hours:.2f} | {worst:.3f}")
+        print(f"| {mode} | {label} | {len(shares)} | {sum(shares) / len(shares):.3f} | {_percentile(shares, 0.05):.3f} "
+              f"| {min(shares):.3f} | {sum(s >= 0.99 for s in shares) / len(shares):.0%} "
+              f"| {sum(r.figures['launches'] for r in group)} | {sum(r.figures['oom'] for r in group)} "
+              f"| {sum(r.figures['gpu_hours'] for r in group):.2f} | {vs} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--surfaces", nargs="+", default=[s.name for s in surfaces.SURFACES])
+    parser.add_argument("--surfaces", nargs="*", default=[s.name for s in surfaces.SURFACES],
+                        help="hand-made surfaces (default: all six)")
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="also N generated jobs (random-0 .. random-N-1)")
     parser.add_argument("--modes", nargs="+", default=["fast", "full"], choices=["fast", "full"])
-    parser.add_argument("--samplers", nargs="+", default=["model_based", "random", "gridsearch"])
+    parser.add_argument("--samplers", nargs="+", default=["model_based"], help="knob samplers of full mode")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed's autotuner")
+    parser.add_argument("--refresh-deepspeed", action="store_true", help="run DeepSpeed's autotuner even where cached")
+    parser.add_argument("--deepspeed-cache", type=Path, default=DS_CACHE)
+    parser.add_argument("--workers", type=int, default=2, help="tunings run at once")
     parser.add_argument("--keep", type=Path, help="copy each run's folder here")
     args = parser.parse_args()
     if args.keep:
@@ -123,53 +199,59 @@ def main() -> None:
         with_ds = not args.no_deepspeed
     except ImportError:
         with_ds = False
+    cache = json.loads(args.deepspeed_cache.read_text()) if with_ds and args.deepspeed_cache.exists() else {}
+    names = list(args.surfaces) + [f"random-{i}" for i in range(args.random)]
 
-    totals: dict[tuple[str, str], dict[str, float]] = {}
-    comparable: dict[tuple[str, str], dict[str, float]] = {}
-    print(f"simulated jobs on {NUM_GPUS} GPUs; GPU-hours are simulated experiment time x GPUs")
-    print("| surface | mode | tool | launches | OOM | GPU-h | chosen | true throughput / optimum |")
-    print("| :-- | :-- | :-- | --: | --: | --: | :-- | --: |")
-    for name in args.surfaces:
+    tasks = []
+    for name in names:
         surface = surfaces.by_name(name)
         for mode in args.modes:
             fast = mode == "fast"
-            runs: list[tuple[str, str]] = []
             if with_ds:
-                runs.append(("deepspeed", "gridsearch"))
-            runs += [("optuna-ds", s) for s in (args.samplers if not fast else args.samplers[:1])]
-            best, optimum = surface.optimum(fast=fast, offload=True)
-            ds_best, ds_optimum = surface.optimum(fast=fast, offload=False)
-            results = []
-            for tool, sampler in runs:
-                r = run_tool(tool, surface, fast=fast, tuner_type=sampler, keep=args.keep)
-                label = tool if tool == "deepspeed" else f"optuna-ds {sampler}" if not fast else "optuna-ds"
-                share = r["true"] / optimum if optimum else 0.0
-                results.append((tool, label, share, r))
-                t = totals.setdefault((mode, label), {"launches": 0, "oom": 0, "gpu_hours": 0.0, "worst": 1.0, "runs": 0})
-                t["launches"] += r["launches"]
-                t["oom"] += r["oom"]
-                t["gpu_hours"] += r["gpu_hours"]
-                t["worst"] = min(t["worst"], share)
-                t["runs"] += 1
-                print(f"| {name} | {mode} | {label} | {r['launches']} | {r['oom']} | {r['gpu_hours']:.2f} | {_describe(r['chosen'])} "
-                      f"| {share:.3f} |", flush=True)
-            if any(tool == "deepspeed" and r["chosen"] is not None for tool, _, _, r in results):
-                for _, label, share, r in results:
-                    c = comparable.setdefault((mode, label), {"launches": 0, "gpu_hours": 0.0, "worst": 1.0})
-                    c["launches"] += r["launches"]
-                    c["gpu_hours"] += r["gpu_hours"]
-                    c["worst"] = min(c["worst"], share)
-            print(f"| {name} | {mode} | optimum | | | | {_describe(best)} | 1.000 |"
-                  + ("" if ds_best == best else f" (without offload: {_describe(ds_best)}, {ds_optimum / optimum:.3f})"), flush=True)
-    print()
-    print("Totals; 'vs DeepSpeed' counts only the surfaces where DeepSpeed's autotuner found a config.")
-    print("| mode | tool | surfaces | launches | OOM launches | GPU-h | worst share of optimum | worst on DeepSpeed's surfaces | launches vs DeepSpeed | GPU-h vs DeepSpeed |")
-    print("| :-- | :-- | --: | --: | --: | --: | --: | --: | --: | --: |")
-    for (mode, label), t in totals.items():
-        mine = comparable.get((mode, label))
-        theirs = comparable.get((mode, "deepspeed"))
-        vs = f"{mine['worst']:.3f} | {mine['launches'] / theirs['launches']:.2f} | {mine['gpu_hours'] / theirs['gpu_hours']:.2f}" if mine and theirs and theirs["launches"] else "- | - | -"
-        print(f"| {mode} | {label} | {t['runs']} | {t['launches']} | {t['oom']} | {t['gpu_hours']:.2f} | {t['worst']:.3f} | {vs} |")
+                tasks.append((name, mode, "deepspeed", "gridsearch"))
+            for sampler in args.samplers[:1] if fast else args.samplers:
+                tasks.append((name, mode, "optuna-ds" if fast else f"optuna-ds {sampler}", sampler))
+
+    def execute(task: tuple[str, str, str, str]) -> dict:
+        name, mode, label, sampler = task
+        surface = surfaces.by_name(name)
+        fast = mode == "fast"
+        if label == "deepspeed":
+            key = f"{name}|{mode}|{_fingerprint(surface, fast=fast)}"
+            if key in cache and not args.refresh_deepspeed:
+                return cache[key]
+            figures = run_tool("deepspeed", surface, fast=fast, tuner_type=sampler, keep=args.keep)
+            cache[key] = figures
+            return figures
+        return run_tool("optuna-ds", surface, fast=fast, tuner_type=sampler, keep=args.keep)
+
+    optima = {(name, mode): surfaces.by_name(name).optimum(fast=mode == "fast", offload=True)
+              for name in names for mode in args.modes}
+    print("simulated jobs; GPU-hours are simulated experiment time x GPUs")
+    print("| surface | mode | tool | launches | OOM | GPU-h | chosen | true throughput / optimum |")
+    print("| :-- | :-- | :-- | --: | --: | --: | :-- | --: |")
+    runs: list[Run] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        futures = [pool.submit(execute, t) for t in tasks]
+        for (name, mode, label, _), future in zip(tasks, futures):
+            figures = future.result()
+            best, optimum = optima[(name, mode)]
+            share = figures["true"] / optimum if optimum else None
+            runs.append(Run(job=name, mode=mode, label=label, share=share, figures=figures))
+            print(f"| {name} | {mode} | {label} | {figures['launches']} | {figures['oom']} | {figures['gpu_hours']:.2f} "
+                  f"| {_describe(figures['chosen'])} | {'-' if share is None else f'{share:.3f}'} |", flush=True)
+            if label != "deepspeed" and (label == "optuna-ds" or label.endswith(args.samplers[-1])):
+                print(f"| {name} | {mode} | optimum | | | | {_describe(best)} | 1.000 |", flush=True)
+    if with_ds:
+        args.deepspeed_cache.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+    hand = [r for r in runs if not r.job.startswith("random-")]
+    generated = [r for r in runs if r.job.startswith("random-")]
+    if hand:
+        _summarise(hand, "Hand-made surfaces")
+    if generated:
+        _summarise(generated, f"{args.random} generated jobs")
+    if hand and generated:
+        _summarise(runs, "All jobs")
 
 
 if __name__ == "__main__":

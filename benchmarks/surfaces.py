@@ -100,6 +100,7 @@ class Surface:
     startup_s: float = 60.0  # process start, model build, DeepSpeed init
     steps: int = 5  # end_profile_step
     num_gpus: int = 8
+    device_gb: float = DEVICE_GB  # memory of one GPU
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -148,12 +149,12 @@ class Surface:
 
     def evaluate(self, config: Config) -> Outcome:
         used = self.memory_gb(config)
-        if used > DEVICE_GB:
+        if used > self.device_gb:
             return Outcome("oom", 0.0, self.startup_s + 8.0)
         if self._crashes(config):
             return Outcome("crash", 0.0, self.startup_s + 15.0)
         efficiency = config.mbs / (config.mbs + self.half_mbs)
-        share = used / DEVICE_GB
+        share = used / self.device_gb
         pressure = 1.0
         if share > self.pressure_from:
             pressure -= self.pressure_loss * (share - self.pressure_from) / (1.0 - self.pressure_from)
@@ -193,7 +194,7 @@ class Surface:
                     for mbs in range(1, max_mbs + 1):
                         config = Config(stage=stage, mbs=mbs, knobs=tuple(zip(names, values)),
                                         offload_optimizer=off_opt, offload_param=off_param)
-                        if self.memory_gb(config) > DEVICE_GB:
+                        if self.memory_gb(config) > self.device_gb:
                             break
                         yield config
 
@@ -266,26 +267,31 @@ SURFACES = [
 
 
 def by_name(name: str) -> Surface:
+    """A hand-made surface, or ``random-<seed>``: the generated job of that seed."""
     for s in SURFACES:
         if s.name == name:
             return s
+    if name.startswith("random-") and name[len("random-"):].isdigit():
+        from jobs import random_job
+
+        return random_job(int(name[len("random-"):]))
     raise KeyError(name)
 
 
-def scale(device_memory: float) -> float:
-    """The tools' device memory over the surface's 80 GB."""
-    return device_memory / (DEVICE_GB * GB)
+def scale(surface: Surface, device_memory: float) -> float:
+    """The tools' device memory over the surface's GPU memory."""
+    return device_memory / (surface.device_gb * GB)
 
 
 def model_info(surface: Surface, device_memory: float) -> dict[str, Any]:
     """What the engine's profile run reports, scaled to ``device_memory``: the parameter count
     such that 16 bytes per parameter are the surface's instantiation memory, and the activation
     memory of one sample."""
-    k = scale(device_memory)
+    k = scale(surface, device_memory)
     num_params = int(surface.params_b * GB * k)
     return {"num_params": num_params, "trainable_num_params": num_params,
             "activation_mem_per_gpu": int(surface.act_gb * GB * k)}
 
 
 def fits(surface: Surface, config: Config) -> bool:
-    return math.isfinite(surface.memory_gb(config)) and surface.memory_gb(config) <= DEVICE_GB
+    return math.isfinite(surface.memory_gb(config)) and surface.memory_gb(config) <= surface.device_gb

@@ -53,9 +53,23 @@ def test_the_simulated_launcher_answers_like_deepspeed(tmp_path: Path) -> None:
     assert [e["outcome"] for e in entries] == ["ok", "oom"] and entries[0]["gpus"] == 2
 
 
-def test_the_benchmark_runs_both_tools_and_prints_their_figures() -> None:
-    p = subprocess.run([sys.executable, str(BENCH / "search.py"), "--surfaces", "small-plateau", "--modes", "fast"],
-                       capture_output=True, text=True, timeout=600)
+def test_generated_jobs_are_deterministic_and_varied() -> None:
+    import jobs
+
+    assert repr(jobs.random_job(7)) == repr(surfaces.by_name("random-7")) == repr(jobs.random_job(7))
+    generated = [jobs.random_job(seed) for seed in range(100)]
+    assert len({repr(j) for j in generated}) == 100
+    assert {j.num_gpus for j in generated} >= {1, 2, 4, 8, 16} and len({j.device_gb for j in generated}) >= 4
+    assert sum(j.cliff_mbs > 0 for j in generated) >= 10 and sum(j.crash is not None for j in generated) >= 5
+    assert sum(j.pressure_loss > 0 for j in generated) >= 40 and min(j.noise for j in generated) < 0.01 < 0.03 < max(j.noise for j in generated)
+    best_stages = {j.optimum(fast=True, offload=True)[0].stage for j in generated if j.optimum(fast=True, offload=True)[0]}
+    assert best_stages == {0, 1, 2, 3}, "the optimum lies at every stage on some job"
+
+
+def test_the_benchmark_runs_both_tools_and_prints_their_figures(tmp_path: Path) -> None:
+    cache = tmp_path / "ds.json"
+    p = subprocess.run([sys.executable, str(BENCH / "search.py"), "--surfaces", "small-plateau", "--random", "1", "--modes", "fast",
+                        "--deepspeed-cache", str(cache)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     rows = {}
     for line in p.stdout.splitlines():
@@ -67,3 +81,5 @@ def test_the_benchmark_runs_both_tools_and_prints_their_figures() -> None:
         assert launches > 1 and 0 <= oom < launches and gpu_hours > 0
         assert chosen.startswith("z") and 0.5 < share <= 1.0
     assert "| fast | optuna-ds |" in p.stdout and "GPU-h vs DeepSpeed" in p.stdout
+    assert "| random-0 | fast | deepspeed |" in p.stdout and "1 generated jobs" in p.stdout
+    assert len(json.loads(cache.read_text())) == 2, "DeepSpeed's figures are cached per job and mode"
