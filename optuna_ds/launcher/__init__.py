@@ -1,6 +1,9 @@
 """Layer 4: launching DeepSpeed experiments on GPUs and classifying what happened."""
 
 from optuna_ds.launcher._classify import OOM_PATTERNS
+from optuna_ds.launcher._classify import BadMetrics
+from optuna_ds.launcher._classify import clean_text
+from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._experiment import Experiment
@@ -19,6 +22,7 @@ from optuna_ds.launcher._runner import deferred_signals
 from optuna_ds.launcher._runner import kill_process_group
 
 __all__ = [
+    "BadMetrics",
     "Experiment",
     "ExperimentInterrupted",
     "ExperimentResult",
@@ -32,8 +36,10 @@ __all__ = [
     "Slot",
     "SlotPool",
     "classify",
+    "clean_text",
     "deferred_signals",
     "discover_resources",
     "kill_process_group",
+    "read_metrics",
     "telling_line",
 ]
