@@ -83,6 +83,7 @@ def main():
     if behaviour == "no_metrics":
         return done(0)
     if behaviour in ("hang", "ignore_sigterm"):
+        print("UserWarning: torch.distributed ErrorHandler is deprecated", file=sys.stderr, flush=True)
         if behaviour == "ignore_sigterm":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(3600)

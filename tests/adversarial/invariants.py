@@ -46,8 +46,12 @@ class Hostile(Workspace):
         (base / "ws").mkdir()
         super().__init__(base / "ws")
         (self.root / "notes.txt").write_text("the user's notes\n")
-        self.own = [self.results, self.root / "autotuning_exps", self.launch_log]
+        self.own = [self.results, self.root / "autotuning_exps", self.launch_log, base / "locks"]
         self._before = self.snapshot()
+
+    def env(self, surface: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:  # type: ignore[override]
+        # GPU leases of this workspace only: the node's are shared with every other tuning here.
+        return super().env(surface, **{"OPTUNA_DS_LOCK_DIR": str(self.base / "locks"), **extra})
 
     def hostile(self, config: str = "ds_config.json", *extra: str, table: dict[str, Any] | None = None,
                 command: str = "tune", timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
