@@ -20,7 +20,7 @@ def _abbreviate(key: str) -> str:
 def _format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "T" if value else "F"
-    if isinstance(value, (int, float)) and abs(value) >= 10000:
+    if isinstance(value, (int, float)) and 10000 <= abs(value) < 1e300:  # also not inf, nan or a 400-digit int
         mantissa, exponent = f"{float(value):.1e}".split("e")
         mantissa = mantissa.rstrip("0").rstrip(".")
         return f"{mantissa}e{int(exponent)}"
