@@ -13,7 +13,7 @@ from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 
 _POLL_SECONDS = 0.05
-_TELL_AFTER = 5.0
+_TELL_AFTER = 2.0
 
 
 def default_lock_dir() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import io
 import hashlib
@@ -104,9 +103,15 @@ class Hostile(Workspace):
 
     def assert_finished_once(self) -> None:
         """No experiment that wrote its metrics was launched again."""
-        finished = collections.Counter(e["name"] for e in self.events() if e["event"] == "end" and e["metrics"])
-        started = collections.Counter(e["name"] for e in self.experiments())
-        again = {name: started[name] for name in finished if started[name] > 1}
+        finished: set[str] = set()
+        again = []
+        for e in self.events():
+            if e["profile"] or e["training"]:
+                continue
+            if e["event"] == "start" and e["name"] in finished:
+                again.append(e["name"])
+            if e["event"] == "end" and e["metrics"]:
+                finished.add(e["name"])
         assert not again, f"finished experiments launched again: {again}"
 
     def assert_nothing_left(self) -> None:
