@@ -96,18 +96,17 @@ def test_an_experiment_that_finished_after_its_tuner_died_is_kept(hws: Hostile) 
     hws.assert_untouched()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_sigkill_at_random_moments_then_resume(hws: Hostile, seed: int) -> None:
-    """Kill the tuner with SIGKILL twice at random moments (profile, experiments, writing the
+def test_sigkill_at_random_moments_then_resume(hws: Hostile) -> None:
+    """Kill the tuner with SIGKILL at random moments (profile, experiments, writing the
     outputs); the same command then finishes, and no finished experiment ran twice."""
-    rng = random.Random(seed)
+    rng = random.Random()
     config = base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8])
     config["autotuning"] = {"enabled": True}  # with the profile run
     hws.config(config)
     table = {"default": "slow"}
-    for _ in range(2):
+    for _ in range(3):
         tuner = hws.popen("tune", *hws.hostile_args(), table=table, HOSTILE_DS_SLOW="0.5")
-        time.sleep(rng.uniform(1.0, 4.0))
+        time.sleep(rng.uniform(0.5, 4.0))
         os.kill(tuner.pid, signal.SIGKILL)
         tuner.communicate()
     proc = hws.hostile(table=table, env=hws.env(HOSTILE_DS_TABLE=json.dumps(table), HOSTILE_DS_SLOW="0.5"))
