@@ -27,11 +27,14 @@ from optuna_ds.config import parse_user_config
 from optuna_ds.config import replace_config_path
 from optuna_ds.config import set_arg
 from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import MARK_VAR
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
+from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
+from optuna_ds.launcher import new_mark
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
@@ -388,7 +391,8 @@ def run_training(command: Sequence[str]) -> int:
     Interrupted (Ctrl-C or SIGTERM), it ends the training's process group and returns
     128 + the signal number.
     """
-    proc = subprocess.Popen(list(command), start_new_session=True)
+    mark = new_mark()
+    proc = subprocess.Popen(list(command), start_new_session=True, env=dict(os.environ, **{MARK_VAR: mark}))
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         return proc.wait()
@@ -396,6 +400,7 @@ def run_training(command: Sequence[str]) -> int:
         with deferred_signals():
             kill_process_group(proc.pid, leader=proc)
             proc.wait()
+            end_marked(mark)
         return 128 + (e.signum if isinstance(e, TuningInterrupted) else signal.SIGINT)
     finally:
         if previous is not None:

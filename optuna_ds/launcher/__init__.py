@@ -15,6 +15,9 @@ from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import discover_resources
 from optuna_ds.launcher._slots import Lease
+from optuna_ds.launcher._tracking import MARK_VAR
+from optuna_ds.launcher._tracking import end_marked
+from optuna_ds.launcher._tracking import new_mark
 from optuna_ds.launcher._slots import SlotPool
 from optuna_ds.launcher._runner import ExperimentInterrupted
 from optuna_ds.launcher._runner import ExperimentRunner
@@ -29,6 +32,7 @@ __all__ = [
     "ExperimentRunner",
     "FailureReason",
     "LauncherOptions",
+    "MARK_VAR",
     "Lease",
     "OOM_PATTERNS",
     "Phase",
@@ -39,7 +43,9 @@ __all__ = [
     "clean_text",
     "deferred_signals",
     "discover_resources",
+    "end_marked",
     "kill_process_group",
+    "new_mark",
     "read_metrics",
     "telling_line",
 ]

@@ -69,6 +69,10 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(done(143)))
     if training:
         print(f"training with micro-batch {mbs}", flush=True)
+        if behaviour == "setsid":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+            entry["children"].append(child.pid)
+            log(dict(entry, event="child"))
         time.sleep(float(os.environ.get("HOSTILE_DS_TRAIN_SECONDS", "0")))
         return done(0)
     if behaviour == "huge_stderr":

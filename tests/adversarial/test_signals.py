@@ -61,8 +61,8 @@ def test_a_signal_at_each_phase_of_tune(hws: Hostile, phase: str, signum: int) -
 
 def test_sigterm_during_runs_training(hws: Hostile) -> None:
     hws.config(base_config())
-    runner = hws.popen("run", *hws.hostile_args(), table={"training": "ok"}, HOSTILE_DS_TRAIN_SECONDS="60")
-    _wait_for(lambda: any(e["training"] for e in hws.events()))
+    runner = hws.popen("run", *hws.hostile_args(), table={"training": "setsid"}, HOSTILE_DS_TRAIN_SECONDS="60")
+    _wait_for(lambda: any(e["training"] and e["children"] for e in hws.events()))
     os.kill(runner.pid, signal.SIGTERM)
     out, err = runner.communicate(timeout=60)
     assert runner.returncode == 143, (runner.returncode, err)
