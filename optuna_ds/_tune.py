@@ -379,9 +379,11 @@ def report(*, storage: str, study_name: str, output: str) -> str:
     user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
     result = load_result(store, plan, user)
     summary = summary_text(result, advice=None)
-    if os.path.isdir(output) or not os.access(folder, os.W_OK):
-        raise ConfigError(f"cannot write the report {output}: not a writable file path")
-    write_report(load_report(store, study_name, metric=result.metric, maximize=result.direction == "maximize"), output, summary=summary)
+    data = load_report(store, study_name, metric=result.metric, maximize=result.direction == "maximize")
+    try:
+        write_report(data, output, summary=summary)
+    except OSError as e:
+        raise ConfigError(f"cannot write the report {output}: {e.strerror or e}") from None
     return summary
 
 

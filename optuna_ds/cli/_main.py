@@ -50,7 +50,6 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _tune_from_cli(kwargs: dict[str, Any], script: str, script_args: tuple[str, ...]) -> Any:
-
     from optuna_ds._tune import TuneOptions
     from optuna_ds._tune import tune
     from optuna_ds.launcher import LauncherOptions
@@ -151,7 +150,6 @@ def report(storage: str, study_name: str, output: str) -> None:
     from optuna_ds._tune import report as write
 
     _quiet_optuna()
-
     summary = write(storage=storage, study_name=study_name, output=output)
     click.echo(summary.rstrip())
     click.echo(f"Wrote {output}")
