@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -19,16 +21,20 @@ import optuna
 from optuna_ds._errors import ConfigError
 from optuna_ds._errors import OptunaDSError
 from optuna_ds.config import UserConfig
+from optuna_ds.config import check_gpus
 from optuna_ds.config import load_user_config
 from optuna_ds.config import parse_user_config
 from optuna_ds.config import replace_config_path
 from optuna_ds.config import set_arg
 from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import MARK_VAR
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
+from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
+from optuna_ds.launcher import new_mark
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
@@ -38,6 +44,7 @@ from optuna_ds.reporting import write_report
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.storage import TuningPlan
+from optuna_ds.storage import check_study_name
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import default_storage_url
 from optuna_ds.storage import delete_tuning
@@ -98,6 +105,19 @@ def resolve_launcher(path: str | None) -> list[str]:
     return [os.path.abspath(path)]
 
 
+def writable_folder(path: str, *, what: str) -> None:
+    """Create ``path`` if needed and prove we can write there, before anything is launched:
+    a folder we cannot write must be one line now, not a lost profile run."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what} {path} is not writable: {e.strerror or e}") from None
+
+
 def _training_args(script_args: Sequence[str], config_path: str, user: UserConfig, config: dict) -> list[str]:
     args = replace_config_path(script_args, config_path)
     for key, flag in user.arg_mappings.items():
@@ -121,6 +141,11 @@ def _runner(plan: TuningPlan, user: UserConfig, resources: Resources, launcher: 
     )
 
 
+def _child_of(folder: str, path: str) -> bool:
+    """Whether ``path`` is an entry directly inside ``folder``, links resolved."""
+    return os.path.dirname(os.path.realpath(path)) == os.path.realpath(folder)
+
+
 def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: str, results_dir: str, exps_dir: str) -> None:
     """``--overwrite``: delete the studies and the files of their experiments, nothing else."""
     dirs = set()
@@ -132,10 +157,13 @@ def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: s
     dirs.add((os.path.join(results_dir, "profile_model_info"), "profile_model_info"))
     delete_tuning(storage, study_name)
     for result_dir, name in dirs:
-        shutil.rmtree(result_dir, ignore_errors=True)
-        if name:
+        # The storage is not trusted to name what may be deleted: only our own folders.
+        if _child_of(results_dir, result_dir):
+            shutil.rmtree(result_dir, ignore_errors=True)
+        description = os.path.join(exps_dir, f"{name}.json")
+        if name and _child_of(exps_dir, description):
             try:
-                os.remove(os.path.join(exps_dir, f"{name}.json"))
+                os.remove(description)
             except OSError:
                 pass
     for name in ("summary.txt", "ds_config_optimal.json", "cmd_optimal.txt"):
@@ -159,13 +187,17 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     a = user.autotuning
     if not a.enabled:
         raise ConfigError(f'autotuning is not enabled in {user.path}: add "autotuning": {{"enabled": true}}')
-    if options.trial_timeout is not None and options.trial_timeout <= 0:
-        raise ConfigError(f"--trial-timeout must be positive, got {options.trial_timeout}")
+    if options.trial_timeout is not None and not (math.isfinite(options.trial_timeout) and options.trial_timeout > 0):
+        raise ConfigError(f"--trial-timeout must be a positive number of seconds, got {options.trial_timeout}")
+    check_study_name(options.study_name)
     launcher = resolve_launcher(options.launcher)
     results_dir = os.path.abspath(options.results_dir or a.results_dir)
     exps_dir = os.path.abspath(options.exps_dir or a.exps_dir)
     overwrite = a.overwrite if options.overwrite is None else options.overwrite
     resources = discover_resources(options.launcher_options)
+    check_gpus(user, total_gpus=resources.total_gpus)
+    for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
+        writable_folder(folder, what=what)
 
     url = options.storage or default_storage_url(results_dir)
     storage = create_storage(url)
@@ -254,6 +286,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
     """Join the tuning stored under ``options.study_name`` and run its experiments on this
     node's GPUs until it is done. Everything else comes from the plan in the storage."""
     observer = observer or PrintObserver()
+    check_study_name(options.study_name)
     storage = create_storage(options.storage)
     plan = _wait_for_plan(storage, options, observer.log)
     user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
@@ -279,6 +312,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
     resources = discover_resources(launcher_options)
     if resources.multi_node and resources.nodes_per_experiment == 1:
         resources = resources.restricted_to(_local_hosts())
+    check_gpus(user, total_gpus=resources.total_gpus)
     runner = _runner(plan, user, resources, launcher, launcher_options)
     observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
     tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
@@ -335,14 +369,21 @@ def report(*, storage: str, study_name: str, output: str) -> str:
     """Write the HTML report of the tuning stored under ``study_name``; return its summary."""
     from optuna_ds.studies import load_result
 
-    store = create_storage(storage)
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"cannot write the report {output}: folder {folder} does not exist")
+    store = create_storage(storage, create=False)
     plan = load_plan(store, study_name)
     if plan is None:
         raise ConfigError(f"storage {redact_url(storage)} holds no tuning named '{study_name}'")
     user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
     result = load_result(store, plan, user)
     summary = summary_text(result, advice=None)
-    write_report(load_report(store, study_name, metric=result.metric, maximize=result.direction == "maximize"), output, summary=summary)
+    data = load_report(store, study_name, metric=result.metric, maximize=result.direction == "maximize")
+    try:
+        write_report(data, output, summary=summary)
+    except OSError as e:
+        raise ConfigError(f"cannot write the report {output}: {e.strerror or e}") from None
     return summary
 
 
@@ -352,7 +393,8 @@ def run_training(command: Sequence[str]) -> int:
     Interrupted (Ctrl-C or SIGTERM), it ends the training's process group and returns
     128 + the signal number.
     """
-    proc = subprocess.Popen(list(command), start_new_session=True)
+    mark = new_mark()
+    proc = subprocess.Popen(list(command), start_new_session=True, env=dict(os.environ, **{MARK_VAR: mark}))
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         return proc.wait()
@@ -360,6 +402,7 @@ def run_training(command: Sequence[str]) -> int:
         with deferred_signals():
             kill_process_group(proc.pid, leader=proc)
             proc.wait()
+            end_marked(mark)
         return 128 + (e.signum if isinstance(e, TuningInterrupted) else signal.SIGINT)
     finally:
         if previous is not None:

@@ -50,16 +50,12 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _tune_from_cli(kwargs: dict[str, Any], script: str, script_args: tuple[str, ...]) -> Any:
-    import optuna
-
     from optuna_ds._tune import TuneOptions
     from optuna_ds._tune import tune
     from optuna_ds.launcher import LauncherOptions
     from optuna_ds.reporting import Progress
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    # Heartbeats and metric names are Optuna features we rely on knowingly.
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    _quiet_optuna()
     progress = Progress(quiet=kwargs.pop("quiet"), verbose=kwargs.pop("verbose"))
     launcher_options = LauncherOptions(**{k: kwargs.pop(k) for k in ("num_gpus", "num_nodes", "hostfile", "include", "exclude", "master_port", "master_addr")})
     options = TuneOptions(script=script, script_args=list(script_args), launcher_options=launcher_options, **kwargs)
@@ -129,15 +125,12 @@ def worker(storage: str, study_name: str, launcher: str | None, seed: int | None
     at the same path here (a shared file system or a copy). Waits if the tuning has not been
     started yet; exits 0 once it is done.
     """
-    import optuna
-
     from optuna_ds._tune import WorkerOptions
     from optuna_ds._tune import work
     from optuna_ds.launcher import LauncherOptions
     from optuna_ds.reporting import Progress
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    _quiet_optuna()
     progress = Progress(quiet=quiet, verbose=verbose)
     options = WorkerOptions(storage=storage, study_name=study_name, launcher_options=LauncherOptions(**launcher_kwargs), launcher=launcher, seed=seed)
     try:
@@ -156,6 +149,7 @@ def report(storage: str, study_name: str, output: str) -> None:
     """Write a self-contained HTML report of a tuning: plots and every experiment."""
     from optuna_ds._tune import report as write
 
+    _quiet_optuna()
     summary = write(storage=storage, study_name=study_name, output=output)
     click.echo(summary.rstrip())
     click.echo(f"Wrote {output}")
@@ -172,9 +166,37 @@ def dashboard(storage: str, host: str, port: int) -> None:
     from optuna_ds.storage import create_storage
     from optuna_ds.storage import redact_url
 
-    store = create_storage(storage)
+    _quiet_optuna()
+    _check_bindable(host, port)
+    store = create_storage(storage, create=False)
     click.echo(f"optuna-dashboard on http://{host}:{port}/ for {redact_url(storage)} (Ctrl-C to stop)")
-    optuna_dashboard.run_server(store, host=host, port=port)
+    try:
+        optuna_dashboard.run_server(store, host=host, port=port)
+    except OSError as e:
+        raise click.UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+
+
+def _quiet_optuna() -> None:
+    """Heartbeats and metric names are Optuna's experimental features, relied on knowingly:
+    their warnings are ours to know, not the user's."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Bind once before serving, so a port in use or a bad host is one line, not a traceback."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except (OSError, UnicodeError) as e:
+        raise click.UsageError(f"cannot serve on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _interrupted(cause: BaseException | None) -> None:
@@ -185,30 +207,38 @@ def _interrupted(cause: BaseException | None) -> None:
     sys.exit(128 + signum)
 
 
+def _error(message: str) -> None:
+    from optuna_ds._redact import redact_text
+
+    click.echo(redact_text(message), err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: bad input is one line on stderr and exit status 2, never a traceback."""
     try:
         cli.main(args=argv, prog_name="optuna-ds", standalone_mode=False)
     except click.exceptions.UsageError as e:
         ctx = f" ({e.ctx.command_path})" if e.ctx is not None else ""
-        click.echo(f"optuna-ds: error{ctx}: {e.format_message()}", err=True)
+        _error(f"optuna-ds: error{ctx}: {e.format_message()}")
         sys.exit(2)
     except click.exceptions.Abort as e:  # click's wrapping of KeyboardInterrupt
         _interrupted(e.__cause__)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
-        click.echo(f"optuna-ds: error: {e.format_message()}", err=True)
+        _error(f"optuna-ds: error: {e.format_message()}")
         sys.exit(e.exit_code)
     except OptunaDSError as e:
-        click.echo(f"optuna-ds: error: {e}", err=True)
+        _error(f"optuna-ds: error: {e}")
         sys.exit(e.exit_code)
     except KeyboardInterrupt as e:
         _interrupted(e)
     except Exception as e:  # a bug of ours: one line, and the traceback kept for the report
+        from optuna_ds._redact import redact_text
+
         with tempfile.NamedTemporaryFile("w", prefix="optuna-ds-crash-", suffix=".log", delete=False) as f:
-            traceback.print_exc(file=f)
-        click.echo(f"optuna-ds: internal error: {type(e).__name__}: {e} (traceback in {f.name})", err=True)
+            f.write(redact_text(traceback.format_exc()))
+        _error(f"optuna-ds: internal error: {type(e).__name__}: {e} (traceback in {f.name})")
         sys.exit(1)
     sys.exit(0)
 

@@ -12,6 +12,7 @@ from optuna_ds.config._user_config import MBS_KEY
 from optuna_ds.config._user_config import TBS_KEY
 from optuna_ds.config._user_config import ZERO_KEY
 from optuna_ds.config._user_config import UserConfig
+from optuna_ds.config._user_config import check_gpus
 from optuna_ds.config._user_config import load_json_file
 from optuna_ds.config._user_config import load_user_config
 from optuna_ds.config._user_config import parse_user_config
@@ -24,6 +25,7 @@ __all__ = [
     "TBS_KEY",
     "UserConfig",
     "ZERO_KEY",
+    "check_gpus",
     "find_arg",
     "find_config_path",
     "load_json_file",

@@ -46,13 +46,30 @@ def load_json_file(path: str, *, what: str = "DeepSpeed config") -> dict[str, An
         raise ConfigError(f"{what} {path} cannot be read: {e}") from None
     try:
         data = json.loads(text, object_pairs_hook=_reject_duplicates)
+    except RecursionError:
+        raise ConfigError(f"{what} {path} is nested too deeply") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
         raise ConfigError(f"{what} {path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
+    if _depth(data) > MAX_DEPTH:
+        raise ConfigError(f"{what} {path} is nested more than {MAX_DEPTH} levels deep")
     return data
+
+
+MAX_DEPTH = 64  # DeepSpeed configs nest three or four levels; copying a deeper one could overflow the stack
+
+
+def _depth(data: Any) -> int:
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _int_or_auto(config: dict[str, Any], key: str, *, allow_list: bool) -> int | list[int] | str | None:
@@ -75,6 +92,45 @@ def _int_or_auto(config: dict[str, Any], key: str, *, allow_list: bool) -> int |
     raise ConfigError(f"{key} must be {expected}, got {value!r}")
 
 
+# zero_optimization keys whose type DeepSpeed checks only once the engine starts: checked here,
+# so that a typo fails in one line before the profile run instead of as every experiment.
+_ZERO_NUMBERS = frozenset({
+    "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size", "prefetch_bucket_size",
+    "param_persistence_threshold", "max_live_parameters", "max_reuse_distance", "zero_hpz_partition_size",
+})
+_ZERO_BOOLS = frozenset({
+    "overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
+    "elastic_checkpoint", "load_from_fp32_weights", "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
+})
+_ZERO_SECTIONS = frozenset({"offload_optimizer", "offload_param"})
+_OFFLOAD_DEVICES = ("cpu", "nvme", "none")
+
+
+def _check_zero_section(zero: dict[str, Any]) -> None:
+    """Types of the ZeRO keys we tune or pass on: a value, or a list of values to tune."""
+    for key, value in zero.items():
+        name = f"{ZERO_KEY}.{key}"
+        if key in _ZERO_SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f'{name} must be an object such as {{"device": "cpu"}}, got {value!r}')
+            device = value.get("device", "none")
+            if device not in _OFFLOAD_DEVICES:
+                raise ConfigError(f"{name}.device must be one of {', '.join(_OFFLOAD_DEVICES)}, got {device!r}")
+            continue
+        values = value if isinstance(value, list) else [value]
+        if key in _ZERO_NUMBERS:
+            bad = [v for v in values if v != "auto" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"))]
+            if bad:
+                raise ConfigError(f'{name} must be a non-negative number, a list of them, or "auto", got {value!r}')
+        elif key in _ZERO_BOOLS:
+            if not all(isinstance(v, bool) for v in values):
+                raise ConfigError(f"{name} must be true, false or a list of them, got {value!r}")
+
+
 def _parse_stages(config: dict[str, Any]) -> tuple[list[int], bool]:
     """Return the stages to explore and whether the user asked for "all" of them."""
     zero = config.get(ZERO_KEY)
@@ -82,11 +138,14 @@ def _parse_stages(config: dict[str, Any]) -> tuple[list[int], bool]:
         return [0], False
     if not isinstance(zero, dict):
         raise ConfigError(f"{ZERO_KEY} must be an object, got {zero!r}")
+    _check_zero_section(zero)
     stage = zero.get("stage", 0)
     if stage == "all":
         return list(ALL_STAGES), True
     stages = stage if isinstance(stage, list) else [stage]
-    if not stages or not all(s in ALL_STAGES and not isinstance(s, bool) for s in stages):
+    # 1.0 is stage 1 for DeepSpeed too; normalised here, so names and studies say z1, never z1.0.
+    stages = [int(s) if isinstance(s, float) and s.is_integer() else s for s in stages]
+    if not stages or not all(type(s) is int and s in ALL_STAGES for s in stages):
         raise ConfigError(f'{ZERO_KEY}.stage must be 0, 1, 2, 3, a list of them, or "all", got {stage!r}')
     return sorted(set(stages)), False
 
@@ -210,6 +269,23 @@ def parse_user_config(
         gradient_accumulation_steps=gas,
         train_batch_size=tbs,
     )
+
+
+def check_gpus(user: UserConfig, *, total_gpus: int) -> None:
+    """What the config says about the GPUs of one experiment, checked once they are known:
+    ``mp_size`` must divide them, and a fixed micro-batch, accumulation and global batch must
+    agree, as DeepSpeed's engine requires (they would otherwise be silently reinterpreted)."""
+    mp = user.autotuning.mp_size
+    if mp > total_gpus or total_gpus % mp:
+        raise ConfigError(f"autotuning.mp_size ({mp}) must divide the {total_gpus} GPU(s) of one experiment")
+    mbs, gas, tbs = (user.raw.get(k) for k in (MBS_KEY, GAS_KEY, TBS_KEY))
+    if all(type(v) is int for v in (mbs, gas, tbs)):
+        dp = total_gpus // mp
+        if tbs != mbs * gas * dp:
+            raise ConfigError(
+                f"{TBS_KEY} ({tbs}) is not {MBS_KEY} ({mbs}) x {GAS_KEY} ({gas}) x {dp} data-parallel GPU(s) "
+                f"= {mbs * gas * dp}: fix one of them, or leave {TBS_KEY} out"
+            )
 
 
 def load_user_config(script_args: Sequence[str]) -> UserConfig:

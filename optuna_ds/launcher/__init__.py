@@ -1,6 +1,9 @@
 """Layer 4: launching DeepSpeed experiments on GPUs and classifying what happened."""
 
 from optuna_ds.launcher._classify import OOM_PATTERNS
+from optuna_ds.launcher._classify import BadMetrics
+from optuna_ds.launcher._classify import clean_text
+from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._experiment import Experiment
@@ -12,6 +15,9 @@ from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import discover_resources
 from optuna_ds.launcher._slots import Lease
+from optuna_ds.launcher._tracking import MARK_VAR
+from optuna_ds.launcher._tracking import end_marked
+from optuna_ds.launcher._tracking import new_mark
 from optuna_ds.launcher._slots import SlotPool
 from optuna_ds.launcher._runner import ExperimentInterrupted
 from optuna_ds.launcher._runner import ExperimentRunner
@@ -19,12 +25,14 @@ from optuna_ds.launcher._runner import deferred_signals
 from optuna_ds.launcher._runner import kill_process_group
 
 __all__ = [
+    "BadMetrics",
     "Experiment",
     "ExperimentInterrupted",
     "ExperimentResult",
     "ExperimentRunner",
     "FailureReason",
     "LauncherOptions",
+    "MARK_VAR",
     "Lease",
     "OOM_PATTERNS",
     "Phase",
@@ -32,8 +40,12 @@ __all__ = [
     "Slot",
     "SlotPool",
     "classify",
+    "clean_text",
     "deferred_signals",
     "discover_resources",
+    "end_marked",
     "kill_process_group",
+    "new_mark",
+    "read_metrics",
     "telling_line",
 ]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -22,13 +23,26 @@ OOM_PATTERNS = re.compile(
 _TAIL_BYTES = 256 * 1024
 
 
+# Terminal escape sequences, then any other control byte but newline and tab: a run's output
+# is shown on the user's terminal and stored, and must not drive either.
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` without terminal escapes and control characters (a lone CR ends a line)."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub("", _ESCAPES.sub("", text))
+
+
 def read_tail(path: str, *, max_bytes: int = _TAIL_BYTES) -> str:
+    """The end of a run's output file, as clean text."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
-            return f.read().decode("utf-8", errors="replace")
+            return clean_text(f.read().decode("utf-8", errors="replace"))
     except OSError:
         return ""
 
@@ -50,19 +64,33 @@ def telling_line(stderr_tail: str) -> str:
     return lines[-1] if lines else ""
 
 
+class BadMetrics(ValueError):
+    """The metrics file exists but does not hold a usable measurement."""
+
+
 def read_metrics(path: str, metric_key: str | None) -> dict[str, Any] | None:
-    """The engine's metrics file, or ``None`` when absent, unreadable or lacking the metric."""
+    """The engine's metrics file; ``None`` when there is none. Raises :class:`BadMetrics` when
+    it is not a JSON object or ``metric_key`` is not a positive finite number: a throughput
+    of ``Infinity`` or ``-5`` is a broken run, never the best config."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
         return None
+    except OSError as e:
+        raise BadMetrics(f"metrics file unreadable: {e.strerror or e}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise BadMetrics(f"metrics file is not valid JSON ({clean_text(str(e))[:100]})") from None
     if not isinstance(data, dict):
-        return None
+        raise BadMetrics(f"metrics file holds {type(data).__name__}, not a JSON object")
     if metric_key is not None:
         value = data.get(metric_key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-            return None
+        if value is None:
+            raise BadMetrics(f"metrics file has no {metric_key!r}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise BadMetrics(f"metrics file's {metric_key} is {clean_text(repr(value))[:60]}, not a positive finite number")
     return data
 
 
@@ -73,12 +101,13 @@ def classify(
     metrics: dict[str, Any] | None,
     stdout_tail: str,
     stderr_tail: str,
+    metrics_problem: str = "",
 ) -> tuple[FailureReason | None, str]:
     """Decide an experiment's outcome from structured signals: timeout, the metrics file,
     out-of-memory signatures, the exit status. Returns the failure reason (``None`` for
     success) and a short explanation."""
     if timed_out:
-        return FailureReason.TIMEOUT, "killed at the trial timeout"
+        return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
     if returncode == 0 and metrics is not None:
         return None, ""
     for text in (stderr_tail, stdout_tail):
@@ -92,4 +121,6 @@ def classify(
     if returncode != 0:
         cause = telling_line(stderr_tail)
         return FailureReason.ERROR, f"exit status {returncode}" + (f": {cause[:200]}" if cause else "")
+    if metrics_problem:
+        return FailureReason.BAD_METRICS, metrics_problem
     return FailureReason.NO_METRICS, "exited with status 0 but wrote no metrics"

@@ -12,6 +12,7 @@ class FailureReason(str, enum.Enum):
     ERROR = "error"
     TIMEOUT = "timeout"
     NO_METRICS = "no-metrics"
+    BAD_METRICS = "bad-metrics"  # a metrics file that is not JSON, or a metric that is not a positive finite number
     INTERRUPTED = "interrupted"  # stopped by the user or a dead worker: runs again
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from optuna_ds.config import replace_config_path
 from optuna_ds.config import set_arg
+from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import last_lines
 from optuna_ds.launcher._classify import read_metrics
@@ -22,6 +23,9 @@ from optuna_ds.launcher._experiment import ExperimentResult
 from optuna_ds.launcher._experiment import Phase
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
+from optuna_ds.launcher._tracking import MARK_VAR
+from optuna_ds.launcher._tracking import end_marked
+from optuna_ds.launcher._tracking import new_mark
 
 _KILL_GRACE = 10.0
 
@@ -197,7 +201,8 @@ class ExperimentRunner:
 
         stdout_path = os.path.join(result_dir, "stdout.log")
         stderr_path = os.path.join(result_dir, "stderr.log")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        mark = new_mark()
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
@@ -218,17 +223,23 @@ class ExperimentRunner:
                     proc.wait()
                 raise
             finally:
-                # Ranks the launcher left behind die with their group.
+                # Ranks the launcher left behind die with their group, and those that left it.
                 kill_process_group(proc.pid, grace=2.0, leader=proc)
+                end_marked(mark)
         duration = time.monotonic() - start
 
         stdout_tail, stderr_tail = read_tail(stdout_path), read_tail(stderr_path)
-        if experiment.phase is Phase.PROFILE:
-            metrics = read_metrics(experiment.model_info_path, "num_params")
-        else:
-            metrics = read_metrics(experiment.metric_path, self._metric_key)
+        problem = ""
+        try:
+            if experiment.phase is Phase.PROFILE:
+                metrics = read_metrics(experiment.model_info_path, "num_params")
+            else:
+                metrics = read_metrics(experiment.metric_path, self._metric_key)
+        except BadMetrics as e:
+            metrics, problem = None, str(e)
         reason, detail = classify(
-            returncode=returncode, timed_out=timed_out, metrics=metrics, stdout_tail=stdout_tail, stderr_tail=stderr_tail
+            returncode=returncode, timed_out=timed_out, metrics=metrics, stdout_tail=stdout_tail, stderr_tail=stderr_tail,
+            metrics_problem=problem,
         )
         tail_source = stderr_tail if stderr_tail.strip() else stdout_tail
         return ExperimentResult(

@@ -6,11 +6,14 @@ import os
 import re
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 
 _POLL_SECONDS = 0.05
+_TELL_AFTER = 2.0
 
 
 def default_lock_dir() -> str:
@@ -42,6 +45,7 @@ class SlotPool:
         self._lock_dir = lock_dir or default_lock_dir()
         os.makedirs(self._lock_dir, exist_ok=True)
         self._mutex = threading.Lock()
+        self._holders: dict[str, str] = {}
 
     @property
     def size(self) -> int:
@@ -58,12 +62,20 @@ class SlotPool:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
+                    self._holders[f"{host}:{gpu}"] = os.pread(fd, 32, 0).decode(errors="replace").strip()
                     os.close(fd)
                     for held in fds:
                         os.close(held)
                     return None
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # who holds it, for those who wait
                 fds.append(fd)
         return tuple(fds)
+
+    def busy(self) -> str:
+        """Who holds the GPUs the last failed lease wanted, for a waiting process to say."""
+        held = ", ".join(f"{gpu} by pid {pid or '?'}" for gpu, pid in sorted(self._holders.items()))
+        return f"waiting for a free GPU slot: {held or 'all slots busy'} (locks in {self._lock_dir})"
 
     def try_acquire(self) -> Lease | None:
         """A free slot, leased, or ``None`` if every slot is busy."""
@@ -75,12 +87,17 @@ class SlotPool:
                     return Lease(slot=slot, index=index, fds=fds)
         return None
 
-    def acquire(self, stop: threading.Event) -> Lease | None:
-        """Wait for a free slot; ``None`` once ``stop`` is set."""
+    def acquire(self, stop: threading.Event, *, on_wait: Callable[[str], None] | None = None) -> Lease | None:
+        """Wait for a free slot; ``None`` once ``stop`` is set. A wait longer than a few
+        seconds is told once to ``on_wait``, naming who holds the GPUs."""
+        told = time.monotonic() + _TELL_AFTER
         while not stop.is_set():
             lease = self.try_acquire()
             if lease is not None:
                 return lease
+            if on_wait is not None and time.monotonic() > told:
+                on_wait(self.busy())
+                on_wait = None
             stop.wait(_POLL_SECONDS)
         return None
 

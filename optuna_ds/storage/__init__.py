@@ -1,6 +1,8 @@
 """Layer 5a: the Optuna RDB storage, and the tuning plan kept in it."""
 
 from optuna_ds.storage._plan import TuningPlan
+from optuna_ds.storage._plan import check_study_name
+from optuna_ds.storage._plan import claim_stage_study
 from optuna_ds.storage._plan import delete_tuning
 from optuna_ds.storage._plan import load_plan
 from optuna_ds.storage._plan import open_root_study
@@ -10,11 +12,13 @@ from optuna_ds.storage._plan import tuning_study_names
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
 from optuna_ds.storage._storage import default_storage_url
-from optuna_ds.storage._storage import redact_url
+from optuna_ds._redact import redact_url
 
 __all__ = [
     "StorageError",
     "TuningPlan",
+    "check_study_name",
+    "claim_stage_study",
     "create_storage",
     "default_storage_url",
     "delete_tuning",

@@ -3,14 +3,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from typing import Any
 
 import optuna
 
+from optuna_ds._errors import ConfigError
 from optuna_ds._errors import PlanMismatchError
 
 PLAN_VERSION = 1
 _PLAN_ATTR = "optuna_ds:plan"
+_TUNING_ATTR = "optuna_ds:tuning"  # on a stage study: the tuning that owns it
+# Optuna's study_name column holds 512 characters; stage studies add "-z<stage>".
+MAX_STUDY_NAME = 500
+_STAGE_SUFFIX = re.compile(r"-z[0-9]$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +57,38 @@ class TuningPlan:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def check_study_name(study_name: str) -> None:
+    """Refuse a tuning name the storage cannot hold or that names another tuning's stage study.
+
+    Stage studies are ``NAME-z<stage>``, so a tuning named ``NAME-z1`` would share its root
+    study with tuning ``NAME``'s stage 1: names ending in ``-z<digit>`` are reserved for stages.
+    """
+    if not study_name.strip() or not study_name.isprintable():
+        raise ConfigError(f"--study-name must be a non-empty printable name, got {study_name!r}")
+    if len(study_name) > MAX_STUDY_NAME:
+        raise ConfigError(f"--study-name is {len(study_name)} characters long; the storage holds at most {MAX_STUDY_NAME}")
+    if _STAGE_SUFFIX.search(study_name):
+        raise ConfigError(
+            f"--study-name {study_name!r} ends like a stage study (-z<stage>) of tuning "
+            f"{study_name[:-3]!r}: choose another name, e.g. {study_name[:-3] + '_' + study_name[-2:]!r}"
+        )
+
+
 def stage_study_name(study_name: str, stage: int) -> str:
     return f"{study_name}-z{stage}"
+
+
+def claim_stage_study(study: optuna.Study, study_name: str) -> None:
+    """Mark ``study`` as a stage study of tuning ``study_name``; refuse one that belongs to
+    another tuning (a root study, or another tuning's stage study)."""
+    attrs = study.user_attrs
+    owner = attrs.get(_TUNING_ATTR)
+    if _PLAN_ATTR in attrs or (owner is not None and owner != study_name):
+        raise PlanMismatchError(
+            f"study '{study.study_name}' belongs to another tuning, not to '{study_name}': choose another --study-name"
+        )
+    if owner is None:
+        study.set_user_attr(_TUNING_ATTR, study_name)
 
 
 def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, direction: str) -> optuna.Study:
@@ -92,11 +128,16 @@ def stage_of(study_name: str, name: str) -> int | None:
 def tuning_study_names(storage: optuna.storages.BaseStorage, study_name: str) -> list[str]:
     """The root study and the stage studies of one tuning, and of no other (``NAME-zeta`` is not
     a stage study of ``NAME``)."""
-    return [
-        s.study_name
-        for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
-        if s.study_name == study_name or stage_of(study_name, s.study_name) is not None
-    ]
+    names = []
+    for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if s.study_name == study_name:
+            names.append(s.study_name)
+        elif stage_of(study_name, s.study_name) is not None:
+            # Another tuning's root study or stage study is not ours, whatever its name.
+            owner = s.user_attrs.get(_TUNING_ATTR, study_name)
+            if _PLAN_ATTR not in s.user_attrs and owner == study_name:
+                names.append(s.study_name)
+    return names
 
 
 def delete_tuning(storage: optuna.storages.BaseStorage, study_name: str) -> list[str]:

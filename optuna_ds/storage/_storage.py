@@ -10,6 +10,9 @@ from typing import Any
 import optuna
 
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._redact import HIDDEN
+from optuna_ds._redact import redact_text
+from optuna_ds._redact import redact_url
 
 DB_FILENAME = "optuna-ds.db"
 HEARTBEAT_INTERVAL = 10
@@ -24,16 +27,6 @@ def default_storage_url(results_dir: str) -> str:
     return f"sqlite:///{os.path.abspath(os.path.join(results_dir, DB_FILENAME))}"
 
 
-def redact_url(url: str) -> str:
-    """The URL with its password hidden: safe to print, log or write in a report."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<invalid storage URL>"
-
-
 def _sqlite_wal(path: str) -> None:
     """Readers then never block the writer, and a writer waits instead of failing. The
     journal mode is stored in the database file, so once is enough for every process."""
@@ -46,12 +39,24 @@ def _sqlite_wal(path: str) -> None:
         raise StorageError(f"cannot open SQLite database {path}: {e}") from None
 
 
-def create_storage(url: str) -> optuna.storages.RDBStorage:
+def _password_in_userinfo(url: str) -> str | None:
+    """The password as the user wrote it: everything between the first ``:`` and the last
+    ``@`` of the user info (``None`` if there is none)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or rest.startswith("/"):
+        return None
+    head = rest.split("?", 1)[0].split("#", 1)[0]
+    userinfo = head[: head.rfind("@")] if "@" in head else ""
+    return userinfo.partition(":")[2] or None
+
+
+def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStorage:
     """Open the RDB storage that holds the plan and every study of a tuning.
 
     Heartbeats are on so that a trial whose process died is failed and its experiment run
     again. SQLite runs in WAL mode and waits for locks, so several local workers never fail
-    with "database is locked".
+    with "database is locked". ``create=False`` (``report``, ``dashboard``) opens an existing
+    database only: a mistyped SQLite path creates neither folders nor a file.
     """
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
@@ -60,19 +65,29 @@ def create_storage(url: str) -> optuna.storages.RDBStorage:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
         raise StorageError(f"invalid storage URL {redact_url(url)!s}: expected e.g. sqlite:///path.db or postgresql+psycopg://user@host/db") from None
+    password = _password_in_userinfo(url)
+    if password is not None and ("@" in password or "/" in password):
+        # The URL parser would cut the password there and take its tail for the host.
+        raise StorageError(f"storage {redact_url(url)}: its password holds '@' or '/'; percent-encode them as %40 and %2F")
     engine_kwargs: dict = {}
     sqlite_path: str | None = None
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            sqlite_path = parsed.database
-            os.makedirs(os.path.dirname(os.path.abspath(sqlite_path)) or ".", exist_ok=True)
+            sqlite_path = os.path.abspath(parsed.database)
+            if not create and not os.path.isfile(sqlite_path):
+                raise StorageError(f"no SQLite database at {sqlite_path}")
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
         engine_kwargs["pool_pre_ping"] = True
-    with _creation_lock(sqlite_path):
-        if sqlite_path:
-            _sqlite_wal(sqlite_path)
-        storage = _open(url, parsed, engine_kwargs)
+    try:
+        if sqlite_path and create:
+            os.makedirs(os.path.dirname(sqlite_path), exist_ok=True)
+        with _creation_lock(sqlite_path if create else None):
+            if sqlite_path:
+                _sqlite_wal(sqlite_path)
+            storage = _open(url, parsed, engine_kwargs)
+    except OSError as e:
+        raise StorageError(f"cannot create SQLite database {sqlite_path}: {e.strerror or e}") from None
     if sqlite_path:
         _sqlite_sync_normal(storage)
     return storage
@@ -121,6 +136,7 @@ def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStor
     except ImportError as e:
         raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or optuna-ds[mysql]") from None
     except Exception as e:
-        where = f"{parsed.host}:{parsed.port}" if parsed.host else redact_url(url)
         cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StorageError(f"cannot open storage {redact_url(url)} at {where}: {cause}") from None
+        for secret in {parsed.password, _password_in_userinfo(url)} - {None, ""}:
+            cause = cause.replace(str(secret), HIDDEN)
+        raise StorageError(f"cannot open storage {redact_url(url)}: {redact_text(cause)}") from None

@@ -7,7 +7,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import read_metrics
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.studies._results import LOST_ATTR
 
@@ -50,22 +52,48 @@ def _dead(owner: dict[str, Any]) -> bool:
     return started is not None and _start_time(pid) not in (None, started)
 
 
-def fail_orphaned_trials(study: optuna.Study) -> list[int]:
-    """Fail the running trials whose process died on this host (killed with SIGKILL, say), so
-    that their experiments run again at once instead of after the heartbeat's grace period,
-    and end the experiment such a process left running, by its process group id."""
-    failed = []
+def _finished_result(trial: optuna.trial.FrozenTrial, metric_key: str) -> dict[str, Any] | None:
+    """The metrics an orphaned experiment wrote after its process died: it ran to the end and
+    measured, so it is a result, whoever was watching it. A launched experiment's stale
+    metrics file is deleted before it starts, so a file found now is this run's."""
+    result_dir = trial.user_attrs.get("result_dir")
+    if PROCESS_ATTR not in trial.user_attrs or not isinstance(result_dir, str):
+        return None
+    try:
+        return read_metrics(os.path.join(result_dir, "metrics.json"), metric_key)
+    except BadMetrics:
+        return None
+
+
+def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[int], list[int]]:
+    """Settle the running trials whose process died on this host (killed with SIGKILL, say).
+
+    An experiment that finished meanwhile and wrote its metrics completes its trial with them.
+    Otherwise the trial fails at once (not after the heartbeat's grace period) so that its
+    experiment runs again, and the experiment such a process left running is ended, by its
+    process group. Returns the numbers of the trials completed and of those failed.
+    """
+    completed, failed = [], []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get(OWNER_ATTR)
-        if isinstance(owner, dict) and _dead(owner):
-            try:
-                for key, value in {"reason": FailureReason.INTERRUPTED.value, "detail": "its process died", LOST_ATTR: True}.items():
+        if not (isinstance(owner, dict) and _dead(owner)):
+            continue
+        experiment = t.user_attrs.get(PROCESS_ATTR)
+        running = isinstance(experiment, dict) and not _dead(experiment)
+        metrics = None if running else _finished_result(t, metric_key)
+        try:
+            if metrics is not None:
+                for key, value in {"metrics": metrics, "recovered": "its process died; the experiment finished and wrote its metrics"}.items():
                     study._storage.set_trial_user_attr(t._trial_id, key, value)
-                study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            except RuntimeError:
-                continue  # finished meanwhile
-            experiment = t.user_attrs.get(PROCESS_ATTR)
-            if isinstance(experiment, dict) and not _dead(experiment):
-                kill_process_group(int(experiment["pid"]))  # the orphaned experiment, by its group id
-            failed.append(t.number)
-    return failed
+                study._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [float(metrics[metric_key])])
+                completed.append(t.number)
+                continue
+            for key, value in {"reason": FailureReason.INTERRUPTED.value, "detail": "its process died", LOST_ATTR: True}.items():
+                study._storage.set_trial_user_attr(t._trial_id, key, value)
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except RuntimeError:
+            continue  # finished meanwhile
+        if running:
+            kill_process_group(int(experiment["pid"]))  # the orphaned experiment, by its group id
+        failed.append(t.number)
+    return completed, failed

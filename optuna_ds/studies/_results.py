@@ -103,8 +103,12 @@ def stage_result(study: optuna.Study, stage: int, *, status: str = "tuned", reas
     last_failure = ""
     if failed:
         t = failed[-1]
-        line = telling_line(t.user_attrs.get("stderr_tail") or "")
-        last_failure = f"{t.user_attrs.get('exp_name')}: {t.user_attrs.get('reason', 'failed')}" + (f": {line}" if line else "")
+        reason = t.user_attrs.get("reason", "failed")
+        # stderr says why a run crashed; a timeout or a missing metric is said by our own detail
+        # (the last stderr line of a killed run is whatever it printed last).
+        crashed = reason in (FailureReason.ERROR.value, FailureReason.OOM.value)
+        line = telling_line(t.user_attrs.get("stderr_tail") or "") if crashed else t.user_attrs.get("detail", "")
+        last_failure = f"{t.user_attrs.get('exp_name')}: {reason}" + (f": {line}" if line else "")
     return StageResult(
         stage=stage,
         status=status,

@@ -205,7 +205,10 @@ class StageTuner:
         if not force and now - self._reaped < _REAP_SECONDS:
             return
         self._reaped = now
-        for number in fail_orphaned_trials(self.study):
+        completed, failed = fail_orphaned_trials(self.study, metric_key=self._ctx.metric_key)
+        for number in completed:
+            self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died, but its experiment finished: result kept")
+        for number in failed:
             self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died; its experiment will run again")
         optuna.storages.fail_stale_trials(self.study)
 
@@ -401,7 +404,7 @@ class StageTuner:
         if the tuning is stopped first."""
         ctx = self._ctx
         while True:
-            lease = ctx.pool.acquire(ctx.stop)
+            lease = ctx.pool.acquire(ctx.stop, on_wait=ctx.observer.log)
             if lease is None:
                 raise Stopped
             try:

@@ -27,6 +27,7 @@ from optuna_ds.space import estimate_memory
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
 from optuna_ds.storage import TuningPlan
+from optuna_ds.storage import claim_stage_study
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import stage_study_name
 from optuna_ds.studies._builder import ExperimentBuilder
@@ -143,7 +144,7 @@ class Tuning:
         if self._worker:
             return {**given, **self._wait_for_model_info()}
         experiment = self._builder.build_profile()
-        lease = self._pool.acquire(self._stop)
+        lease = self._pool.acquire(self._stop, on_wait=self._log)
         assert lease is not None
         self._log(f"profile run: measuring the model ({experiment.result_dir})")
         timeout = self._plan.trial_timeout or _TIMEOUT_WITHOUT_PROFILE
@@ -405,6 +406,7 @@ class Tuning:
                 + ("" if a.fast else f", {len(space.tuned)} ZeRO knob(s)"))
             tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space,
                                search=search, knobs=KnobSearch.NONE)
+            claim_stage_study(tuner.study, self._plan.study_name)
             tuner.study.set_user_attr("memory", estimate.to_dict())
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""A misbehaving ``deepspeed`` launcher, driven by a table of behaviours per micro-batch size.
+
+``HOSTILE_DS_TABLE`` is a JSON object: ``{"<mbs>": behaviour, "profile": behaviour,
+"default": behaviour}``. Behaviours:
+
+    ok              metrics with throughput 10 x mbs
+    huge_stderr     8 MiB of stderr, then a crash
+    control_bytes   terminal escapes and control bytes on stderr, then a crash
+    no_metrics      exit 0 without a metrics file
+    malformed       a metrics file that is not JSON
+    inf, nan, negative, string    a metrics file with that throughput
+    ignore_sigterm  ignore SIGTERM and hang
+    setsid          start a child in its own session (escaping the process group) that
+                    lives an hour, then finish with good metrics
+    hang            sleep an hour
+    die             SIGKILL itself after a random moment of up to 0.3 s
+    slow            good metrics after HOSTILE_DS_SLOW seconds (default 2)
+
+Every launch is appended to ``FAKE_DS_LOG`` (JSON lines): the experiment's name (its result
+folder), the behaviour, the pids started, and whether metrics were written.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fake_deepspeed import config_path  # noqa: E402
+from fake_deepspeed import parse  # noqa: E402
+
+
+def log(entry):
+    path = os.environ.get("FAKE_DS_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main():
+    table = json.loads(os.environ.get("HOSTILE_DS_TABLE") or "{}")
+    launcher, script, args = parse(sys.argv[1:])
+    cfg_path = config_path(args)
+    with open(cfg_path) as f:
+        config = json.load(f)
+    auto = config.get("autotuning", {})
+    mbs = int(config.get("train_micro_batch_size_per_gpu", 1))
+    profile = bool(auto.get("model_info", {}).get("profile"))
+    training = not auto
+    key = "profile" if profile else ("training" if training else str(mbs))
+    behaviour = table.get(key, table.get("default", "ok")) if not training else table.get("training", "ok")
+    entry = {"name": os.path.basename(os.path.dirname(os.path.abspath(cfg_path))), "mbs": mbs, "behaviour": behaviour,
+             "pid": os.getpid(), "children": [], "profile": profile, "training": training, "metrics": False}
+    log(dict(entry, event="start"))
+
+    def done(code):
+        log(dict(entry, event="end", code=code))
+        return code
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(done(143)))
+    if training:
+        print(f"training with micro-batch {mbs}", flush=True)
+        if behaviour == "setsid":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+            entry["children"].append(child.pid)
+            log(dict(entry, event="child"))
+        time.sleep(float(os.environ.get("HOSTILE_DS_TRAIN_SECONDS", "0")))
+        return done(0)
+    if behaviour == "huge_stderr":
+        chunk = "x" * 1023 + "\n"
+        for _ in range(8 * 1024):
+            sys.stderr.write(chunk)
+        sys.stderr.write("RuntimeError: the real cause at the end\n")
+        return done(1)
+    if behaviour == "control_bytes":
+        sys.stderr.write("\x1b[2J\x1b[31mRuntimeError: red\x1b[0m\x07 and \x1b]0;title\x07 bell\r\n")
+        return done(1)
+    if behaviour == "no_metrics":
+        return done(0)
+    if behaviour in ("hang", "ignore_sigterm"):
+        print("UserWarning: torch.distributed ErrorHandler is deprecated", file=sys.stderr, flush=True)
+        if behaviour == "ignore_sigterm":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(3600)
+    if behaviour == "die":
+        time.sleep(random.uniform(0, 0.3))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if behaviour == "setsid":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+        entry["children"].append(child.pid)
+        log(dict(entry, event="child"))
+    if behaviour == "slow":
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+    if profile:
+        info = {"num_params": 1_000_000, "trainable_num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000, "rank": 0}
+        write(auto["model_info_path"], json.dumps(info))
+        return done(0)
+    value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"'}.get(behaviour, str(10.0 * mbs))
+    if behaviour == "malformed":
+        write(auto["metric_path"], '{"throughput": 12')
+    else:
+        write(auto["metric_path"], f'{{"throughput": {value}, "latency": 1.0, "FLOPS_per_gpu": 1e9, "rank": 0}}')
+    entry["metrics"] = True
+    return done(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

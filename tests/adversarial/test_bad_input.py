@@ -1,0 +1,90 @@
+"""Bad input of every kind: one line naming the problem, exit status 2, nothing launched,
+nothing written outside the tuning's own folders."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from invariants import Hostile
+from invariants import assert_one_line_error
+from invariants import base_config
+from invariants import hws  # noqa: F401
+
+
+def _zero(**zero: object) -> dict:
+    return base_config(zero_optimization={"stage": 1, **zero})
+
+
+@pytest.mark.parametrize("config, words", [
+    (_zero(reduce_bucket_size="big"), ["reduce_bucket_size"]),
+    (_zero(overlap_comm="yes"), ["overlap_comm"]),
+    (_zero(offload_optimizer="cpu"), ["offload_optimizer"]),
+    (_zero(offload_param={"device": "gpu"}), ["offload_param.device"]),
+    (base_config(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2, train_batch_size=7), ["train_batch_size"]),
+    (base_config(autotuning={"enabled": True, "mp_size": 2, "model_info": {"num_params": 1000}}), ["mp_size"]),
+])
+def test_bad_config_values(hws: Hostile, config: dict, words: list[str]) -> None:
+    hws.config(config)
+    proc = hws.main()
+    assert_one_line_error(proc, *words)
+    assert hws.events() == []
+    hws.assert_untouched()
+
+
+def test_config_nested_100000_deep(hws: Hostile) -> None:
+    (hws.root / "ds_config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert_one_line_error(hws.main(), "nested")
+    assert hws.events() == []
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--trial-timeout", "nan"], ["--trial-timeout"]),
+    (["--trial-timeout", "inf"], ["--trial-timeout"]),
+    (["--study-name", "x" * 600], ["--study-name"]),
+    (["--study-name", "gpt2-z1"], ["--study-name"]),
+])
+def test_bad_options(hws: Hostile, extra: list[str], words: list[str]) -> None:
+    hws.config(base_config())
+    assert_one_line_error(hws.main(*extra), *words)
+    assert hws.events() == []
+    hws.assert_untouched()
+
+
+@pytest.mark.parametrize("which", ["--results-dir", "--exps-dir"])
+def test_output_folder_is_a_file_found_before_the_profile_run(hws: Hostile, which: str) -> None:
+    (hws.root / "taken").write_text("a file\n")
+    hws.own.remove(hws.root / "autotuning_results") if which == "--results-dir" else None
+    config = base_config(autotuning={"enabled": True})  # no model_info: a profile run would come first
+    hws.config(config)
+    assert_one_line_error(hws.main(which, "taken"), "taken")
+    assert hws.events() == []  # not even the profile run
+
+
+def test_report_on_a_mistyped_sqlite_path_creates_nothing(hws: Hostile) -> None:
+    proc = hws.main("report", "--storage", f"sqlite:///{hws.root}/typo/optuna-ds.db", "-o", str(hws.root / "r.html"), config=None)
+    assert_one_line_error(proc, "typo")
+    assert not (hws.root / "typo").exists()
+    hws.assert_untouched()
+
+
+def test_report_and_dashboard_errors(hws: Hostile) -> None:
+    hws.config(base_config())
+    assert hws.hostile().returncode == 0
+    # In a new interpreter: Optuna's ExperimentalWarning must not come before the one line.
+    proc = hws.cli("report", "--storage", hws.storage, "-o", str(hws.root / "missing" / "r.html"))
+    assert_one_line_error(proc, "missing")
+    assert not (hws.root / "missing").exists()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = hws.main("dashboard", "--storage", hws.storage, "--port", str(port), config=None)
+    assert_one_line_error(proc, str(port))
+    assert "Listening" not in proc.stdout + proc.stderr
+    proc = hws.main("dashboard", "--storage", hws.storage, "--host", "no such host!", "--port", "8099", config=None)
+    assert_one_line_error(proc, "no such host!")
+    hws.assert_untouched()

@@ -1,0 +1,54 @@
+"""Tunings at once on one storage: on one study they share the work and run each experiment
+once; a name that would share another tuning's studies is refused; a tuning waiting for GPUs
+another process holds says so."""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import os
+import time
+
+from invariants import Hostile
+from invariants import assert_no_traceback
+from invariants import assert_one_line_error
+from invariants import base_config
+from invariants import hws  # noqa: F401
+
+
+def test_concurrent_tunings_on_one_study_and_on_its_stage_name(hws: Hostile) -> None:
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8]))
+    env = {"LOCAL_SIZE": "2", "HOSTILE_DS_SLOW": "1"}
+    table = {"default": "slow"}
+    same = [hws.popen("tune", *hws.hostile_args("--num_gpus", "1", "--study-name", "gpt2"), table=table, **env) for _ in range(2)]
+    stage_named = hws.popen("tune", *hws.hostile_args("--num_gpus", "1", "--study-name", "gpt2-z1"), table=table, **env)
+    out, err = stage_named.communicate(timeout=120)
+    assert_one_line_error(type("P", (), {"returncode": stage_named.returncode, "stdout": out, "stderr": err}), "gpt2-z1")  # type: ignore[arg-type]
+    for p in same:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "Traceback" not in out + err
+    starts = collections.Counter(e["name"] for e in hws.experiments())
+    assert set(starts) == {f"z1_gas1_tmbspg{m}" for m in (2, 4, 6, 8)}
+    assert max(starts.values()) == 1, starts
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_waiting_for_a_gpu_held_by_another_process_says_so(hws: Hostile) -> None:
+    hws.config(base_config())
+    locks = hws.base / "locks"
+    locks.mkdir()
+    fd = os.open(locks / "localhost-0.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        tuner = hws.popen("tune", *hws.hostile_args(), table={})
+        time.sleep(8)
+        assert not any(True for _ in hws.experiments())
+    finally:
+        os.close(fd)
+    out, err = tuner.communicate(timeout=120)
+    assert tuner.returncode == 0, err
+    assert_no_traceback(type("P", (), {"stdout": out, "stderr": err}))  # type: ignore[arg-type]
+    assert "waiting for a free GPU slot" in out and f"pid {os.getpid()}" in out, out

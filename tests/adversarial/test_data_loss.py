@@ -1,0 +1,118 @@
+"""Nothing the user paid for is lost, nothing outside the tuning's folders is written or
+deleted, and two tunings never share a study."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+
+import optuna
+import pytest
+
+from invariants import Hostile
+from invariants import assert_no_traceback
+from invariants import base_config
+from invariants import hws  # noqa: F401
+
+
+def test_knob_keys_that_climb_out_of_the_results_folder_stay_inside(hws: Hostile) -> None:
+    # Two keys whose acronyms collide: the names then carry the full keys.
+    climb = "../../../../outside"
+    hws.config(base_config(
+        train_micro_batch_size_per_gpu=[2],
+        zero_optimization={"stage": 1, f"{climb}/x_y": [1, 2], f"{climb}/z_y": [1, 2]},
+        autotuning={"enabled": True, "fast": False, "tuner_type": "gridsearch", "tuner_num_trials": 3,
+                    "tuner_early_stopping": 1, "model_info": {"num_params": 1000000}},
+    ))
+    proc = hws.hostile()
+    assert proc.returncode == 0, proc.stderr
+    knob_runs = [e for e in hws.experiments() if "_" in e["name"].split("tmbspg2", 1)[-1]]
+    assert knob_runs, "no knob experiment ran"
+    hws.assert_untouched()
+    proc = hws.hostile("ds_config.json", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    hws.assert_untouched()
+    for folder in os.listdir(hws.results):
+        assert os.path.realpath(hws.results / folder).startswith(str(hws.results.resolve()))
+
+
+def test_stage_given_as_a_float_is_that_stage(hws: Hostile) -> None:
+    hws.config(base_config(zero_optimization={"stage": 1.0}))
+    assert hws.hostile().returncode == 0
+    names = {s.study_name for s in optuna.get_all_study_summaries(hws.storage)}
+    assert names == {"optuna-ds", "optuna-ds-z1"}
+    assert all(e["name"].startswith("z1_") for e in hws.experiments())
+    # The same tuning with the stage written as an int resumes it: nothing runs again.
+    hws.config(base_config(zero_optimization={"stage": 1}))
+    before = len(hws.experiments())
+    assert hws.hostile("ds_config.json", "--overwrite").returncode == 0
+    assert len(hws.experiments()) == before + 2  # afresh, not the old study's results
+
+
+def test_another_tunings_studies_are_never_ours(hws: Hostile) -> None:
+    """A tuning named like another's stage study (stored before names ending in -z<digit> were
+    refused) is neither written to nor deleted by that other tuning."""
+    from optuna_ds.storage import claim_stage_study
+    from optuna_ds.storage import create_storage
+    from optuna_ds.storage import tuning_study_names
+    from optuna_ds._errors import PlanMismatchError
+
+    storage = create_storage(f"sqlite:///{hws.root}/s.db")
+    other = optuna.create_study(study_name="gpt2-z1", storage=storage)
+    other.set_user_attr("optuna_ds:plan", {"study_name": "gpt2-z1"})
+    mine = optuna.create_study(study_name="gpt2-z2", storage=storage)
+    claim_stage_study(mine, "gpt2")
+    assert sorted(tuning_study_names(storage, "gpt2")) == ["gpt2-z2"]
+    with pytest.raises(PlanMismatchError):
+        claim_stage_study(other, "gpt2")
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_an_experiment_that_finished_after_its_tuner_died_is_kept(hws: Hostile) -> None:
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
+    table = {"2": "slow", "4": "ok"}
+    tuner = hws.popen("tune", *hws.hostile_args(), table=table, HOSTILE_DS_SLOW="3")
+    _wait_for(lambda: any(e["mbs"] == 2 for e in hws.experiments()))
+    os.kill(tuner.pid, signal.SIGKILL)  # the experiment goes on, orphaned
+    tuner.communicate()
+    _wait_for(lambda: any(e["event"] == "end" and e["mbs"] == 2 for e in hws.events()))
+    proc = hws.hostile(table=table)
+    assert proc.returncode == 0, proc.stderr
+    assert [e["mbs"] for e in hws.experiments()].count(2) == 1
+    study = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage)
+    kept = [t for t in study.trials if t.user_attrs.get("micro_batch_size") == 2 and t.state.name == "COMPLETE"]
+    assert kept and kept[0].value == 20.0
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_sigkill_at_random_moments_then_resume(hws: Hostile) -> None:
+    """Kill the tuner with SIGKILL at random moments (profile, experiments, writing the
+    outputs); the same command then finishes, and no finished experiment ran twice."""
+    rng = random.Random()
+    config = base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8])
+    config["autotuning"] = {"enabled": True}  # with the profile run
+    hws.config(config)
+    table = {"default": "slow"}
+    for _ in range(3):
+        tuner = hws.popen("tune", *hws.hostile_args(), table=table, HOSTILE_DS_SLOW="0.5")
+        time.sleep(rng.uniform(0.5, 4.0))
+        os.kill(tuner.pid, signal.SIGKILL)
+        tuner.communicate()
+    proc = hws.hostile(table=table, env=hws.env(HOSTILE_DS_TABLE=json.dumps(table), HOSTILE_DS_SLOW="0.5"))
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 8
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()

@@ -1,0 +1,83 @@
+"""A launcher that lies, floods, hides and refuses to die: results stay right, output stays
+clean, and nothing it started outlives the tuning."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+
+from invariants import Hostile
+from invariants import assert_no_traceback
+from invariants import base_config
+from invariants import hws  # noqa: F401
+
+
+def _trials(hws: Hostile) -> dict[int, optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage)
+    return {t.user_attrs["micro_batch_size"]: t for t in study.get_trials() if "exp_name" in t.user_attrs}
+
+
+def test_wrong_metrics_are_failures_never_the_optimum(hws: Hostile) -> None:
+    table = {"2": "inf", "4": "ok", "6": "malformed", "8": "nan", "10": "negative", "12": "string", "14": "no_metrics"}
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8, 10, 12, 14]))
+    proc = hws.hostile(table=table)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    optimal = json.loads((hws.results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == 4
+    trials = _trials(hws)
+    reasons = {mbs: t.user_attrs.get("reason") for mbs, t in trials.items()}
+    assert reasons == {2: "bad-metrics", 4: None, 6: "bad-metrics", 8: "bad-metrics", 10: "bad-metrics",
+                       12: "bad-metrics", 14: "no-metrics"}
+    assert "not valid JSON" in trials[6].user_attrs["detail"]
+    assert "inf" in trials[2].user_attrs["detail"]
+    hws.assert_finished_once()
+    hws.assert_untouched()
+
+
+def test_control_bytes_and_floods_of_stderr_reach_nobody_raw(hws: Hostile) -> None:
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6]))
+    proc = hws.hostile("ds_config.json", "-v", table={"2": "control_bytes", "4": "huge_stderr", "6": "ok"})
+    assert proc.returncode == 0, proc.stderr
+    for text in (proc.stdout, proc.stderr):
+        assert not any(c in text for c in "\x1b\x07\r"), repr(text[-500:])
+    trials = _trials(hws)
+    for t in trials.values():
+        tail = t.user_attrs.get("stderr_tail", "")
+        assert not any(ord(c) < 32 and c not in "\n\t" for c in tail), repr(tail)
+    assert "RuntimeError: red" in trials[2].user_attrs["stderr_tail"]
+    assert "the real cause at the end" in trials[4].user_attrs["detail"]
+    assert len(trials[4].user_attrs["stderr_tail"]) < 30_000
+    hws.assert_untouched()
+
+
+def test_hung_deaf_escaping_and_dying_runs_are_ended(hws: Hostile) -> None:
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8]))
+    table = {"2": "hang", "4": "ignore_sigterm", "6": "setsid", "8": "die"}
+    proc = hws.hostile("ds_config.json", "--trial-timeout", "2", table=table)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    trials = _trials(hws)
+    assert trials[2].user_attrs["reason"] == "timeout" and trials[4].user_attrs["reason"] == "timeout"
+    assert "timed out" in trials[2].user_attrs["detail"]
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 6
+    escaped = [c for e in hws.events() for c in e.get("children", [])]
+    assert escaped, "the setsid scenario did not run"
+    hws.assert_nothing_left()
+    hws.assert_finished_once()
+    hws.assert_untouched()
+
+
+def test_the_summary_says_a_timeout_timed_out() -> None:
+    from optuna_ds.studies._results import stage_result
+
+    study = optuna.create_study()
+    for reason, detail in (("oom", "out of memory"), ("timeout", "timed out: killed at the trial timeout")):
+        trial = study.ask()
+        for key, value in {"exp_name": f"z1_{reason}", "reason": reason, "detail": detail,
+                           "stderr_tail": "UserWarning: torch.distributed ErrorHandler is deprecated"}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    last = stage_result(study, 1).last_failure
+    assert "timed out" in last and "ErrorHandler" not in last, last

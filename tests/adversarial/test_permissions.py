@@ -1,0 +1,74 @@
+"""Folders the user cannot write: one line and exit status 2 before anything is launched.
+
+The tests run as root, whom permissions do not stop: the CLI runs as ``nobody`` under
+``setpriv``, in a tree that ``nobody`` can read but not write."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from invariants import HOSTILE
+from invariants import assert_one_line_error
+from invariants import base_config
+from invariants import shared_tree  # noqa: F401
+from conftest import LAUNCHER_OPTION
+
+SETPRIV = shutil.which("setpriv")
+pytestmark = pytest.mark.skipif(SETPRIV is None or os.geteuid() != 0,
+                                reason="needs root and setpriv to run the CLI as an unprivileged user")
+
+
+def _as_nobody(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", HOME=str(tree), PATH="/usr/bin:/bin", FAKE_DS_LOG=str(tree / "writable" / "launches.jsonl"),
+               OPTUNA_DS_LOCK_DIR=str(tree / "writable" / "locks"))
+    return subprocess.run([SETPRIV, "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m", "optuna_ds",
+                           "tune", LAUNCHER_OPTION, HOSTILE, *args, "train.py", "--deepspeed_config", "ds_config.json"],
+                          cwd=tree / "ws", env=env, capture_output=True, text=True, timeout=120)
+
+
+def _tree(tree: Path) -> Path:
+    ws = tree / "ws"
+    ws.mkdir(mode=0o755)
+    (ws / "train.py").write_text("print('train')\n")
+    config = base_config()
+    config["autotuning"] = {"enabled": True}  # a profile run would come first
+    (ws / "ds_config.json").write_text(json.dumps(config))
+    (tree / "writable").mkdir()
+    (tree / "writable").chmod(0o777)
+    (tree / "readonly").mkdir(mode=0o755)
+    for path in (ws, ws / "train.py", ws / "ds_config.json"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return ws
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], ["results_dir", "not writable"]),  # the default results folder, in a folder we cannot write
+    (["--results-dir", "../readonly", "--exps-dir", "../writable/e"], ["results_dir", "not writable"]),
+    (["--results-dir", "../writable/r", "--exps-dir", "../readonly/e"], ["exps_dir", "not writable"]),
+    (["--results-dir", "../writable/r", "--exps-dir", "../writable/e", "--storage", "sqlite:///../readonly/db/optuna-ds.db"], ["SQLite"]),
+])
+def test_unwritable_places_are_one_line_before_the_profile_run(shared_tree: Path, args: list[str], words: list[str]) -> None:
+    _tree(shared_tree)
+    proc = _as_nobody(shared_tree, *args)
+    assert_one_line_error(proc, *words)
+    assert not (shared_tree / "writable" / "launches.jsonl").exists()  # not even the profile run
+    assert os.listdir(shared_tree / "readonly") == []
+
+
+def test_sqlite_database_in_a_read_only_folder(shared_tree: Path) -> None:
+    _tree(shared_tree)
+    db = shared_tree / "readonly" / "optuna-ds.db"
+    import sqlite3
+
+    sqlite3.connect(db).close()
+    db.chmod(0o644)
+    proc = _as_nobody(shared_tree, "--results-dir", "../writable/r", "--exps-dir", "../writable/e", "--storage", f"sqlite:///{db}")
+    assert_one_line_error(proc, "SQLite")
+    assert not (shared_tree / "writable" / "launches.jsonl").exists()

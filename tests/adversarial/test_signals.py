@@ -1,0 +1,71 @@
+"""Ctrl-C and SIGTERM at each phase: the process exits with 128 + the signal, without a
+traceback, leaves no process behind, and the same command resumes without running again
+what finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from invariants import Hostile
+from invariants import assert_no_traceback
+from invariants import base_config
+from invariants import hws  # noqa: F401
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("phase, signum", [
+    ("profile", signal.SIGTERM),
+    ("experiment", signal.SIGINT),
+    ("outputs", signal.SIGTERM),
+])
+def test_a_signal_at_each_phase_of_tune(hws: Hostile, phase: str, signum: int) -> None:
+    config = base_config(train_micro_batch_size_per_gpu=[2, 4])
+    if phase == "profile":
+        config["autotuning"] = {"enabled": True}
+    hws.config(config)
+    table = {"profile": "slow", "2": "slow", "4": "ok"}
+    tuner = hws.popen("tune", *hws.hostile_args(), table=table, HOSTILE_DS_SLOW="3")
+    moment = {
+        "profile": lambda: any(e["profile"] for e in hws.events()),
+        "experiment": lambda: any(e["mbs"] == 2 and not e["profile"] for e in hws.events()),
+        # the last experiment ended: the summary, report and optimal files are being written
+        "outputs": lambda: any(e["event"] == "end" and e["mbs"] == 4 for e in hws.events()),
+    }[phase]
+    _wait_for(moment)
+    os.kill(tuner.pid, signum)
+    out, err = tuner.communicate(timeout=60)
+    proc = type("P", (), {"stdout": out, "stderr": err})
+    assert_no_traceback(proc)  # type: ignore[arg-type]
+    assert tuner.returncode in ((0, 128 + signum) if phase == "outputs" else (128 + signum,)), (tuner.returncode, err)
+    if tuner.returncode:
+        assert f"interrupted by {signal.Signals(signum).name}" in err
+    hws.assert_nothing_left()
+    again = hws.hostile(table={"default": "ok"})
+    assert again.returncode == 0, again.stderr
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_sigterm_during_runs_training(hws: Hostile) -> None:
+    hws.config(base_config())
+    runner = hws.popen("run", *hws.hostile_args(), table={"training": "setsid"}, HOSTILE_DS_TRAIN_SECONDS="60")
+    _wait_for(lambda: any(e["training"] and e["children"] for e in hws.events()))
+    os.kill(runner.pid, signal.SIGTERM)
+    out, err = runner.communicate(timeout=60)
+    assert runner.returncode == 143, (runner.returncode, err)
+    assert "Traceback" not in out + err
+    hws.assert_nothing_left()
+    hws.assert_untouched()
