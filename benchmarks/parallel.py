@@ -39,7 +39,7 @@ def run(slots: int, duration: float) -> dict:
         env = dict(os.environ, DS_ACCELERATOR="cpu", LOCAL_SIZE=str(slots), FAKE_DS_LOG=str(log),
                    FAKE_DS_SURFACE=json.dumps(surface), OPTUNA_DS_LOCK_DIR=str(work / "locks"))
         start = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "optuna_ds", "tune", "-q", "--launcher", str(LAUNCHER), "--num_gpus", "1",
+        p = subprocess.run([sys.executable, "-m", "optuna_ds", "tune", "-q", "--deepspeed-bin", str(LAUNCHER), "--num_gpus", "1",
                             "train.py", "--deepspeed_config", "ds_config.json"], cwd=work, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
         if p.returncode != 0:

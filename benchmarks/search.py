@@ -68,7 +68,7 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
         (work / "ds_config.json").write_text(json.dumps(user_config(fast=fast, tuner_type=tuner_type)))
         script = ["train.py", "--deepspeed_config", "ds_config.json"]
         if tool == "optuna-ds":
-            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--launcher", str(SIMULATOR), "--num_gpus", str(NUM_GPUS), *script]
+            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--deepspeed-bin", str(SIMULATOR), "--num_gpus", str(NUM_GPUS), *script]
         else:
             cmd = [sys.executable, "-c", _DS_RUNNER, "--autotuning", "tune", "--num_gpus", str(NUM_GPUS), *script]
         start = time.monotonic()

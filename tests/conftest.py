@@ -11,6 +11,8 @@ import pytest
 
 TESTS = Path(__file__).parent
 FAKE_LAUNCHER = str(TESTS / "fake_deepspeed.py")
+# Our option naming the deepspeed executable (DeepSpeed's own --launcher names its multi-node backend).
+LAUNCHER_OPTION = "--deepspeed-bin"
 EXAMPLES = TESTS.parent / "examples"
 
 
@@ -45,7 +47,7 @@ class Workspace:
         )
 
     def tune(self, config: str = "ds_config.json", *extra: str, surface: dict[str, Any] | None = None, command: str = "tune", **kw: Any) -> subprocess.CompletedProcess[str]:
-        return self.cli(command, "--launcher", FAKE_LAUNCHER, *extra, "train.py", "--deepspeed_config", config, surface=surface, **kw)
+        return self.cli(command, LAUNCHER_OPTION, FAKE_LAUNCHER, *extra, "train.py", "--deepspeed_config", config, surface=surface, **kw)
 
     def launches(self) -> list[dict[str, Any]]:
         if not self.launch_log.exists():

@@ -29,7 +29,9 @@ import subprocess
 import sys
 import time
 
-LAUNCHER_VALUE_OPTIONS = {"--include", "--exclude", "--hostfile", "--master_port", "--master_addr", "--num_gpus", "--num_nodes"}
+LAUNCHER_VALUE_OPTIONS = {"--include", "--exclude", "--hostfile", "--master_port", "--master_addr", "--num_gpus", "--num_nodes",
+                          "--launcher", "--launcher_args", "--enable_each_rank_log", "--bind_core_list", "--ssh_port",
+                          "--venv_script", "--log_level"}
 
 
 def parse(argv):
@@ -81,7 +83,8 @@ def main():
     gas = int(config.get("gradient_accumulation_steps", 1))
     start = time.time()
     entry = {"start": start, "include": launcher.get("--include"), "master_port": launcher.get("--master_port"),
-             "stage": stage, "mbs": mbs, "gas": gas, "args": args, "pid": os.getpid()}
+             "stage": stage, "mbs": mbs, "gas": gas, "args": args, "pid": os.getpid(), "launcher": launcher,
+             "argv": sys.argv[1:]}
     print(f"[INFO] fake deepspeed launching {script} pid {os.getpid()}", flush=True)
     # A harmless warning that mentions "Error": it must not fail the run.
     print("UserWarning: torch.distributed ErrorHandler is deprecated", file=sys.stderr, flush=True)

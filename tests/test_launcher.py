@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAKE_LAUNCHER
+from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import Experiment
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
@@ -44,12 +45,11 @@ def test_timeout_wins() -> None:
 
 
 def _runner(tmp_path: Path, script: Path) -> ExperimentRunner:
-    resources = Resources(hosts={"localhost": [0, 1]}, gpus_per_node=1, nodes_per_experiment=1, device_memory=1e9, hostfile=None, multi_node=False)
-    return ExperimentRunner(
-        launcher=[sys.executable, FAKE_LAUNCHER], script=str(script), script_args=["--deepspeed_config", "orig.json", "--bs", "1"],
-        arg_mappings={"train_micro_batch_size_per_gpu": "--bs"}, resources=resources, master_port=29700,
-        metric_key="throughput", exps_dir=str(tmp_path / "exps"),
+    commands = CommandBuilder(
+        deepspeed_bin=(sys.executable, FAKE_LAUNCHER), script=str(script), script_args=("--deepspeed_config", "orig.json", "--bs", "1"),
+        arg_mappings={"train_micro_batch_size_per_gpu": "--bs"},
     )
+    return ExperimentRunner(commands=commands, master_port=29700, metric_key="throughput", exps_dir=str(tmp_path / "exps"))
 
 
 def _experiment(tmp_path: Path, mbs: int) -> Experiment:
