@@ -91,6 +91,13 @@ def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> N
     for t in trials:
         assert sorted(os.listdir(t.user_attrs["result_dir"])) == ["cmd.txt", "ds_config.json", "exp.json", "metrics.json", "stderr.log", "stdout.log"]
         assert (project / "autotuning_exps" / f"{t.user_attrs['exp_name']}.json").exists()
+        # The fast start: DeepSpeed's per-node launcher, without the runner's interpreter.
+        launched = json.loads((Path(t.user_attrs["result_dir"]) / "exp.json").read_text())["launched"]
+        assert launched[1:4] == ["-u", "-m", "deepspeed.launcher.launch"] and launched[4].startswith("--world_info=")
+        log = (Path(t.user_attrs["result_dir"]) / "stdout.log").read_text()
+        assert "[launch.py" in log and "[runner.py" not in log
+        config = (Path(t.user_attrs["result_dir"]) / "ds_config.json").read_text()
+        assert "500000000.0" not in config and "50000000.0" not in config
 
     _assert_report_draws_plots(results / "report.html", project / "report.png")
 
@@ -140,6 +147,12 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     assert "Training with the optimal config" in p.stdout
     assert "step 10 loss" in p.stdout  # the training's own output, streamed
     assert (project / "autotuning_results" / "ds_config_optimal.json").exists()
+    # The optimal command, pasted as written, trains with DeepSpeed's own runner.
+    line = (project / "autotuning_results" / "cmd_optimal.txt").read_text()
+    assert "--master_port 29660" in line
+    q = subprocess.run(["bash", "-c", line], cwd=project, env=dict(os.environ, DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stdout + q.stderr
+    assert "step 10 loss" in q.stdout and "[runner.py" in q.stdout + q.stderr
 
 
 def test_sigint_ends_real_deepspeed_ranks(project: Path) -> None:

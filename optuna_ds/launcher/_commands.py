@@ -97,7 +97,8 @@ class CommandBuilder:
         o = self.options
         args = [
             f"--world_info={encode_world_info(slot.hosts)}",
-            f"--master_addr={o.master_addr or '127.0.0.1'}",
+            # Without a hostfile the runner always rendezvouses on 127.0.0.1, whatever was given.
+            f"--master_addr={(o.master_addr if self.hostfile else '') or '127.0.0.1'}",
             f"--master_port={port}",
         ]
         args += [f"--{flag}" for flag in ("no_python", "module", "no_local_rank") if getattr(o, flag)]

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
+from typing import IO
+from typing import Any
 
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import last_lines
@@ -21,6 +23,8 @@ from optuna_ds.launcher._experiment import Phase
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import local_launch_command
 from optuna_ds.launcher._commands import shell_line
+from optuna_ds.launcher._launch_server import launch_server
+from optuna_ds.launcher._launch_server import launch_server_enabled
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._resources import Slot
 
@@ -117,6 +121,8 @@ class ExperimentRunner:
         self._metric_key = metric_key
         self._exps_dir = exps_dir
         self._local_start = local_start
+        if local_start and launch_server_enabled():
+            launch_server()  # its imports run while the tuning sets up
 
     @property
     def commands(self) -> CommandBuilder:
@@ -143,6 +149,17 @@ class ExperimentRunner:
                 self._commands.local_launch(name=experiment.name, config=experiment.ds_config, config_path=config_path, slot=slot, port=port)
             )
         return self.command(experiment, config_path, slot=slot, port=port)
+
+    def _spawn(self, launched: list[str], *, stdout: IO[bytes], stderr: IO[bytes], env: dict[str, str], pass_fds: Sequence[int]) -> Any:
+        """Start the experiment in its own session: the per-node launcher forked from the
+        pre-warmed server when it can, else as a process of its own."""
+        if launched[1:4] == ["-u", "-m", "deepspeed.launcher.launch"] and launch_server_enabled():
+            served = launch_server().start(launched[4:], stdout=stdout.fileno(), stderr=stderr.fileno(), env=env, pass_fds=pass_fds)
+            if served is not None:
+                return served
+        return subprocess.Popen(
+            launched, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
+        )
 
     def run(
         self,
@@ -190,9 +207,7 @@ class ExperimentRunner:
         start = time.monotonic()
         timed_out = False
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(
-                launched, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
-            )
+            proc = self._spawn(launched, stdout=out, stderr=err, env=env, pass_fds=pass_fds)
             try:
                 if on_start is not None:
                     on_start(proc.pid)  # the process group id, recorded so a resumed tuning can end it
