@@ -17,7 +17,7 @@ endif
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
 
-.PHONY: venv example test bench bench-parallel clean
+.PHONY: venv example test bench bench-parallel bench-launch clean
 
 venv: $(VENV)/.installed
 
@@ -44,3 +44,6 @@ bench: venv
 
 bench-parallel: venv
 	$(BIN)/python benchmarks/parallel.py
+
+bench-launch: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/launch.py $(BENCH_ARGS)

@@ -26,6 +26,7 @@ from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
 from optuna_ds.launcher._paths import ExperimentFiles
+from optuna_ds.launcher._paths import rank_logs
 from optuna_ds.launcher._resources import Slot
 
 _KILL_GRACE = 10.0
@@ -186,7 +187,8 @@ class ExperimentRunner:
         os.makedirs(files.result_dir, exist_ok=True)
         os.makedirs(self._exps_dir, exist_ok=True)
         # A stale metrics file from an earlier run must never be read as this run's result.
-        for stale in (files.metrics, files.model_info):
+        rank_dir = self._commands.rank_log_dir(experiment.name)
+        for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
             if os.path.exists(stale):
                 os.remove(stale)
         config_path = files.ds_config
@@ -227,6 +229,8 @@ class ExperimentRunner:
         duration = time.monotonic() - start
 
         stdout_tail, stderr_tail = read_tail(stdout_path), read_tail(stderr_path)
+        if rank_dir:  # --enable_each_rank_log: the ranks' output is there, not in stdout/stderr
+            stderr_tail += "".join(read_tail(path) for path in rank_logs(rank_dir))
         if experiment.phase is Phase.PROFILE:
             metrics = read_metrics(files.model_info, "num_params")
         else:
