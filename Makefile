@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
 
-.PHONY: venv example test bench bench-parallel clean
+.PHONY: venv example test bench bench-parallel bench-launch clean
 
 venv: $(VENV)/.installed
 
@@ -46,3 +46,6 @@ bench: venv
 
 bench-parallel: venv
 	$(BIN)/python benchmarks/parallel.py
+
+bench-launch: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/launch.py $(BENCH_ARGS)

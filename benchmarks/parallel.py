@@ -35,11 +35,11 @@ def run(slots: int, duration: float) -> dict:
         (work / "train.py").write_text("print('simulated')\n")
         (work / "ds_config.json").write_text(json.dumps(CONFIG))
         log = work / "launches.jsonl"
-        surface = {"duration": duration, "peak": 24, "knob_gain": {"reduce_bucket_size": {"500000000.0": 1.05}}}
+        surface = {"duration": duration, "peak": 24, "knob_gain": {"reduce_bucket_size": {"500000000": 1.05}}}
         env = dict(os.environ, DS_ACCELERATOR="cpu", LOCAL_SIZE=str(slots), FAKE_DS_LOG=str(log),
                    FAKE_DS_SURFACE=json.dumps(surface), OPTUNA_DS_LOCK_DIR=str(work / "locks"))
         start = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "optuna_ds", "tune", "-q", "--launcher", str(LAUNCHER), "--num_gpus", "1",
+        p = subprocess.run([sys.executable, "-m", "optuna_ds", "tune", "-q", "--deepspeed-bin", str(LAUNCHER), "--num_gpus", "1",
                             "train.py", "--deepspeed_config", "ds_config.json"], cwd=work, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
         if p.returncode != 0:

@@ -37,7 +37,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import jobs  # noqa: E402
 import surfaces  # noqa: E402
 
 ROOT = HERE.parent
@@ -82,7 +81,7 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
         (work / "ds_config.json").write_text(json.dumps(user_config(fast=fast, tuner_type=tuner_type)))
         script = ["train.py", "--deepspeed_config", "ds_config.json"]
         if tool == "optuna-ds":
-            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--launcher", str(SIMULATOR), "--num_gpus", str(surface.num_gpus), *script]
+            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--deepspeed-bin", str(SIMULATOR), "--num_gpus", str(surface.num_gpus), *script]
         else:
             cmd = [sys.executable, "-c", _DS_RUNNER, "--autotuning", "tune", "--num_gpus", str(surface.num_gpus), *script]
         start = time.monotonic()
@@ -204,7 +203,6 @@ def main() -> None:
 
     tasks = []
     for name in names:
-        surface = surfaces.by_name(name)
         for mode in args.modes:
             fast = mode == "fast"
             if with_ds:

@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import surfaces  # noqa: E402
 
 VALUE_OPTIONS = {"--include", "--exclude", "--hostfile", "--master_port", "--master_addr", "--num_gpus", "--num_nodes",
-                 "--launcher", "--launcher_args", "--module"}
+                 "--launcher", "--launcher_args", "--enable_each_rank_log", "--bind_core_list", "--ssh_port",
+                 "--venv_script", "--log_level"}
 
 
 def _split(argv: list[str]) -> tuple[dict[str, str], str, list[str]]:

@@ -24,10 +24,10 @@ from optuna_ds.config import UserConfig
 from optuna_ds.config import check_gpus
 from optuna_ds.config import load_user_config
 from optuna_ds.config import parse_user_config
-from optuna_ds.config import replace_config_path
-from optuna_ds.config import set_arg
+from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import MARK_VAR
+from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import deferred_signals
@@ -70,7 +70,7 @@ class TuneOptions:
     exps_dir: str | None = None
     overwrite: bool | None = None
     trial_timeout: float | None = None
-    launcher: str | None = None
+    deepspeed_bin: str | None = None
     seed: int | None = None
 
 
@@ -85,23 +85,23 @@ class TuneOutcome:
     storage_url: str
 
 
-def resolve_launcher(path: str | None) -> list[str]:
-    """The ``deepspeed`` launcher command: ``--launcher``, else the one on PATH or beside this Python."""
+def resolve_deepspeed_bin(path: str | None) -> list[str]:
+    """The ``deepspeed`` runner command: ``--deepspeed-bin``, else the one on PATH or beside this Python."""
     if path is None:
         beside = os.path.join(os.path.dirname(sys.executable), "deepspeed")
         found = shutil.which("deepspeed") or (beside if os.access(beside, os.X_OK) else None)
         if found is None:
-            raise ConfigError("launcher 'deepspeed' not found on PATH: install deepspeed or pass --launcher PATH")
+            raise ConfigError("'deepspeed' not found on PATH: install deepspeed or pass --deepspeed-bin PATH")
         return [found]
     if not os.path.isfile(path):
         found = shutil.which(path)
         if found is None:
-            raise ConfigError(f"launcher {path} not found")
+            raise ConfigError(f"--deepspeed-bin {path} not found")
         path = found
     if path.endswith(".py"):
         return [sys.executable, os.path.abspath(path)]
     if not os.access(path, os.X_OK):
-        raise ConfigError(f"launcher {path} is not executable")
+        raise ConfigError(f"--deepspeed-bin {path} is not executable")
     return [os.path.abspath(path)]
 
 
@@ -118,26 +118,35 @@ def writable_folder(path: str, *, what: str) -> None:
         raise ConfigError(f"{what} {path} is not writable: {e.strerror or e}") from None
 
 
-def _training_args(script_args: Sequence[str], config_path: str, user: UserConfig, config: dict) -> list[str]:
-    args = replace_config_path(script_args, config_path)
-    for key, flag in user.arg_mappings.items():
-        value = config.get(key)
-        if value is not None and value != "auto":
-            args = set_arg(args, flag, str(value))
-    return args
+def is_deepspeed_runner(command: Sequence[str]) -> bool:
+    """Whether ``command`` is DeepSpeed's own ``deepspeed`` entry point (its console script),
+    so that its per-node launcher can be started directly for single-node experiments."""
+    try:
+        with open(command[-1], "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b"from deepspeed.launcher.runner import main" in head
 
 
-def _runner(plan: TuningPlan, user: UserConfig, resources: Resources, launcher: list[str], options: LauncherOptions) -> ExperimentRunner:
-    return ExperimentRunner(
-        launcher=launcher,
+def _commands(plan: TuningPlan, user: UserConfig, resources: Resources, deepspeed_bin: list[str], options: LauncherOptions) -> CommandBuilder:
+    return CommandBuilder(
+        deepspeed_bin=tuple(deepspeed_bin),
         script=plan.script,
-        script_args=plan.script_args,
-        arg_mappings=user.arg_mappings,
-        resources=resources,
-        master_port=options.master_port,
-        master_addr=options.master_addr,
+        script_args=tuple(plan.script_args),
+        arg_mappings=dict(user.arg_mappings),
+        options=options,
+        hostfile=resources.hostfile if resources.multi_node else None,
+    )
+
+
+def _runner(plan: TuningPlan, user: UserConfig, resources: Resources, deepspeed_bin: list[str], options: LauncherOptions) -> ExperimentRunner:
+    return ExperimentRunner(
+        commands=_commands(plan, user, resources, deepspeed_bin, options),
+        master_port=options.base_port,
         metric_key=user.autotuning.metric_key,
         exps_dir=plan.exps_dir,
+        local_start=is_deepspeed_runner(deepspeed_bin),
     )
 
 
@@ -166,9 +175,9 @@ def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: s
                 os.remove(description)
             except OSError:
                 pass
-    for name in ("summary.txt", "ds_config_optimal.json", "cmd_optimal.txt"):
+    for path in ResultsFiles(results_dir).outputs():
         try:
-            os.remove(os.path.join(results_dir, name))
+            os.remove(path)
         except OSError:
             pass
 
@@ -190,7 +199,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     if options.trial_timeout is not None and not (math.isfinite(options.trial_timeout) and options.trial_timeout > 0):
         raise ConfigError(f"--trial-timeout must be a positive number of seconds, got {options.trial_timeout}")
     check_study_name(options.study_name)
-    launcher = resolve_launcher(options.launcher)
+    deepspeed_bin = resolve_deepspeed_bin(options.deepspeed_bin)
     results_dir = os.path.abspath(options.results_dir or a.results_dir)
     exps_dir = os.path.abspath(options.exps_dir or a.exps_dir)
     overwrite = a.overwrite if options.overwrite is None else options.overwrite
@@ -210,13 +219,13 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         cwd=os.getcwd(),
         config_path=user.path,
         user_config=user.raw,
-        launcher=launcher,
+        launcher=deepspeed_bin,
         launcher_options=dataclasses.asdict(options.launcher_options),
         results_dir=results_dir,
         exps_dir=exps_dir,
         trial_timeout=options.trial_timeout,
     )
-    runner = _runner(plan, user, resources, launcher, options.launcher_options)
+    runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
     log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
     tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
     try:
@@ -225,11 +234,11 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     except KeyboardInterrupt:
         # Write what finished, then let the interrupt end the process (130 or 143).
         with deferred_signals():
-            outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
+            outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url)
             log(outcome.summary.rstrip())
             log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
         raise
-    return _write_outputs(result, storage=storage, plan=plan, user=user, options=options, launcher=launcher, dp=resources.total_gpus, url=url)
+    return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url)
 
 
 class TuningInterrupted(KeyboardInterrupt):
@@ -263,7 +272,7 @@ class WorkerOptions:
     storage: str
     study_name: str
     launcher_options: LauncherOptions = LauncherOptions()
-    launcher: str | None = None
+    deepspeed_bin: str | None = None
     seed: int | None = None
 
 
@@ -282,6 +291,21 @@ def _local_hosts() -> set[str]:
     return {name, name.split(".")[0], socket.getfqdn(), "localhost", "127.0.0.1"}
 
 
+def worker_launcher_options(*, mine: LauncherOptions, planned: LauncherOptions) -> LauncherOptions:
+    """A worker's launcher flags: its own GPU selection (else the tuning's GPUs per experiment),
+    the tuning's rendezvous unless given, every other flag of the tuning unless given."""
+    own_gpus = bool(mine.include or mine.exclude or mine.hostfile)
+    default = LauncherOptions()
+    merged = {
+        f.name: getattr(mine, f.name) if getattr(mine, f.name) != getattr(default, f.name) else getattr(planned, f.name)
+        for f in dataclasses.fields(LauncherOptions)
+        if f.name not in ("hostfile", "include", "exclude")
+    }
+    merged["num_gpus"] = mine.num_gpus if mine.num_gpus > 0 or own_gpus else planned.num_gpus
+    merged["num_nodes"] = mine.num_nodes if mine.num_nodes > 0 or own_gpus else planned.num_nodes
+    return dataclasses.replace(mine, **merged)
+
+
 def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> TuningResult:
     """Join the tuning stored under ``options.study_name`` and run its experiments on this
     node's GPUs until it is done. Everything else comes from the plan in the storage."""
@@ -296,24 +320,15 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
                 f"the tuning's {what} {path} does not exist on this node: share it (NFS) or copy it to the same path"
             )
     os.chdir(plan.cwd)
-    launcher = resolve_launcher(options.launcher) if options.launcher else plan.launcher
-    if not os.path.exists(launcher[0]):
-        launcher = resolve_launcher(None)
-    planned = LauncherOptions(**plan.launcher_options)
-    mine = options.launcher_options
-    own_gpus = bool(mine.include or mine.exclude or mine.hostfile)
-    launcher_options = dataclasses.replace(
-        mine,
-        num_gpus=mine.num_gpus if mine.num_gpus > 0 or own_gpus else planned.num_gpus,
-        num_nodes=mine.num_nodes if mine.num_nodes > 0 or own_gpus else planned.num_nodes,
-        master_port=mine.master_port if mine.master_port != LauncherOptions.master_port else planned.master_port,
-        master_addr=mine.master_addr or planned.master_addr,
-    )
+    deepspeed_bin = resolve_deepspeed_bin(options.deepspeed_bin) if options.deepspeed_bin else plan.launcher
+    if not os.path.exists(deepspeed_bin[-1]):
+        deepspeed_bin = resolve_deepspeed_bin(None)
+    launcher_options = worker_launcher_options(mine=options.launcher_options, planned=LauncherOptions(**plan.launcher_options))
     resources = discover_resources(launcher_options)
     if resources.multi_node and resources.nodes_per_experiment == 1:
         resources = resources.restricted_to(_local_hosts())
     check_gpus(user, total_gpus=resources.total_gpus)
-    runner = _runner(plan, user, resources, launcher, launcher_options)
+    runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
     observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
     tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
                     seed=options.seed, worker=True)
@@ -331,35 +346,29 @@ def _write_outputs(
     storage: optuna.storages.BaseStorage,
     plan: TuningPlan,
     user: UserConfig,
-    options: TuneOptions,
-    launcher: list[str],
+    runner: ExperimentRunner,
     dp: int,
     url: str,
 ) -> TuneOutcome:
     results_dir = plan.results_dir
+    files = ResultsFiles(results_dir)
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
     summary = write_summary(result, results_dir=results_dir, advice=advice)
     data = load_report(storage, plan.study_name, metric=result.metric, maximize=result.direction == "maximize")
-    write_report(data, os.path.join(results_dir, "report.html"), summary=summary)
+    write_report(data, files.report, summary=summary)
     register_with_dashboard(data, storage, summary=summary)
     config = optimal_config(result)
     command: list[str] | None = None
-    paths = None
+    written = None
     if config is not None:
-        config_path = os.path.join(results_dir, "ds_config_optimal.json")
-        command = [
-            *launcher,
-            *options.launcher_options.training_args(),
-            plan.script,
-            *_training_args(plan.script_args, config_path, user, config),
-        ]
-        paths = write_optimal(result, results_dir=results_dir, command=command)
+        command = runner.commands.training(config=config, config_path=files.optimal_config)
+        written = write_optimal(result, results_dir=results_dir, command=command)
     return TuneOutcome(
         result=result,
         summary=summary,
         results_dir=results_dir,
-        optimal_config_path=paths[0] if paths else None,
-        optimal_cmd_path=paths[1] if paths else None,
+        optimal_config_path=written[0] if written else None,
+        optimal_cmd_path=written[1] if written else None,
         optimal_command=command,
         storage_url=url,
     )

@@ -11,7 +11,8 @@ import pytest
 
 TESTS = Path(__file__).parent
 FAKE_LAUNCHER = str(TESTS / "fake_deepspeed.py")
-LAUNCHER_OPTION = "--launcher"  # the CLI option naming the deepspeed executable
+# Our option naming the deepspeed executable (DeepSpeed's own --launcher names its multi-node backend).
+LAUNCHER_OPTION = "--deepspeed-bin"
 EXAMPLES = TESTS.parent / "examples"
 
 

@@ -11,6 +11,7 @@ file for an experiment. The performance surface and the faults come from the JSO
     oom_above   {stage: largest mbs that fits}        default none
     stderr_text a line printed after the OOM error
     error_at    micro-batch sizes that crash          (exit 1, a non-OOM traceback)
+    rank_log_text  written to the rank log under --enable_each_rank_log, as a rank would
     hang_at     micro-batch sizes that never finish   (with a child process, to test group kill)
     no_metrics_at  sizes that exit 0 without metrics
     profile_fail   the profile run crashes
@@ -29,7 +30,9 @@ import subprocess
 import sys
 import time
 
-LAUNCHER_VALUE_OPTIONS = {"--include", "--exclude", "--hostfile", "--master_port", "--master_addr", "--num_gpus", "--num_nodes"}
+LAUNCHER_VALUE_OPTIONS = {"--include", "--exclude", "--hostfile", "--master_port", "--master_addr", "--num_gpus", "--num_nodes",
+                          "--launcher", "--launcher_args", "--enable_each_rank_log", "--bind_core_list", "--ssh_port",
+                          "--venv_script", "--log_level"}
 
 
 def parse(argv):
@@ -81,10 +84,16 @@ def main():
     gas = int(config.get("gradient_accumulation_steps", 1))
     start = time.time()
     entry = {"start": start, "include": launcher.get("--include"), "master_port": launcher.get("--master_port"),
-             "stage": stage, "mbs": mbs, "gas": gas, "args": args, "pid": os.getpid()}
+             "stage": stage, "mbs": mbs, "gas": gas, "args": args, "pid": os.getpid(), "launcher": launcher,
+             "argv": sys.argv[1:]}
     print(f"[INFO] fake deepspeed launching {script} pid {os.getpid()}", flush=True)
     # A harmless warning that mentions "Error": it must not fail the run.
     print("UserWarning: torch.distributed ErrorHandler is deprecated", file=sys.stderr, flush=True)
+    rank_dir = launcher.get("--enable_each_rank_log")
+    if rank_dir and surface.get("rank_log_text"):
+        os.makedirs(rank_dir, exist_ok=True)
+        with open(os.path.join(rank_dir, time.strftime("%Y%m%d%H%M%S") + "_rank0.log"), "w") as f:
+            f.write(surface["rank_log_text"] + "\n")
     try:
         if not auto:
             entry["training"] = True

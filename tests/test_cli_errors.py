@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import FAKE_LAUNCHER
+from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 
 GOOD = {"train_micro_batch_size_per_gpu": 2, "autotuning": {"enabled": True}}
@@ -44,9 +45,9 @@ def test_invalid_json_names_line_and_column(ws: Workspace) -> None:
 def test_missing_config_script_and_launcher(ws: Workspace) -> None:
     _assert_clean_error(ws.tune("absent.json"), "absent.json not found")
     ws.config(GOOD)
-    _assert_clean_error(ws.cli("tune", "--launcher", FAKE_LAUNCHER, "nope.py", "--deepspeed", "ds_config.json"), "training script nope.py not found")
-    _assert_clean_error(ws.cli("tune", "--launcher", "/no/such/deepspeed", "train.py", "--deepspeed", "ds_config.json"), "launcher /no/such/deepspeed not found")
-    _assert_clean_error(ws.cli("tune", "--launcher", FAKE_LAUNCHER, "train.py", "--lr", "1"), "no DeepSpeed config in the script arguments")
+    _assert_clean_error(ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "nope.py", "--deepspeed", "ds_config.json"), "training script nope.py not found")
+    _assert_clean_error(ws.cli("tune", LAUNCHER_OPTION, "/no/such/deepspeed", "train.py", "--deepspeed", "ds_config.json"), "--deepspeed-bin /no/such/deepspeed not found")
+    _assert_clean_error(ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--lr", "1"), "no DeepSpeed config in the script arguments")
 
 
 def test_unknown_option_and_bad_storage(ws: Workspace) -> None:

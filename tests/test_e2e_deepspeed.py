@@ -91,6 +91,13 @@ def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> N
     for t in trials:
         assert sorted(os.listdir(t.user_attrs["result_dir"])) == ["cmd.txt", "ds_config.json", "exp.json", "metrics.json", "stderr.log", "stdout.log"]
         assert (project / "autotuning_exps" / f"{t.user_attrs['exp_name']}.json").exists()
+        # The fast start: DeepSpeed's per-node launcher, without the runner's interpreter.
+        launched = json.loads((Path(t.user_attrs["result_dir"]) / "exp.json").read_text())["launched"]
+        assert launched[1:4] == ["-u", "-m", "deepspeed.launcher.launch"] and launched[4].startswith("--world_info=")
+        log = (Path(t.user_attrs["result_dir"]) / "stdout.log").read_text()
+        assert "[launch.py" in log and "[runner.py" not in log
+        config = (Path(t.user_attrs["result_dir"]) / "ds_config.json").read_text()
+        assert "500000000.0" not in config and "50000000.0" not in config
 
     _assert_report_draws_plots(results / "report.html", project / "report.png")
 
@@ -140,6 +147,12 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     assert "Training with the optimal config" in p.stdout
     assert "step 10 loss" in p.stdout  # the training's own output, streamed
     assert (project / "autotuning_results" / "ds_config_optimal.json").exists()
+    # The optimal command, pasted as written, trains with DeepSpeed's own runner.
+    line = (project / "autotuning_results" / "cmd_optimal.txt").read_text()
+    assert "--master_port 29660" in line
+    q = subprocess.run(["bash", "-c", line], cwd=project, env=dict(os.environ, DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stdout + q.stderr
+    assert "step 10 loss" in q.stdout and "[runner.py" in q.stdout + q.stderr
 
 
 def test_sigint_ends_real_deepspeed_ranks(project: Path) -> None:
@@ -184,3 +197,55 @@ def test_sigint_ends_real_deepspeed_ranks(project: Path) -> None:
         os.kill(rank, 0)
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)
+
+
+def test_the_fast_start_gives_the_script_what_deepspeeds_runner_gives_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same argv, same environment (CUDA_VISIBLE_DEVICES, rendezvous, ranks, the tuner's own
+    variables), same rank logs, as when the experiment goes through the `deepspeed` runner."""
+    from optuna_ds.launcher import CommandBuilder
+    from optuna_ds.launcher import Experiment
+    from optuna_ds.launcher import ExperimentRunner
+    from optuna_ds.launcher import LauncherOptions
+    from optuna_ds.launcher import Phase
+    from optuna_ds.launcher import Slot
+
+    script = tmp_path / "dump.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "out = os.path.join(os.environ['DUMP_DIR'], os.environ['RANK'] + '.json')\n"
+        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, open(out, 'w'))\n"
+        "print('rank', os.environ['RANK'], 'done')\n"
+    )
+    (tmp_path / ".deepspeed_env").write_text("FROM_DEEPSPEED_ENV=1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LOCAL_SIZE", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    deepspeed_bin = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+    seen = {}
+    for local_start in (False, True):
+        dump = tmp_path / f"dump-{local_start}"
+        dump.mkdir()
+        monkeypatch.setenv("DUMP_DIR", str(dump))
+        commands = CommandBuilder(deepspeed_bin=(deepspeed_bin,), script=str(script), script_args=("--deepspeed_config", "x.json", "--a", "b c"),
+                                  arg_mappings={}, options=LauncherOptions(enable_each_rank_log=str(tmp_path / f"ranks-{local_start}")))
+        runner = ExperimentRunner(commands=commands, master_port=29690, metric_key=None, exps_dir=str(tmp_path / "exps"), local_start=local_start)
+        result_dir = str(tmp_path / f"results-{local_start}" / "exp")
+        experiment = Experiment(name="exp", stage=0, phase=Phase.MICRO_BATCH, ds_config={}, result_dir=result_dir)
+        result = runner.run(experiment, slot=Slot({"localhost": [1, 2]}), timeout=300)
+        assert result.returncode == 0, result
+        launched = json.loads((Path(result_dir) / "exp.json").read_text()).get("launched")
+        assert (launched is not None) == local_start
+        ranks = {p.name: json.loads(p.read_text()) for p in dump.iterdir()}
+        assert set(ranks) == {"0.json", "1.json"}
+        logs = sorted((tmp_path / f"ranks-{local_start}" / "exp").iterdir())
+        assert len(logs) == 2 and all("done" in p.read_text() for p in logs)
+        for rank in ranks.values():
+            rank["argv"] = [a.replace(f"results-{local_start}", "results") for a in rank["argv"]]
+            rank["env"].pop("DUMP_DIR")
+        seen[local_start] = ranks
+    assert seen[True] == seen[False]
+    env = seen[True]["1.json"]["env"]
+    assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1,2", "1", "2", "29690")
+    assert env["NCCL_DEBUG"] == "INFO" and "FROM_DEEPSPEED_ENV" not in env  # DeepSpeed reads .deepspeed_env only for multi-node runs
+    assert seen[True]["0.json"]["argv"][:2] == ["--local_rank=0", "--deepspeed_config"]

@@ -15,6 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import FAKE_LAUNCHER
+from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 
 CONFIG = {
@@ -27,7 +28,7 @@ CONFIG = {
 
 def _start(ws: Workspace, surface: dict) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "optuna_ds", "tune", "--launcher", FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json"],
+        [sys.executable, "-m", "optuna_ds", "tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json"],
         cwd=ws.root, env=ws.env(surface), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAKE_LAUNCHER
+from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import Experiment
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
@@ -44,12 +45,11 @@ def test_timeout_wins() -> None:
 
 
 def _runner(tmp_path: Path, script: Path) -> ExperimentRunner:
-    resources = Resources(hosts={"localhost": [0, 1]}, gpus_per_node=1, nodes_per_experiment=1, device_memory=1e9, hostfile=None, multi_node=False)
-    return ExperimentRunner(
-        launcher=[sys.executable, FAKE_LAUNCHER], script=str(script), script_args=["--deepspeed_config", "orig.json", "--bs", "1"],
-        arg_mappings={"train_micro_batch_size_per_gpu": "--bs"}, resources=resources, master_port=29700,
-        metric_key="throughput", exps_dir=str(tmp_path / "exps"),
+    commands = CommandBuilder(
+        deepspeed_bin=(sys.executable, FAKE_LAUNCHER), script=str(script), script_args=("--deepspeed_config", "orig.json", "--bs", "1"),
+        arg_mappings={"train_micro_batch_size_per_gpu": "--bs"},
     )
+    return ExperimentRunner(commands=commands, master_port=29700, metric_key="throughput", exps_dir=str(tmp_path / "exps"))
 
 
 def _experiment(tmp_path: Path, mbs: int) -> Experiment:
@@ -143,3 +143,26 @@ def test_slot_pool_never_leases_a_gpu_twice_and_a_dead_holder_frees_it(tmp_path:
     child.wait()
     again = b.acquire(threading.Event())
     assert again is not None and again.index == first.index
+
+
+def test_rank_logs_of_an_experiment_are_its_own_and_classify_it(tmp_path: Path, script: Path, monkeypatch) -> None:
+    """With --enable_each_rank_log the ranks write there: an OOM in a rank log is an OOM, and a
+    previous run's rank log of the same experiment is not read."""
+    from optuna_ds.launcher import LauncherOptions
+
+    monkeypatch.setenv("FAKE_DS_SURFACE", "{}")
+    ranks = tmp_path / "ranks"
+    commands = CommandBuilder(deepspeed_bin=(sys.executable, FAKE_LAUNCHER), script=str(script), script_args=("--deepspeed_config", "o.json"),
+                              arg_mappings={}, options=LauncherOptions(enable_each_rank_log=str(ranks)))
+    runner = ExperimentRunner(commands=commands, master_port=29700, metric_key="throughput", exps_dir=str(tmp_path / "exps"))
+    exp = _experiment(tmp_path, 4)
+    (ranks / exp.name).mkdir(parents=True)
+    (ranks / exp.name / "20250101000000_rank0.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n")
+    monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"error_at": [4]}))
+    result = runner.run(exp, slot=_slot(), timeout=60)
+    assert result.reason is FailureReason.ERROR  # the stale OOM log was removed, not read
+    assert "--enable_each_rank_log" in (Path(exp.result_dir) / "cmd.txt").read_text()
+    # An OOM that a rank writes into its log during the run is found there.
+    monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"error_at": [4], "rank_log_text": "torch.OutOfMemoryError: CUDA out of memory."}))
+    result = runner.run(exp, slot=_slot(), timeout=60)
+    assert result.reason is FailureReason.OOM, result

@@ -6,6 +6,9 @@ import json
 
 import optuna
 import pytest
+
+from conftest import FAKE_LAUNCHER
+from conftest import LAUNCHER_OPTION
 from optuna.trial import TrialState
 
 from conftest import Workspace
@@ -112,7 +115,7 @@ def test_all_stages_stop_when_a_stage_is_no_better(ws: Workspace) -> None:
     # 1e9 fp32 parameters with Adam on 4 GPUs: z0 fits micro-batches up to ~46, z1 more.
     ws.config({**FAST, "zero_optimization": {"stage": "all"}})
     surface = {"base": {"0": 100, "1": 90, "2": 200, "3": 300}, "num_params": 1_000_000_000, "activation_mem_per_gpu": 200_000_000}
-    p = ws.cli("tune", "--launcher", __import__("conftest").FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+    p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                env=ws.env(surface, LOCAL_SIZE="4"))
     assert p.returncode == 0, p.stderr
     summary = (ws.results / "summary.txt").read_text()
@@ -190,7 +193,7 @@ def test_early_stopping_ends_the_knob_search(ws: Workspace) -> None:
 
 def test_run_trains_with_the_optimal_config_and_returns_its_status(ws: Workspace) -> None:
     ws.config(FAST)
-    p = ws.cli("run", "--launcher", __import__("conftest").FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+    p = ws.cli("run", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                env=ws.env({}, FAKE_DS_TRAIN_EXIT="3"))
     assert p.returncode == 3, p.stderr
     training = [l for l in ws.launches() if l.get("training")]
@@ -202,7 +205,7 @@ def test_run_trains_with_the_optimal_config_and_returns_its_status(ws: Workspace
 def test_script_arguments_reach_the_script_literally(ws: Workspace) -> None:
     ws.config({**FAST, "train_micro_batch_size_per_gpu": [4]})
     canary = ws.root / "pwned"
-    p = ws.cli("tune", "--launcher", __import__("conftest").FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+    p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                "--name", f"x; touch {canary}", "--glob", "*", "--var", "$HOME")
     assert p.returncode == 0, p.stderr
     args = _launched(ws)[0]["args"]
@@ -268,7 +271,7 @@ def test_full_mode_with_all_stages_tries_the_recommended_setting_then_searches_t
     # Throughput peaks at 12 samples, far from the memory limit: later stages start at the same size.
     surface = {"base": {"0": 100, "1": 101, "2": 102, "3": 60}, "peak": 12, "num_params": 1_000_000_000,
                "activation_mem_per_gpu": 200_000_000, "knob_gain": {"overlap_comm": {"true": 1.10}}}
-    p = ws.cli("tune", "--launcher", __import__("conftest").FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+    p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                env=ws.env(surface, LOCAL_SIZE="4"))
     assert p.returncode == 0, p.stderr + p.stdout
     knob = {s: [t for t in _study(ws, f"optuna-ds-z{s}").get_trials() if t.user_attrs.get("phase") == "knobs"] for s in (1, 2)}

@@ -20,6 +20,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import FAKE_LAUNCHER
+from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 from test_storages import SERVERS
 from test_storages import _reachable
@@ -64,7 +65,7 @@ class Cluster:
         return self._start("worker", *self.common)
 
     def tune(self) -> subprocess.Popen[str]:
-        return self._start("tune", "--launcher", FAKE_LAUNCHER, *self.common, "train.py", "--deepspeed_config", "ds_config.json")
+        return self._start("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, *self.common, "train.py", "--deepspeed_config", "ds_config.json")
 
     def study(self) -> optuna.Study:
         return optuna.load_study(study_name=f"{self.name}-z1", storage=self.storage)

@@ -15,20 +15,66 @@ from optuna_ds._errors import OptunaDSError
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 
 
+def _refuse(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    from optuna_ds.launcher import REFUSED_FLAGS
+
+    if value not in (None, False):
+        flag = param.opts[0]
+        raise click.UsageError(f"{flag} cannot be honoured: {REFUSED_FLAGS[flag]}")
+    return value
+
+
 def _launcher_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """DeepSpeed's launcher options, in its underscore spelling and the dashed one."""
+    """Every flag of DeepSpeed's launcher, in its spelling (short forms included) and the dashed one."""
     options = [
-        click.option("--num_gpus", "--num-gpus", "num_gpus", type=int, default=-1, help="GPUs per experiment per node (default: all)."),
+        click.option("-H", "--hostfile", type=click.Path(dir_okay=False), default=None, help="DeepSpeed hostfile (default /job/hostfile if present)."),
+        click.option("-i", "--include", default="", help="GPUs to use, e.g. localhost:0,1 or worker-0@worker-1:0,2."),
+        click.option("-e", "--exclude", default="", help="GPUs not to use, same syntax as --include."),
         click.option("--num_nodes", "--num-nodes", "num_nodes", type=int, default=-1, help="Nodes per experiment (default: all)."),
-        click.option("--hostfile", type=click.Path(dir_okay=False), default=None, help="DeepSpeed hostfile (default /job/hostfile if present)."),
-        click.option("--include", default="", help="GPUs to use, e.g. localhost:0,1 or worker-0@worker-1:0,2."),
-        click.option("--exclude", default="", help="GPUs not to use, same syntax as --include."),
-        click.option("--master_port", "--master-port", "master_port", type=int, default=29500, help="First rendezvous port."),
+        click.option("--num_gpus", "--num-gpus", "--num_accelerators", "--num-accelerators", "num_gpus", type=int, default=-1,
+                     help="GPUs per experiment per node (default: all)."),
+        click.option("--master_port", "--master-port", "master_port", type=int, default=None,
+                     help="Rendezvous port of the first slot's experiments (default 29500); the optimal command keeps it only if given."),
         click.option("--master_addr", "--master-addr", "master_addr", default="", help="Rendezvous address for multi-node experiments."),
+        click.option("--launcher", default="pdsh", show_default=True, help="DeepSpeed's multi-node backend: pdsh, openmpi, mvapich, slurm, mpich, impi."),
+        click.option("--launcher_args", "--launcher-args", "launcher_args", default="", help="Arguments of the multi-node backend, as one quoted string."),
+        click.option("--module", is_flag=True, help="Run the script as a Python module (python -m)."),
+        click.option("--no_python", "--no-python", "no_python", is_flag=True, help="Execute the script directly, without python."),
+        click.option("--no_local_rank", "--no-local-rank", "no_local_rank", is_flag=True, help="Do not pass --local_rank to the script."),
+        click.option("--no_ssh_check", "--no-ssh-check", "no_ssh_check", is_flag=True, help="Skip DeepSpeed's ssh check of multi-node experiments."),
+        click.option("--force_multi", "--force-multi", "force_multi", is_flag=True, help="Use the multi-node backend even for one node."),
+        click.option("--save_pid", "--save-pid", "save_pid", is_flag=True, help="DeepSpeed's pid file, for the final training."),
+        click.option("--enable_each_rank_log", "--enable-each-rank-log", "enable_each_rank_log", default="None",
+                     help="Directory of per-rank logs (each experiment in its own subfolder)."),
+        click.option("--bind_cores_to_rank", "--bind-cores-to-rank", "bind_cores_to_rank", is_flag=True, help="Bind each rank to its own cores."),
+        click.option("--bind_core_list", "--bind-core-list", "bind_core_list", default=None, help="Cores to bind to, e.g. 1,3-5,7."),
+        click.option("--ssh_port", "--ssh-port", "ssh_port", type=int, default=None, help="SSH port of multi-node experiments."),
+        click.option("--venv_script", "--venv-script", "venv_script", default=None, help="Virtual environment activation script of multi-node experiments."),
+        click.option("--log_level", "--log-level", "log_level", default="info", show_default=True, help="Log level of DeepSpeed's launcher."),
+        click.option("--no_ssh", "--no-ssh", "no_ssh", is_flag=True, hidden=True, expose_value=False, callback=_refuse),
+        click.option("--node_rank", "--node-rank", "node_rank", default=None, hidden=True, expose_value=False, callback=_refuse),
+        click.option("--autotuning", default=None, hidden=True, expose_value=False, callback=_refuse),
     ]
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def _deepspeed_bin_option(help: str) -> Callable[..., Any]:
+    return click.option("--deepspeed-bin", "--deepspeed_bin", "deepspeed_bin", default=None, help=help)
+
+
+def _launcher_options_of(kwargs: dict[str, Any]) -> Any:
+    import dataclasses
+
+    from optuna_ds.launcher import LauncherOptions
+
+    return LauncherOptions(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(LauncherOptions)})
+
+
+def _check_script(script: str) -> None:
+    if script.startswith("-"):
+        raise click.UsageError(f"no such option: {script}")
 
 
 def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -39,7 +85,7 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--exps-dir", "--exps_dir", "exps_dir", default=None, help="Overrides autotuning.exps_dir."),
         click.option("--overwrite/--no-overwrite", default=None, help="Start afresh instead of resuming (overrides autotuning.overwrite)."),
         click.option("--trial-timeout", "--trial_timeout", "trial_timeout", type=float, default=None, help="Seconds before an experiment is killed (default: derived from the profile run)."),
-        click.option("--launcher", default=None, help="The deepspeed launcher (default: deepspeed on PATH)."),
+        _deepspeed_bin_option("The deepspeed executable (default: deepspeed on PATH)."),
         click.option("--seed", type=int, default=None, help="Seed of the samplers."),
         click.option("-q", "--quiet", is_flag=True, help="Print only the summary."),
         click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr."),
@@ -52,12 +98,12 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _tune_from_cli(kwargs: dict[str, Any], script: str, script_args: tuple[str, ...]) -> Any:
     from optuna_ds._tune import TuneOptions
     from optuna_ds._tune import tune
-    from optuna_ds.launcher import LauncherOptions
     from optuna_ds.reporting import Progress
 
     _quiet_optuna()
     progress = Progress(quiet=kwargs.pop("quiet"), verbose=kwargs.pop("verbose"))
-    launcher_options = LauncherOptions(**{k: kwargs.pop(k) for k in ("num_gpus", "num_nodes", "hostfile", "include", "exclude", "master_port", "master_addr")})
+    _check_script(script)
+    launcher_options = _launcher_options_of(kwargs)
     options = TuneOptions(script=script, script_args=list(script_args), launcher_options=launcher_options, **kwargs)
     try:
         outcome = tune(options, observer=progress)
@@ -106,7 +152,9 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
     outcome = _tune_from_cli(kwargs, script, script_args)
     if outcome.optimal_command is None:
         sys.exit(1)
-    click.echo("Training with the optimal config: " + " ".join(outcome.optimal_command))
+    from optuna_ds.launcher import shell_line
+
+    click.echo("Training with the optimal config: " + shell_line(outcome.optimal_command))
     sys.exit(run_training(outcome.optimal_command))
 
 
@@ -114,11 +162,11 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 @_launcher_options
 @click.option("--storage", required=True, help="The tuning's Optuna storage URL, as given to `optuna-ds tune`.")
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="The tuning's name.")
-@click.option("--launcher", default=None, help="The deepspeed launcher (default: the tuning's, else deepspeed on PATH).")
+@_deepspeed_bin_option("The deepspeed executable (default: the tuning's, else deepspeed on PATH).")
 @click.option("--seed", type=int, default=None, help="Seed of the samplers.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only warnings.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr.")
-def worker(storage: str, study_name: str, launcher: str | None, seed: int | None, quiet: bool, verbose: bool, **launcher_kwargs: Any) -> None:
+def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int | None, quiet: bool, verbose: bool, **launcher_kwargs: Any) -> None:
     """Join a tuning started by `optuna-ds tune`: run its experiments on this node's GPUs.
 
     The plan (script, arguments, config, stages) comes from the storage; the script must be
@@ -127,12 +175,12 @@ def worker(storage: str, study_name: str, launcher: str | None, seed: int | None
     """
     from optuna_ds._tune import WorkerOptions
     from optuna_ds._tune import work
-    from optuna_ds.launcher import LauncherOptions
     from optuna_ds.reporting import Progress
 
     _quiet_optuna()
     progress = Progress(quiet=quiet, verbose=verbose)
-    options = WorkerOptions(storage=storage, study_name=study_name, launcher_options=LauncherOptions(**launcher_kwargs), launcher=launcher, seed=seed)
+    options = WorkerOptions(storage=storage, study_name=study_name, launcher_options=_launcher_options_of(launcher_kwargs),
+                            deepspeed_bin=deepspeed_bin, seed=seed)
     try:
         result = work(options, observer=progress)
     finally:

@@ -3,6 +3,7 @@
 from optuna_ds.config._autotuning import METRIC_KEYS
 from optuna_ds.config._autotuning import AutotuningConfig
 from optuna_ds.config._autotuning import parse_autotuning_config
+from optuna_ds.config._integers import with_integer_sizes
 from optuna_ds.config._script_args import find_arg
 from optuna_ds.config._script_args import find_config_path
 from optuna_ds.config._script_args import replace_config_path
@@ -34,4 +35,5 @@ __all__ = [
     "parse_user_config",
     "replace_config_path",
     "set_arg",
+    "with_integer_sizes",
 ]

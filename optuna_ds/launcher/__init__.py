@@ -6,11 +6,16 @@ from optuna_ds.launcher._classify import clean_text
 from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import telling_line
+from optuna_ds.launcher._commands import CommandBuilder
+from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._experiment import Experiment
 from optuna_ds.launcher._experiment import ExperimentResult
 from optuna_ds.launcher._experiment import FailureReason
 from optuna_ds.launcher._experiment import Phase
-from optuna_ds.launcher._resources import LauncherOptions
+from optuna_ds.launcher._options import REFUSED_FLAGS
+from optuna_ds.launcher._options import LauncherOptions
+from optuna_ds.launcher._paths import ExperimentFiles
+from optuna_ds.launcher._paths import ResultsFiles
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import discover_resources
@@ -26,6 +31,11 @@ from optuna_ds.launcher._runner import kill_process_group
 
 __all__ = [
     "BadMetrics",
+    "CommandBuilder",
+    "ExperimentFiles",
+    "REFUSED_FLAGS",
+    "ResultsFiles",
+    "shell_line",
     "Experiment",
     "ExperimentInterrupted",
     "ExperimentResult",

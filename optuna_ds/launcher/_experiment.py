@@ -4,6 +4,8 @@ import dataclasses
 import enum
 from typing import Any
 
+from optuna_ds.launcher._paths import ExperimentFiles
+
 
 class FailureReason(str, enum.Enum):
     """Why an experiment produced no metric. Stored on the trial, shown in the summary."""
@@ -39,12 +41,16 @@ class Experiment:
     knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
+    def files(self) -> ExperimentFiles:
+        return ExperimentFiles(self.result_dir)
+
+    @property
     def metric_path(self) -> str:
-        return f"{self.result_dir}/metrics.json"
+        return self.files.metrics
 
     @property
     def model_info_path(self) -> str:
-        return f"{self.result_dir}/model_info.json"
+        return self.files.model_info
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

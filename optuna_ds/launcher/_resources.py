@@ -6,41 +6,9 @@ import os
 from typing import Any
 
 from optuna_ds._errors import ResourceError
-
-DEFAULT_HOSTFILE = "/job/hostfile"
-DEFAULT_MASTER_PORT = 29500
-
-
-@dataclasses.dataclass(frozen=True)
-class LauncherOptions:
-    """DeepSpeed launcher options, as the user gave them to ``optuna-ds``."""
-
-    num_gpus: int = -1
-    num_nodes: int = -1
-    hostfile: str | None = None
-    include: str = ""
-    exclude: str = ""
-    master_port: int = DEFAULT_MASTER_PORT
-    master_addr: str = ""
-
-    def training_args(self) -> list[str]:
-        """The options to pass to ``deepspeed`` for the final training run."""
-        args: list[str] = []
-        if self.hostfile:
-            args += ["--hostfile", self.hostfile]
-        if self.include:
-            args += ["--include", self.include]
-        if self.exclude:
-            args += ["--exclude", self.exclude]
-        if self.num_nodes > 0:
-            args += ["--num_nodes", str(self.num_nodes)]
-        if self.num_gpus > 0:
-            args += ["--num_gpus", str(self.num_gpus)]
-        if self.master_addr:
-            args += ["--master_addr", self.master_addr]
-        args += ["--master_port", str(self.master_port)]
-        return args
-
+from optuna_ds.launcher._options import DEFAULT_HOSTFILE
+from optuna_ds.launcher._options import LauncherOptions
+from optuna_ds.launcher._options import WHOLE_POOL_BACKENDS
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
@@ -107,10 +75,7 @@ def discover_resources(options: LauncherOptions) -> Resources:
     """Resolve the launcher options into concrete GPUs, with DeepSpeed's own parsers."""
     from deepspeed.launcher import runner
 
-    if options.num_gpus == 0 or options.num_nodes == 0:
-        raise ResourceError("--num_gpus and --num_nodes must be positive")
-    if (options.include or options.exclude) and (options.num_gpus > 0 or options.num_nodes > 0):
-        raise ResourceError("--num_gpus/--num_nodes cannot be combined with --include/--exclude")
+    options.validate()
     hostfile = options.hostfile
     if hostfile is not None and not os.path.isfile(hostfile):
         raise ResourceError(f"hostfile {hostfile} not found")
@@ -124,13 +89,17 @@ def discover_resources(options: LauncherOptions) -> Resources:
         except (OSError, ValueError) as e:
             raise ResourceError(f"hostfile {hostfile}: {e}") from None
     multi_node = pool is not None
+    include = options.include
     if pool is None:
         count = _accelerator().device_count()
         if count == 0:
             raise ResourceError("no GPU found: the accelerator reports 0 devices")
-        pool = {"localhost": count}
+        visible = visible_devices()
+        include = include_of_visible_devices(options, visible)
+        # Ids are the machine's, as the runner counts them with the variable unset.
+        pool = {"localhost": max([count, *(i + 1 for i in visible)])}
     try:
-        active = runner.parse_inclusion_exclusion(pool, options.include, options.exclude)
+        active = runner.parse_inclusion_exclusion(pool, include, options.exclude)
     except (ValueError, KeyError) as e:
         raise ResourceError(f"--include/--exclude: {e}") from None
     active = collections.OrderedDict((h, list(ids)) for h, ids in active.items() if ids)
@@ -144,7 +113,7 @@ def discover_resources(options: LauncherOptions) -> Resources:
     if options.num_gpus > fewest:
         raise ResourceError(f"--num_gpus {options.num_gpus} but a node has only {fewest} GPU(s)")
     per_node = options.num_gpus if options.num_gpus > 0 else fewest
-    return Resources(
+    resources = Resources(
         hosts=dict(active),
         gpus_per_node=per_node,
         nodes_per_experiment=nodes,
@@ -152,3 +121,47 @@ def discover_resources(options: LauncherOptions) -> Resources:
         hostfile=hostfile,
         multi_node=multi_node,
     )
+    _check_backend(options, resources)
+    return resources
+
+
+def visible_devices() -> list[int]:
+    """The ids in the accelerator's ``CUDA_VISIBLE_DEVICES`` (or its like), if set."""
+    name = _accelerator().visible_devices_envs()[0]
+    value = os.environ.get(name, "").strip()
+    try:
+        return [int(x) for x in value.split(",")] if value else []
+    except ValueError:
+        raise ResourceError(f"{name}={value!r} is not a list of device ids") from None
+
+
+def include_of_visible_devices(options: LauncherOptions, visible: list[int]) -> str:
+    """DeepSpeed's runner on one node: ``CUDA_VISIBLE_DEVICES`` becomes ``--include
+    localhost:<ids>`` unless a selection flag was given, in which case it is ignored."""
+    if not visible or options.include or options.exclude or options.num_nodes > 1 or options.num_gpus > 0:
+        return options.include
+    return "localhost:" + ",".join(map(str, visible))
+
+
+def _check_backend(options: LauncherOptions, resources: Resources) -> None:
+    """A multi-node experiment runs through ``--launcher``'s backend: refuse a split of the GPUs
+    that DeepSpeed's backend cannot express, now rather than at every experiment."""
+    from deepspeed.launcher import runner
+
+    backend = options.launcher.lower()
+    slots = resources.slots()
+    if not resources.multi_node or not slots or not any(len(s.hosts) > 1 or options.force_multi for s in slots):
+        return
+    if backend in WHOLE_POOL_BACKENDS and slots[0].hosts != resources.hosts:
+        raise ResourceError(
+            f"--launcher {backend} cannot select GPUs (DeepSpeed's {backend} backend refuses --include/--num_gpus): "
+            "an experiment must use every GPU of the hostfile"
+        )
+    backend_class = runner.LAUNCHER_CLASSES.get(backend)
+    validate = getattr(backend_class, "validate_active_resources", None)
+    if validate is not None:
+        for slot in slots:
+            try:
+                validate(slot.hosts)
+            except ValueError as e:
+                raise ResourceError(f"--launcher {backend}: {e}") from None

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
+from typing import IO
+from typing import Any
 
-from optuna_ds.config import replace_config_path
-from optuna_ds.config import set_arg
 from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import last_lines
@@ -21,7 +21,13 @@ from optuna_ds.launcher._classify import read_tail
 from optuna_ds.launcher._experiment import Experiment
 from optuna_ds.launcher._experiment import ExperimentResult
 from optuna_ds.launcher._experiment import Phase
-from optuna_ds.launcher._resources import Resources
+from optuna_ds.launcher._commands import CommandBuilder
+from optuna_ds.launcher._commands import local_launch_command
+from optuna_ds.launcher._commands import shell_line
+from optuna_ds.launcher._launch_server import launch_server
+from optuna_ds.launcher._launch_server import launch_server_enabled
+from optuna_ds.launcher._paths import ExperimentFiles
+from optuna_ds.launcher._paths import rank_logs
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._tracking import MARK_VAR
 from optuna_ds.launcher._tracking import end_marked
@@ -37,18 +43,6 @@ def _write_json(path: str, data: object) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _lookup(config: dict, key: str) -> object:
-    """Find ``key`` anywhere in a nested config, as DeepSpeed's arg_mappings do."""
-    if key in config:
-        return config[key]
-    for value in config.values():
-        if isinstance(value, dict):
-            found = _lookup(value, key)
-            if found is not None:
-                return found
-    return None
 
 
 @contextlib.contextmanager
@@ -109,34 +103,35 @@ def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Even
 
 
 class ExperimentRunner:
-    """Launches experiments as ``deepspeed --include HOST:IDS --master_port PORT SCRIPT ARGS``.
+    """Launches experiments on their slot's GPUs, each in its own process group, so a timeout
+    or an interrupt ends the launcher and every rank it started by group id, never by name.
 
-    Each launch gets its own process group, so a timeout or an interrupt ends the launcher
-    and every rank it started by group id, never by name and never over ssh on one node.
+    With ``local_start`` (the executable is DeepSpeed's own runner), a single-node experiment
+    starts DeepSpeed's per-node launcher directly with the world info the runner would compute,
+    skipping the runner's interpreter; ``cmd.txt`` still holds the equivalent ``deepspeed``
+    command line. Multi-node experiments go through the runner and its ``--launcher`` backend.
     """
 
     def __init__(
         self,
         *,
-        launcher: Sequence[str],
-        script: str,
-        script_args: Sequence[str],
-        arg_mappings: dict[str, str],
-        resources: Resources,
+        commands: CommandBuilder,
         master_port: int,
-        master_addr: str = "",
         metric_key: str | None,
         exps_dir: str,
+        local_start: bool = False,
     ) -> None:
-        self._launcher = list(launcher)
-        self._script = script
-        self._script_args = list(script_args)
-        self._arg_mappings = dict(arg_mappings)
-        self._resources = resources
+        self._commands = commands
         self._master_port = master_port
-        self._master_addr = master_addr
         self._metric_key = metric_key
         self._exps_dir = exps_dir
+        self._local_start = local_start
+        if local_start and launch_server_enabled():
+            launch_server()  # its imports run while the tuning sets up
+
+    @property
+    def commands(self) -> CommandBuilder:
+        return self._commands
 
     @property
     def master_port(self) -> int:
@@ -148,18 +143,28 @@ class ExperimentRunner:
         return self._master_port + slot_index
 
     def command(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
-        args = replace_config_path(self._script_args, config_path)
-        for key, flag in self._arg_mappings.items():
-            value = _lookup(experiment.ds_config, key)
-            if value is not None and value != "auto":
-                args = set_arg(args, flag, str(value))
-        launcher_args: list[str] = []
-        if self._resources.multi_node and self._resources.hostfile:
-            launcher_args += ["--hostfile", self._resources.hostfile]
-        launcher_args += ["--include", slot.include, "--master_port", str(port)]
-        if self._master_addr:
-            launcher_args += ["--master_addr", self._master_addr]
-        return self._launcher + launcher_args + [self._script] + args
+        """The experiment as a ``deepspeed`` command line (what ``cmd.txt`` holds)."""
+        return self._commands.experiment(name=experiment.name, config=experiment.ds_config, config_path=config_path, slot=slot, port=port)
+
+    def launched(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
+        """What is actually started: the per-node launcher for a local experiment with
+        ``local_start``, else the ``deepspeed`` command line."""
+        if self._local_start and self._commands.is_local(slot):
+            return local_launch_command(
+                self._commands.local_launch(name=experiment.name, config=experiment.ds_config, config_path=config_path, slot=slot, port=port)
+            )
+        return self.command(experiment, config_path, slot=slot, port=port)
+
+    def _spawn(self, launched: list[str], *, stdout: IO[bytes], stderr: IO[bytes], env: dict[str, str], pass_fds: Sequence[int]) -> Any:
+        """Start the experiment in its own session: the per-node launcher forked from the
+        pre-warmed server when it can, else as a process of its own."""
+        if launched[1:4] == ["-u", "-m", "deepspeed.launcher.launch"] and launch_server_enabled():
+            served = launch_server().start(launched[4:], stdout=stdout.fileno(), stderr=stderr.fileno(), env=env, pass_fds=pass_fds)
+            if served is not None:
+                return served
+        return subprocess.Popen(
+            launched, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
+        )
 
     def run(
         self,
@@ -182,33 +187,34 @@ class ExperimentRunner:
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
         stdout.log and stderr.log.
         """
-        result_dir = experiment.result_dir
-        os.makedirs(result_dir, exist_ok=True)
+        files = ExperimentFiles(experiment.result_dir, self._exps_dir)
+        os.makedirs(files.result_dir, exist_ok=True)
         os.makedirs(self._exps_dir, exist_ok=True)
         # A stale metrics file from an earlier run must never be read as this run's result.
-        for stale in (experiment.metric_path, experiment.model_info_path):
+        rank_dir = self._commands.rank_log_dir(experiment.name)
+        for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
             if os.path.exists(stale):
                 os.remove(stale)
-        config_path = os.path.join(result_dir, "ds_config.json")
+        config_path = files.ds_config
         _write_json(config_path, experiment.ds_config)
         port = self.port(slot_index)
         cmd = self.command(experiment, config_path, slot=slot, port=port)
+        launched = self.launched(experiment, config_path, slot=slot, port=port)
         description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port}
-        _write_json(os.path.join(self._exps_dir, f"{experiment.name}.json"), description)
-        _write_json(os.path.join(result_dir, "exp.json"), description)
-        with open(os.path.join(result_dir, "cmd.txt"), "w", encoding="utf-8") as f:
-            f.write(" ".join(cmd) + "\n")
+        if launched != cmd:
+            description["launched"] = launched
+        _write_json(files.description, description)
+        _write_json(files.exp, description)
+        with open(files.cmd, "w", encoding="utf-8") as f:
+            f.write(shell_line(cmd) + "\n")
 
-        stdout_path = os.path.join(result_dir, "stdout.log")
-        stderr_path = os.path.join(result_dir, "stderr.log")
+        stdout_path, stderr_path = files.stdout, files.stderr
         mark = new_mark()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
-            )
+            proc = self._spawn(launched, stdout=out, stderr=err, env=env, pass_fds=pass_fds)
             try:
                 if on_start is not None:
                     on_start(proc.pid)  # the process group id, recorded so a resumed tuning can end it
@@ -229,12 +235,14 @@ class ExperimentRunner:
         duration = time.monotonic() - start
 
         stdout_tail, stderr_tail = read_tail(stdout_path), read_tail(stderr_path)
+        if rank_dir:  # --enable_each_rank_log: the ranks' output is there, not in stdout/stderr
+            stderr_tail += "".join(read_tail(path) for path in rank_logs(rank_dir))
         problem = ""
         try:
             if experiment.phase is Phase.PROFILE:
-                metrics = read_metrics(experiment.model_info_path, "num_params")
+                metrics = read_metrics(files.model_info, "num_params")
             else:
-                metrics = read_metrics(experiment.metric_path, self._metric_key)
+                metrics = read_metrics(files.metrics, self._metric_key)
         except BadMetrics as e:
             metrics, problem = None, str(e)
         reason, detail = classify(

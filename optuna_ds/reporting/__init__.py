@@ -7,7 +7,6 @@ from optuna_ds.reporting._report import register_with_dashboard
 from optuna_ds.reporting._report import render_report
 from optuna_ds.reporting._report import write_report
 from optuna_ds.reporting._summary import learning_rate_advice
-from optuna_ds.reporting._summary import optimal_command
 from optuna_ds.reporting._summary import optimal_config
 from optuna_ds.reporting._summary import summary_table
 from optuna_ds.reporting._summary import summary_text
@@ -19,7 +18,6 @@ __all__ = [
     "ReportData",
     "learning_rate_advice",
     "load_report",
-    "optimal_command",
     "optimal_config",
     "register_with_dashboard",
     "render_report",

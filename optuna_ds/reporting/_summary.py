@@ -4,10 +4,12 @@ import datetime
 import json
 import math
 import os
-import shlex
 from typing import Any
 
 from optuna_ds.config import UserConfig
+from optuna_ds.config import with_integer_sizes
+from optuna_ds.launcher import ResultsFiles
+from optuna_ds.launcher import shell_line
 from optuna_ds.studies import TuningResult
 
 
@@ -89,7 +91,7 @@ def write_summary(result: TuningResult, *, results_dir: str, advice: str | None)
     """Write ``summary.txt`` and return its text."""
     text = summary_text(result, advice=advice)
     os.makedirs(results_dir, exist_ok=True)
-    with open(os.path.join(results_dir, "summary.txt"), "w", encoding="utf-8") as f:
+    with open(ResultsFiles(results_dir).summary, "w", encoding="utf-8") as f:
         f.write(text)
     return text
 
@@ -100,13 +102,7 @@ def optimal_config(result: TuningResult) -> dict[str, Any] | None:
         return None
     config = json.loads(json.dumps(best.ds_config))
     config.pop("autotuning", None)
-    return config
-
-
-def optimal_command(
-    *, launcher: list[str], launcher_args: list[str], script: str, script_args: list[str]
-) -> list[str]:
-    return [*launcher, *launcher_args, script, *script_args]
+    return with_integer_sizes(config)
 
 
 def write_optimal(result: TuningResult, *, results_dir: str, command: list[str]) -> tuple[str, str] | None:
@@ -115,11 +111,10 @@ def write_optimal(result: TuningResult, *, results_dir: str, command: list[str])
     config = optimal_config(result)
     if config is None:
         return None
-    config_path = os.path.join(results_dir, "ds_config_optimal.json")
-    with open(config_path, "w", encoding="utf-8") as f:
+    files = ResultsFiles(results_dir)
+    with open(files.optimal_config, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
-    cmd_path = os.path.join(results_dir, "cmd_optimal.txt")
-    with open(cmd_path, "w", encoding="utf-8") as f:
-        f.write(shlex.join(command) + "\n")
-    return config_path, cmd_path
+    with open(files.optimal_cmd, "w", encoding="utf-8") as f:
+        f.write(shell_line(command) + "\n")
+    return files.optimal_config, files.optimal_cmd

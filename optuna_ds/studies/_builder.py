@@ -9,7 +9,9 @@ from optuna_ds.config import MBS_KEY
 from optuna_ds.config import TBS_KEY
 from optuna_ds.config import ZERO_KEY
 from optuna_ds.config import UserConfig
+from optuna_ds.config import with_integer_sizes
 from optuna_ds.launcher import Experiment
+from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import Phase
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import experiment_name
@@ -60,17 +62,18 @@ class ExperimentBuilder:
             config[TBS_KEY] = self.train_batch_size(mbs, gas)
         config[ZERO_KEY] = {"stage": stage, **zero}
         config.pop("autotuning", None)
-        return config
+        return with_integer_sizes(config)
 
     def build(self, *, stage: int, phase: Phase, mbs: int, gas: int, space: KnobSpace, knobs: dict[str, Any] | None = None) -> Experiment:
         knobs = dict(knobs or {})
         name = experiment_name(stage=stage, mbs=mbs, gas=gas, knobs=knobs) + (f"_{space.offload}" if space.offload else "")
         result_dir = os.path.join(self._results_dir, name)
+        files = ExperimentFiles(result_dir)
         config = self._base(stage=stage, mbs=mbs, gas=gas, zero={**copy.deepcopy(space.fixed), **knobs})
         a = self._user.autotuning
         config["autotuning"] = {
             "enabled": True,
-            "metric_path": os.path.join(result_dir, "metrics.json"),
+            "metric_path": files.metrics,
             "start_profile_step": a.start_profile_step,
             "end_profile_step": a.end_profile_step,
         }
@@ -95,7 +98,7 @@ class ExperimentBuilder:
         config["memory_breakdown"] = False
         config["autotuning"] = {
             "enabled": True,
-            "model_info_path": os.path.join(result_dir, "model_info.json"),
+            "model_info_path": ExperimentFiles(result_dir).model_info,
             "model_info": {"profile": True},
         }
         return Experiment(

@@ -24,6 +24,7 @@ from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import Lease
 from optuna_ds.launcher import SlotPool
+from optuna_ds.launcher import shell_line
 from optuna_ds.pruners import TunerEarlyStoppingPruner
 from optuna_ds.samplers import create_sampler
 from optuna_ds.space import KnobSpace
@@ -285,7 +286,7 @@ class StageTuner:
                 raise optuna.TrialPruned("the knob search is over")
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
             port = ctx.runner.port(lease.index)
-            ctx.observer.detail(f"  cd {os.getcwd()} && {shlex.join(ctx.runner.command(experiment, os.path.join(experiment.result_dir, 'ds_config.json'), slot=lease.slot, port=port))}")
+            ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(ctx.runner.command(experiment, experiment.files.ds_config, slot=lease.slot, port=port))}")
             try:
                 result = ctx.runner.run(
                     experiment,
