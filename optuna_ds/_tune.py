@@ -32,9 +32,11 @@ from optuna_ds.launcher import kill_process_group
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
+from optuna_ds.reporting import scale_learning_rate
 from optuna_ds.reporting import register_with_dashboard
 from optuna_ds.reporting import write_optimal
 from optuna_ds.reporting import write_report
+from optuna_ds.reporting import summary_markdown
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.storage import TuningPlan
@@ -65,6 +67,7 @@ class TuneOptions:
     trial_timeout: float | None = None
     launcher: str | None = None
     seed: int | None = None
+    scale_lr: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,11 +307,12 @@ def _write_outputs(
 ) -> TuneOutcome:
     results_dir = plan.results_dir
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
-    summary = write_summary(result, results_dir=results_dir, advice=advice)
-    data = load_report(storage, plan.study_name, metric=result.metric, maximize=result.direction == "maximize")
-    write_report(data, os.path.join(results_dir, "report.html"), summary=summary)
-    register_with_dashboard(data, storage, summary=summary)
     config = optimal_config(result)
+    scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if options.scale_lr and advice and config else None
+    summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice)
+    data = load_report(storage, plan.study_name, result=result)
+    write_report(data, os.path.join(results_dir, "report.html"), summary=summary)
+    register_with_dashboard(data, storage, note=summary_markdown(result, advice=scaled.note if scaled else advice))
     command: list[str] | None = None
     paths = None
     if config is not None:
@@ -317,9 +321,10 @@ def _write_outputs(
             *launcher,
             *options.launcher_options.training_args(),
             plan.script,
-            *_training_args(plan.script_args, config_path, user, config),
+            *_training_args(scaled.script_args if scaled else plan.script_args, config_path, user, config),
         ]
-        paths = write_optimal(result, results_dir=results_dir, command=command)
+        paths = write_optimal(result, results_dir=results_dir, command=command, config=scaled.config if scaled else None,
+                              comment=scaled.note if scaled and scaled.applied else None)
     return TuneOutcome(
         result=result,
         summary=summary,
@@ -342,7 +347,7 @@ def report(*, storage: str, study_name: str, output: str) -> str:
     user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
     result = load_result(store, plan, user)
     summary = summary_text(result, advice=None)
-    write_report(load_report(store, study_name, metric=result.metric, maximize=result.direction == "maximize"), output, summary=summary)
+    write_report(load_report(store, study_name, result=result), output, summary=summary)
     return summary
 
 

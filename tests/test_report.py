@@ -66,7 +66,7 @@ def test_studies_carry_what_the_dashboard_shows(tuned: Workspace) -> None:
 
     plots = get_plotly_graph_objects(tuned_storage(tuned).get_study_system_attrs(study._study_id))
     assert {"metric_vs_mbs", "importance_z1"} <= set(plots)
-    assert json.loads(plots["metric_vs_mbs"])["layout"]["title"]["text"].startswith("throughput against micro-batch")
+    assert json.loads(plots["metric_vs_mbs"])["layout"]["title"]["text"].startswith("throughput (samples/s) against micro-batch")
 
 
 def tuned_storage(ws: Workspace) -> optuna.storages.BaseStorage:
