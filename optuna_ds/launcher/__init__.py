@@ -7,6 +7,8 @@ from optuna_ds.launcher._experiment import Experiment
 from optuna_ds.launcher._experiment import ExperimentResult
 from optuna_ds.launcher._experiment import FailureReason
 from optuna_ds.launcher._experiment import Phase
+from optuna_ds.launcher._gpu_memory import PeakGpuMemory
+from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._resources import LauncherOptions
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
@@ -27,6 +29,7 @@ __all__ = [
     "LauncherOptions",
     "Lease",
     "OOM_PATTERNS",
+    "PeakGpuMemory",
     "Phase",
     "Resources",
     "Slot",
@@ -34,6 +37,7 @@ __all__ = [
     "classify",
     "deferred_signals",
     "discover_resources",
+    "gpu_memory_support",
     "kill_process_group",
     "telling_line",
 ]

@@ -20,6 +20,7 @@ from optuna_ds.launcher._classify import read_tail
 from optuna_ds.launcher._experiment import Experiment
 from optuna_ds.launcher._experiment import ExperimentResult
 from optuna_ds.launcher._experiment import Phase
+from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 
@@ -200,7 +201,7 @@ class ExperimentRunner:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         start = time.monotonic()
         timed_out = False
-        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err, PeakGpuMemory(slot) as memory:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
             )
@@ -240,4 +241,5 @@ class ExperimentRunner:
             reason=reason,
             detail=detail,
             stderr_tail=last_lines(tail_source) if reason is not None else "",
+            peak_memory=memory.peak,
         )

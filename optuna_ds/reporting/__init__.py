@@ -2,6 +2,7 @@
 
 from optuna_ds.reporting._progress import Progress
 from optuna_ds.reporting._report import ReportData
+from optuna_ds.reporting._report import best_stage_study
 from optuna_ds.reporting._report import load_report
 from optuna_ds.reporting._report import register_with_dashboard
 from optuna_ds.reporting._report import render_report
@@ -26,6 +27,7 @@ __all__ = [
     "Progress",
     "ReportData",
     "ScaledLearningRate",
+    "best_stage_study",
     "headline",
     "learning_rate_advice",
     "metric_label",

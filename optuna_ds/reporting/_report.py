@@ -220,7 +220,7 @@ def _history(rows: list[ExperimentRow], metric: str, maximize: bool, baseline: E
     if mine and baseline is not None and baseline.value is not None:
         fig.add_trace(go.Scatter(x=mine[:1], y=[baseline.value], mode="markers+text", name="your config", marker=_BASELINE_MARKER,
                                  text=["your config"], textposition="top right", hovertemplate="your config<br>%{y:.4g}<extra></extra>"))
-    fig.update_layout(title="Optimization history", xaxis_title="experiment (in order of completion)",
+    fig.update_layout(title="Optimization history", xaxis={"title": "experiment (in order of completion)", "tickformat": "d"},
                       yaxis_title=_safe(metric_label(metric)), **_FIGURE_LAYOUT)
     return fig
 
@@ -312,7 +312,7 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
     base = result.baseline
     baseline = next((r for r in rows if base is not None and base.name and r.name == base.name and r.stage == base.stage), None)
     spend = result.spend
-    spent = f"{spend.gpu_hours:.3g} GPU-hours, {spend.experiments} runs" + (" with the profile" if spend.profiled else "")
+    spent = f"{spend.gpu_hours:.3g} GPU-hours, {spend.experiments} runs"
     figures = {
         "metric_vs_mbs": _metric_vs_mbs(rows, metric, baseline),
         "best_per_stage": _best_per_stage(rows, metric, maximize, baseline),
@@ -327,7 +327,7 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
     script = os.path.basename(plan.script) if plan is not None else ""
     title = f"{script}: the fastest DeepSpeed config" + ("" if study_name == "optuna-ds" else f" (tuning {study_name})")
     memory_note = "" if any(r.peak_memory for r in rows) else (
-        "Peak GPU memory: not reported here. " + str(root.user_attrs.get("gpu_memory_probe") or "The accelerator did not report it."))
+        "Peak GPU memory per experiment: " + str((root.user_attrs.get("resources") or {}).get("gpu_memory") or "not reported") + ".")
     return ReportData(study_name=study_name, metric=metric, studies=studies, rows=rows, figures=figures, title=title,
                       headline=tuple(headline(result)), memory_note=memory_note, baseline=baseline.name if baseline else "")
 
@@ -433,3 +433,17 @@ def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStora
         for fig_id in ("metric_vs_mbs", f"importance_z{stage}"):
             if fig_id in data.figures:
                 optuna_dashboard.save_plotly_graph_object(study, data.figures[fig_id], graph_object_id=fig_id)
+
+
+def best_stage_study(storage: optuna.storages.BaseStorage) -> tuple[int, str] | None:
+    """The stage study holding the best experiment of the storage's tunings, ``(id, name)``:
+    where the dashboard should open, rather than a root study that has no trials."""
+    best: tuple[float, int, str] | None = None
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=True):
+        trial = summary.best_trial
+        if trial is None or trial.value is None or "exp_name" not in trial.user_attrs:
+            continue
+        score = trial.value if summary.direction == optuna.study.StudyDirection.MAXIMIZE else -trial.value
+        if best is None or score > best[0]:
+            best = (score, summary._study_id, summary.study_name)
+    return (best[1], best[2]) if best else None

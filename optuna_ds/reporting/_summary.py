@@ -88,7 +88,7 @@ def headline(result: TuningResult) -> list[str]:
             noise = ("noise not measured: no config ran twice" if result.noise is None else
                      f"run-to-run noise {result.noise:.1%}, measured on {result.noise_configs} config(s) run more than once")
             same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
-            optimum += f", {factor:.2f}x faster{same} ({noise})"
+            optimum += f", {factor:.3g}x faster{same} ({noise})"
         lines.append(optimum + ".")
     spend = result.spend
     lines.append(f"Spent: {spend.experiments} experiment(s)" + (" (the profile run included)" if spend.profiled else "")

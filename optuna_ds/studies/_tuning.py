@@ -16,6 +16,7 @@ from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import deferred_signals
+from optuna_ds.launcher import gpu_memory_support
 from optuna_ds.launcher import Resources
 from optuna_ds.space import MemoryEstimate
 from optuna_ds.space import MemoryModel
@@ -112,7 +113,8 @@ class Tuning:
         """Every process of a tuning runs experiments of one size on one kind of GPU: the
         batch sizes and the memory estimates depend on it. The first process records them."""
         recorded = self._root.user_attrs.get("resources")
-        mine = {"gpus_per_experiment": self._resources.total_gpus, "device_memory": self._resources.device_memory}
+        mine = {"gpus_per_experiment": self._resources.total_gpus, "device_memory": self._resources.device_memory,
+                "gpu_memory": gpu_memory_support()}
         if recorded is None:
             if not self._worker:
                 self._root.set_user_attr("resources", mine)
