@@ -155,3 +155,10 @@ def test_dashboard_serves_the_stage_studies_on_localhost(tuned: Workspace) -> No
         proc.wait(timeout=30)
     # It says where to land: the stage study with the best experiment, not the root's plan.
     assert f"best experiments: http://127.0.0.1:{port}/dashboard/studies/{names['optuna-ds-z1']} (optuna-ds-z1)" in proc.stdout.read()
+
+
+def test_dashboard_without_a_storage_is_one_line_and_status_2(tuned: Workspace) -> None:
+    env = {k: v for k, v in tuned.env().items() if k != "OPTUNA_STORAGE"}
+    p = tuned.cli("dashboard", env=env)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "optuna-ds: error (optuna-ds dashboard): give the storage: optuna-ds dashboard STORAGE, --storage URL or OPTUNA_STORAGE"]

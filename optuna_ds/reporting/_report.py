@@ -33,8 +33,6 @@ _FAILURE_SYMBOL = {"oom": "x", "timeout": "hourglass", "no-metrics": "circle-ope
 _BASELINE_MARKER = {"symbol": "star", "size": 18, "color": "#ffd60a", "line": {"color": "#000", "width": 1.5}}
 _PROFILE_COLOR = "#6c757d"
 _FIGURE_LAYOUT = {"height": 430, "margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "legend": {"orientation": "h", "y": -0.18}}
-_STATUS_COLORS = {"complete": "#2a9d8f", "oom": "#e76f51", "error": "#9b2226", "timeout": "#ee9b00", "no-metrics": "#6c757d",
-                  "interrupted": "#adb5bd", "failed": "#9b2226", "running": "#457b9d", "duplicate": "#dee2e6"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,7 +62,7 @@ def speedup(result: TuningResult) -> float | None:
 
 
 def headline(result: TuningResult) -> list[str]:
-    """What the user came for, in two lines: their config -> the optimum, how much faster
+    """What the user came for, in three lines: their config, the optimum and how much faster
     (with the run-to-run noise where this tuning measured it), and what finding it cost."""
     base, best, metric = result.baseline, result.best, result.metric
     lines = []
