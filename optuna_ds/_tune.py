@@ -38,9 +38,11 @@ from optuna_ds.launcher import new_mark
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
+from optuna_ds.reporting import scale_learning_rate
 from optuna_ds.reporting import register_with_dashboard
 from optuna_ds.reporting import write_optimal
 from optuna_ds.reporting import write_report
+from optuna_ds.reporting import summary_markdown
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.storage import TuningPlan
@@ -72,6 +74,7 @@ class TuneOptions:
     trial_timeout: float | None = None
     deepspeed_bin: str | None = None
     seed: int | None = None
+    scale_lr: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,11 +237,11 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     except KeyboardInterrupt:
         # Write what finished, then let the interrupt end the process (130 or 143).
         with deferred_signals():
-            outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url)
+            outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
             log(outcome.summary.rstrip())
             log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
         raise
-    return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url)
+    return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
 
 
 class TuningInterrupted(KeyboardInterrupt):
@@ -349,20 +352,24 @@ def _write_outputs(
     runner: ExperimentRunner,
     dp: int,
     url: str,
+    scale_lr: bool,
 ) -> TuneOutcome:
     results_dir = plan.results_dir
     files = ResultsFiles(results_dir)
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
-    summary = write_summary(result, results_dir=results_dir, advice=advice)
-    data = load_report(storage, plan.study_name, metric=result.metric, maximize=result.direction == "maximize")
-    write_report(data, files.report, summary=summary)
-    register_with_dashboard(data, storage, summary=summary)
     config = optimal_config(result)
+    scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if scale_lr and advice and config else None
+    summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice)
+    data = load_report(storage, plan.study_name, result=result)
+    write_report(data, files.report, summary=summary)
+    register_with_dashboard(data, storage, note=summary_markdown(result, advice=scaled.note if scaled else advice))
     command: list[str] | None = None
     written = None
     if config is not None:
-        command = runner.commands.training(config=config, config_path=files.optimal_config)
-        written = write_optimal(result, results_dir=results_dir, command=command)
+        commands = runner.commands if scaled is None else dataclasses.replace(runner.commands, script_args=tuple(scaled.script_args))
+        command = commands.training(config=scaled.config if scaled else config, config_path=files.optimal_config)
+        written = write_optimal(result, results_dir=results_dir, command=command, config=scaled.config if scaled else None,
+                                comment=scaled.note if scaled and scaled.applied else None)
     return TuneOutcome(
         result=result,
         summary=summary,
@@ -388,7 +395,7 @@ def report(*, storage: str, study_name: str, output: str) -> str:
     user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
     result = load_result(store, plan, user)
     summary = summary_text(result, advice=None)
-    data = load_report(store, study_name, metric=result.metric, maximize=result.direction == "maximize")
+    data = load_report(store, study_name, result=result)
     try:
         write_report(data, output, summary=summary)
     except OSError as e:

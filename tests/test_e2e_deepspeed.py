@@ -142,11 +142,29 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
                        "start_profile_step": 2, "end_profile_step": 3, "model_info": {"num_params": 4810}},
     }
     (project / "ds_config.json").write_text(json.dumps(config))
-    p = _cli(project, "run", "--num_gpus", "1", "--master_port", "29660", "train.py", "--deepspeed_config", "ds_config.json", *MODEL_ARGS)
+    p = _cli(project, "run", "--num_gpus", "1", "--master_port", "29660", "--scale-lr", "train.py", "--deepspeed_config", "ds_config.json",
+             *MODEL_ARGS)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Training with the optimal config" in p.stdout
     assert "step 10 loss" in p.stdout  # the training's own output, streamed
-    assert (project / "autotuning_results" / "ds_config_optimal.json").exists()
+    results = project / "autotuning_results"
+    assert (results / "ds_config_optimal.json").exists()
+
+    # The headline: the user's micro-batch 4 as DeepSpeed's engine measured it, against the optimum.
+    trials = optuna.load_study(study_name="optuna-ds-z0", storage=f"sqlite:///{results / 'optuna-ds.db'}").get_trials()
+    ran = [t for t in trials if t.state != TrialState.PRUNED]
+    mine = next(t for t in ran if t.params["train_micro_batch_size_per_gpu"] == 4)
+    best = max((t for t in ran if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    summary = (results / "summary.txt").read_text().splitlines()
+    assert summary[0] == f"Your config (z0, micro-batch 4): {mine.value:.4g} samples/s."
+    assert summary[1].startswith(f"Optimum ({best.user_attrs['exp_name']}): {best.value:.4g} samples/s, {best.value / mine.value:.3g}x faster")
+    for t in ran:
+        assert 0 < t.user_attrs["duration"] <= (t.datetime_complete - t.datetime_start).total_seconds()
+    seconds = sum(t.user_attrs["duration"] for t in ran)  # no profile run: model_info is given
+    assert summary[2] == f"Spent: {len(ran)} experiment(s), {seconds / 3600:.3g} GPU-hours."
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    factor = (optimal["train_batch_size"] / 4) ** 0.5
+    assert optimal["optimizer"]["params"]["lr"] == pytest.approx(0.001 * factor)
     # The optimal command, pasted as written, trains with DeepSpeed's own runner.
     line = (project / "autotuning_results" / "cmd_optimal.txt").read_text()
     assert "--master_port 29660" in line

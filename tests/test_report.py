@@ -13,6 +13,8 @@ import urllib.request
 import optuna
 import pytest
 
+from browser import measure
+from browser import screenshot
 from conftest import Workspace
 
 CONFIG = {
@@ -22,7 +24,9 @@ CONFIG = {
     "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64, "tuner_type": "gridsearch",
                    "num_tuning_micro_batch_sizes": 2, "tuner_early_stopping": 50},
 }
-SURFACE = {"oom_above": {"1": 40, "2": 48}, "stderr_text": "<b>bold</b> & <script>alert(1)</script>",
+SURFACE = {"oom_above": {"1": 40, "2": 48},
+           "stderr_text": "<b>bold</b> & <script>alert(1)</script> in /opt/conda/lib/python3.11/site-packages/torch/"
+                          "nn/modules/module.py:1736 while allocating activations for the attention block of layer 23",
            "knob_gain": {"overlap_comm": {"true": 1.2}}}
 
 
@@ -46,10 +50,47 @@ def test_tune_writes_a_self_contained_escaped_report(tuned: Workspace) -> None:
     assert "localhost:0" in page  # the GPU slot of each experiment
 
 
+def test_report_shows_what_a_person_looks_for(tuned: Workspace) -> None:
+    page = (tuned.results / "report.html").read_text()
+    assert "<h1>train.py: the fastest DeepSpeed config</h1>" in page
+    assert '<div class="headline"><p>Your config (z1, micro-batch 2, the first stage explored of [1, 2]): ' in page
+    assert "throughput (samples/s)" in page  # axis units from the metric
+    assert "reduce_bucket_size=5e8" in page and "reduce_bucket_size=5e7" in page and "500000000.0" not in page
+    assert '<tr class="duplicate">' not in page
+    assert '<a href="z1_gas1_tmbspg2/stderr.log">stderr</a>' in page  # each experiment's logs, relative to the page
+    assert "your config</span>" in page
+    assert "Peak GPU memory per experiment: not reported: DS_ACCELERATOR=cpu" in page
+    assert "GPU slots: " in page and "GPU-hours" in page and '"name":"profile run"' in page
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_report_reads_without_sideways_scrolling(tuned: Workspace, width: int) -> None:
+    """Laid out by Chromium as a person's window: nothing wider than the window, every figure
+    inside it, the failure reasons readable; and the screenshot shows the plots and the
+    baseline's star."""
+    from PIL import Image
+
+    page = str(tuned.results / "report.html")
+    laid_out = measure(page, width=width)
+    assert laid_out["scrollWidth"] <= laid_out["clientWidth"], laid_out
+    assert laid_out["figures"] and max(laid_out["figures"]) <= laid_out["clientWidth"], laid_out
+    assert laid_out["reasonWidth"] >= 150, laid_out
+    png = tuned.root / f"report-{width}.png"
+    screenshot((tuned.results / "report.html").as_uri(), str(png), width=width, height=2200)
+    pixels = list(Image.open(png).convert("RGB").getdata())
+    assert sum(1 for p in pixels if p == (229, 236, 246)) > 100_000, "no plot area drawn"
+    star = sum(1 for p in pixels if abs(p[0] - 255) < 8 and abs(p[1] - 214) < 8 and p[2] < 40)
+    assert star > 100, "the baseline is not marked"
+
+
 def test_report_command_rebuilds_from_the_storage(tuned: Workspace) -> None:
     out = tuned.root / "again.html"
     p = tuned.cli("report", "--storage", tuned.storage, "--study-name", "optuna-ds", "-o", str(out))
     assert p.returncode == 0, p.stderr
+    again = tuned.root / "from-env.html"
+    p = tuned.cli("report", "-o", str(again), env=tuned.env(OPTUNA_STORAGE=tuned.storage))
+    assert p.returncode == 0, p.stderr
+    assert again.exists()
     assert "| global " in p.stdout and out.exists()
     assert 'id="metric_vs_mbs"' in out.read_text()
     p = tuned.cli("report", "--storage", tuned.storage, "--study-name", "nope")
@@ -61,12 +102,15 @@ def test_studies_carry_what_the_dashboard_shows(tuned: Workspace) -> None:
 
     study = optuna.load_study(study_name="optuna-ds-z1", storage=tuned.storage)
     assert study.metric_names == ["throughput"]
-    assert "| global " in optuna_dashboard.get_note(study)
+    note = optuna_dashboard.get_note(study)
+    assert "| global " in note and "```" not in note and note.startswith("**Your config")
+    root = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds", storage=tuned.storage))
+    assert root.startswith("This study holds the tuning's plan") and "`optuna-ds-z1`, `optuna-ds-z2`" in root
     from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
 
     plots = get_plotly_graph_objects(tuned_storage(tuned).get_study_system_attrs(study._study_id))
     assert {"metric_vs_mbs", "importance_z1"} <= set(plots)
-    assert json.loads(plots["metric_vs_mbs"])["layout"]["title"]["text"].startswith("throughput against micro-batch")
+    assert json.loads(plots["metric_vs_mbs"])["layout"]["title"]["text"].startswith("throughput (samples/s) against micro-batch")
 
 
 def tuned_storage(ws: Workspace) -> optuna.storages.BaseStorage:
@@ -81,7 +125,8 @@ def _free_port() -> int:
 
 def test_dashboard_serves_the_stage_studies_on_localhost(tuned: Workspace) -> None:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "optuna_ds", "dashboard", "--storage", tuned.storage, "--port", str(port)],
+    # The storage as optuna-dashboard takes it: the argument.
+    proc = subprocess.Popen([sys.executable, "-m", "optuna_ds", "dashboard", tuned.storage, "--port", str(port)],
                             cwd=tuned.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         studies = None
@@ -108,3 +153,12 @@ def test_dashboard_serves_the_stage_studies_on_localhost(tuned: Workspace) -> No
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+    # It says where to land: the stage study with the best experiment, not the root's plan.
+    assert f"best experiments: http://127.0.0.1:{port}/dashboard/studies/{names['optuna-ds-z1']} (optuna-ds-z1)" in proc.stdout.read()
+
+
+def test_dashboard_without_a_storage_is_one_line_and_status_2(tuned: Workspace) -> None:
+    env = {k: v for k, v in tuned.env().items() if k != "OPTUNA_STORAGE"}
+    p = tuned.cli("dashboard", env=env)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "optuna-ds: error (optuna-ds dashboard): give the storage: optuna-ds dashboard STORAGE, --storage URL or OPTUNA_STORAGE"]

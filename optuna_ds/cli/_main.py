@@ -79,7 +79,7 @@ def _check_script(script: str) -> None:
 
 def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--storage", default=None, help="Optuna RDB storage URL (default: SQLite inside results_dir)."),
+        click.option("--storage", default=None, envvar="OPTUNA_STORAGE", show_envvar=True, help="Optuna RDB storage URL (default: SQLite inside results_dir)."),
         click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="Name of the tuning; stage studies are NAME-z<stage>."),
         click.option("--results-dir", "--results_dir", "results_dir", default=None, help="Overrides autotuning.results_dir."),
         click.option("--exps-dir", "--exps_dir", "exps_dir", default=None, help="Overrides autotuning.exps_dir."),
@@ -87,6 +87,7 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--trial-timeout", "--trial_timeout", "trial_timeout", type=float, default=None, help="Seconds before an experiment is killed (default: derived from the profile run)."),
         _deepspeed_bin_option("The deepspeed executable (default: deepspeed on PATH)."),
         click.option("--seed", type=int, default=None, help="Seed of the samplers."),
+        click.option("--scale-lr", "--scale_lr", "scale_lr", is_flag=True, help="Write the learning rate scaled to the best global batch size into the optimal config or command."),
         click.option("-q", "--quiet", is_flag=True, help="Print only the summary."),
         click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr."),
     ]
@@ -160,7 +161,7 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 
 @cli.command()
 @_launcher_options
-@click.option("--storage", required=True, help="The tuning's Optuna storage URL, as given to `optuna-ds tune`.")
+@click.option("--storage", required=True, envvar="OPTUNA_STORAGE", show_envvar=True, help="The tuning's Optuna storage URL, as given to `optuna-ds tune`.")
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="The tuning's name.")
 @_deepspeed_bin_option("The deepspeed executable (default: the tuning's, else deepspeed on PATH).")
 @click.option("--seed", type=int, default=None, help="Seed of the samplers.")
@@ -190,7 +191,7 @@ def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int |
 
 
 @cli.command()
-@click.option("--storage", required=True, help="The tuning's Optuna storage URL.")
+@click.option("--storage", required=True, envvar="OPTUNA_STORAGE", show_envvar=True, help="The tuning's Optuna storage URL.")
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True)
 @click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False))
 def report(storage: str, study_name: str, output: str) -> None:
@@ -204,20 +205,28 @@ def report(storage: str, study_name: str, output: str) -> None:
 
 
 @cli.command()
-@click.option("--storage", required=True, help="The tuning's Optuna storage URL.")
+@click.argument("storage_url", metavar="[STORAGE]", required=False)
+@click.option("--storage", default=None, envvar="OPTUNA_STORAGE", show_envvar=True, help="The tuning's Optuna storage URL (or give it as STORAGE).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; localhost unless told otherwise.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
-def dashboard(storage: str, host: str, port: int) -> None:
-    """Serve optuna-dashboard on the tuning's storage."""
+def dashboard(storage_url: str | None, storage: str | None, host: str, port: int) -> None:
+    """Serve optuna-dashboard on the tuning's storage, as `optuna-dashboard STORAGE` does."""
     import optuna_dashboard
 
+    from optuna_ds.reporting import best_stage_study
     from optuna_ds.storage import create_storage
     from optuna_ds.storage import redact_url
 
     _quiet_optuna()
+    storage = storage_url or storage
+    if storage is None:
+        raise click.UsageError("give the storage: optuna-ds dashboard STORAGE, --storage URL or OPTUNA_STORAGE")
     _check_bindable(host, port)
     store = create_storage(storage, create=False)
     click.echo(f"optuna-dashboard on http://{host}:{port}/ for {redact_url(storage)} (Ctrl-C to stop)")
+    best = best_stage_study(store)
+    if best is not None:
+        click.echo(f"best experiments: http://{host}:{port}/dashboard/studies/{best[0]} ({best[1]})")
     try:
         optuna_dashboard.run_server(store, host=host, port=port)
     except OSError as e:

@@ -169,6 +169,9 @@ class UserConfig:
     train_batch_size: int | None
     arg_mappings: dict[str, str]
     precision: str
+    # The one micro-batch size the user's config trains with (an int, or "auto" resolved from
+    # the script): the baseline the tuning compares the optimum with. None for a list or none.
+    baseline_micro_batch_size: int | None = None
 
     @property
     def optimizer_type(self) -> str | None:
@@ -234,12 +237,14 @@ def parse_user_config(
     mbs = _int_or_auto(raw, MBS_KEY, allow_list=True)
     from_args = _from_script(script_args, mappings, MBS_KEY)
     micro_batch_sizes: list[int] | None = None
+    baseline: int | None = None
     if isinstance(mbs, list):
         micro_batch_sizes = mbs
         min_mbs = mbs[0]
     elif isinstance(mbs, int):
-        min_mbs = mbs
+        min_mbs = baseline = mbs
     else:
+        baseline = from_args
         min_mbs = from_args or autotuning.min_train_micro_batch_size_per_gpu
 
     gas_value = _int_or_auto(raw, GAS_KEY, allow_list=False)
@@ -268,6 +273,7 @@ def parse_user_config(
         min_micro_batch_size=min_mbs,
         gradient_accumulation_steps=gas,
         train_batch_size=tbs,
+        baseline_micro_batch_size=baseline,
     )
 
 

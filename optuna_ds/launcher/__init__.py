@@ -16,6 +16,8 @@ from optuna_ds.launcher._options import REFUSED_FLAGS
 from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import ResultsFiles
+from optuna_ds.launcher._gpu_memory import PeakGpuMemory
+from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import discover_resources
@@ -45,6 +47,7 @@ __all__ = [
     "MARK_VAR",
     "Lease",
     "OOM_PATTERNS",
+    "PeakGpuMemory",
     "Phase",
     "Resources",
     "Slot",
@@ -54,6 +57,7 @@ __all__ = [
     "deferred_signals",
     "discover_resources",
     "end_marked",
+    "gpu_memory_support",
     "kill_process_group",
     "new_mark",
     "read_metrics",

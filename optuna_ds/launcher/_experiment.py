@@ -70,6 +70,7 @@ class ExperimentResult:
     reason: FailureReason | None = None
     detail: str = ""
     stderr_tail: str = ""
+    peak_memory: int | None = None  # bytes, the most any of its GPUs used, where NVML reports it
 
     @property
     def ok(self) -> bool:

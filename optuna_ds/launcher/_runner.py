@@ -28,6 +28,7 @@ from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import rank_logs
+from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._tracking import MARK_VAR
 from optuna_ds.launcher._tracking import end_marked
@@ -213,7 +214,7 @@ class ExperimentRunner:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
-        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err, PeakGpuMemory(slot) as memory:
             proc = self._spawn(launched, stdout=out, stderr=err, env=env, pass_fds=pass_fds)
             try:
                 if on_start is not None:
@@ -259,4 +260,5 @@ class ExperimentRunner:
             reason=reason,
             detail=detail,
             stderr_tail=last_lines(tail_source) if reason is not None else "",
+            peak_memory=memory.peak,
         )

@@ -2,25 +2,41 @@
 
 from optuna_ds.reporting._progress import Progress
 from optuna_ds.reporting._report import ReportData
+from optuna_ds.reporting._report import best_stage_study
 from optuna_ds.reporting._report import load_report
 from optuna_ds.reporting._report import register_with_dashboard
 from optuna_ds.reporting._report import render_report
 from optuna_ds.reporting._report import write_report
+from optuna_ds.reporting._summary import LearningRateAdvice
+from optuna_ds.reporting._summary import ScaledLearningRate
+from optuna_ds.reporting._summary import headline
 from optuna_ds.reporting._summary import learning_rate_advice
+from optuna_ds.reporting._summary import metric_label
 from optuna_ds.reporting._summary import optimal_config
+from optuna_ds.reporting._summary import scale_learning_rate
+from optuna_ds.reporting._summary import speedup
+from optuna_ds.reporting._summary import summary_markdown
 from optuna_ds.reporting._summary import summary_table
 from optuna_ds.reporting._summary import summary_text
 from optuna_ds.reporting._summary import write_optimal
 from optuna_ds.reporting._summary import write_summary
 
 __all__ = [
+    "LearningRateAdvice",
     "Progress",
     "ReportData",
+    "ScaledLearningRate",
+    "best_stage_study",
+    "headline",
     "learning_rate_advice",
+    "metric_label",
     "load_report",
     "optimal_config",
     "register_with_dashboard",
     "render_report",
+    "scale_learning_rate",
+    "speedup",
+    "summary_markdown",
     "summary_table",
     "summary_text",
     "write_optimal",

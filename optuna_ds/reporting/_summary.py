@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from optuna_ds.config import UserConfig
+from optuna_ds.config import find_arg
+from optuna_ds.config import set_arg
 from optuna_ds.config import with_integer_sizes
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import shell_line
@@ -37,9 +41,95 @@ def summary_table(result: TuningResult) -> str:
     return "\n".join([line(rows[0]), sep, *(line(r) for r in rows[1:])])
 
 
-def learning_rate_advice(result: TuningResult, user: UserConfig, *, data_parallel_size: int) -> str | None:
-    """DeepSpeed's advice when the best global batch size B' differs from the user's B:
-    scale the learning rate by sqrt(B'/B) for Adam-type optimizers, B'/B for SGD."""
+METRIC_UNITS = {"throughput": "samples/s", "latency": "ms", "FLOPS": "FLOPS per GPU"}
+
+
+def metric_label(metric: str) -> str:
+    """The metric with its unit, as DeepSpeed's engine measures it: ``throughput (samples/s)``."""
+    unit = METRIC_UNITS.get(metric)
+    return f"{metric} ({unit})" if unit else metric
+
+
+def _with_unit(value: float, metric: str) -> str:
+    unit = METRIC_UNITS.get(metric)
+    return f"{value:.4g} {unit}" if unit else f"{metric} {value:.4g}"
+
+
+def speedup(result: TuningResult) -> float | None:
+    """How much faster the optimum is than the user's own config, both measured here."""
+    base, best = result.baseline, result.best
+    if base is None or base.value is None or best is None or not base.value or not best.value:
+        return None
+    return best.value / base.value if result.direction == "maximize" else base.value / best.value
+
+
+def headline(result: TuningResult) -> list[str]:
+    """What the user came for, in three lines: their config, the optimum and how much faster
+    (with the run-to-run noise where this tuning measured it), and what finding it cost."""
+    base, best, metric = result.baseline, result.best, result.metric
+    lines = []
+    if base is not None and base.stage is not None:
+        label = f"z{base.stage}" + (f", micro-batch {base.micro_batch_size}" if base.micro_batch_size else "")
+        if base.listed and len(base.listed) > 1:
+            label += f", the first stage explored of {list(base.listed)}"
+        if base.value is not None:
+            mine = f"Your config ({label}): {_with_unit(base.value, metric)}"
+        elif base.status:
+            mine = f"Your config ({label}): failed ({base.status})"
+        else:
+            mine = f"Your config ({label}): not measured, {base.reason}"
+    else:
+        mine = "Your config: not measured"
+    lines.append(mine + ".")
+    if best is None:
+        lines.append("Optimum: none, no experiment ran successfully.")
+    else:
+        optimum = f"Optimum ({best.name}): {_with_unit(best.value, metric)}"
+        factor = speedup(result)
+        if factor is not None:
+            noise = ("noise not measured: no config ran twice" if result.noise is None else
+                     f"run-to-run noise {result.noise:.1%}, measured on {result.noise_configs} config(s) run more than once")
+            same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
+            optimum += f", {factor:.3g}x faster{same} ({noise})"
+        lines.append(optimum + ".")
+    spend = result.spend
+    lines.append(f"Spent: {spend.experiments} experiment(s)" + (" (the profile run included)" if spend.profiled else "")
+                 + f", {spend.gpu_hours:.3g} GPU-hours.")
+    return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningRateAdvice:
+    """DeepSpeed's advice when the best global batch size B' differs from the user's B: scale
+    the learning rate by sqrt(B'/B) for Adam-type optimizers, B'/B for SGD."""
+
+    new: int
+    original: int
+    factor: float
+    rule: str
+    kind: str
+    lr: float | None  # the config's own learning rate, when it is a number
+
+    @property
+    def text(self) -> str:
+        advice = (f"The best global batch size is {self.new}, the original {self.original}: scale the learning rate "
+                  f"by {self.rule} = {self.factor:.4g} ({self.kind}), keeping the other hyperparameters.")
+        if self.lr is not None:
+            advice += f" Here: lr {self.lr:g} -> {self.lr * self.factor:.4g}."
+        return advice
+
+
+def _config_lr(config: dict[str, Any]) -> Any:
+    optimizer = config.get("optimizer")
+    params = optimizer.get("params") if isinstance(optimizer, dict) else None
+    return params.get("lr") if isinstance(params, dict) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def learning_rate_advice(result: TuningResult, user: UserConfig, *, data_parallel_size: int) -> LearningRateAdvice | None:
     best = result.best
     if best is None or best.train_batch_size is None:
         return None
@@ -49,24 +139,69 @@ def learning_rate_advice(result: TuningResult, user: UserConfig, *, data_paralle
         return None
     ratio = new / original
     if user.adam_type_optimizer:
-        factor, rule = math.sqrt(ratio), f"sqrt({new}/{original})"
-        kind = "an Adam-type optimizer"
+        factor, rule, kind = math.sqrt(ratio), f"sqrt({new}/{original})", "an Adam-type optimizer"
     else:
-        factor, rule = ratio, f"{new}/{original}"
-        kind = f"{user.optimizer_type}"
-    advice = (
-        f"The best global batch size is {new}, the original {original}: scale the learning rate "
-        f"by {rule} = {factor:.4g} ({kind}), keeping the other hyperparameters."
-    )
-    lr = (user.raw.get("optimizer") or {}).get("params", {}).get("lr") if isinstance(user.raw.get("optimizer"), dict) else None
-    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
-        advice += f" Here: lr {lr:g} -> {lr * factor:.4g}."
-    return advice
+        factor, rule, kind = ratio, f"{new}/{original}", f"{user.optimizer_type}"
+    lr = _config_lr(user.raw)
+    return LearningRateAdvice(new=new, original=original, factor=factor, rule=rule, kind=kind,
+                              lr=float(lr) if _is_number(lr) else None)
 
 
-def summary_text(result: TuningResult, *, advice: str | None) -> str:
-    """DeepSpeed's summary table, then the tuning time, the optimum, skipped stages, failures."""
-    lines = [summary_table(result), ""]
+@dataclasses.dataclass(frozen=True)
+class ScaledLearningRate:
+    """``--scale-lr`` applied: the optimal config and script arguments with the scaled learning
+    rate, and the line that names the rule; ``note`` alone when it could not be applied."""
+
+    config: dict[str, Any]
+    script_args: list[str]
+    note: str
+    applied: bool
+
+
+LR_FLAG = "--learning_rate"  # where a Hugging Face Trainer resolves an "auto" learning rate from
+
+
+def scale_learning_rate(advice: LearningRateAdvice, *, config: dict[str, Any], script_args: Sequence[str],
+                        user: UserConfig) -> ScaledLearningRate:
+    """Scale the learning rate where it lives: ``optimizer.params.lr`` when it is a number, else
+    the script flag it is resolved from (``arg_mappings``' ``lr``, or the Trainer's
+    ``--learning_rate``) when the arguments pass it."""
+    config = json.loads(json.dumps(config))
+    rule = f"scaled by {advice.rule} = {advice.factor:.4g} ({advice.kind}; batch {advice.original} -> {advice.new})"
+    lr = _config_lr(config)
+    if _is_number(lr):
+        config["optimizer"]["params"]["lr"] = new = lr * advice.factor
+        return ScaledLearningRate(config, list(script_args), f"learning rate {rule}: optimizer.params.lr {lr:g} -> {new:.6g}", True)
+    flag = user.arg_mappings.get("lr", LR_FLAG)
+    found = find_arg(script_args, flag)
+    if found is not None:
+        try:
+            value = float(found[1])
+        except ValueError:
+            value = None
+        if value is not None:
+            new = value * advice.factor
+            return ScaledLearningRate(config, set_arg(script_args, flag, f"{new:.6g}"),
+                                      f"learning rate {rule}: {flag} {value:g} -> {new:.6g}", True)
+    where = "optimizer.params.lr is \"auto\"" if lr == "auto" else "the config sets no optimizer.params.lr"
+    return ScaledLearningRate(config, list(script_args),
+                              f"--scale-lr: not applied, {where} and the script arguments pass no {flag}: {advice.text}", False)
+
+
+def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None) -> str:
+    """The headline, DeepSpeed's summary table, then the tuning time, the optimum, skipped
+    stages, failures."""
+    return "\n".join([*headline(result), "", summary_table(result), "", *_notes(result, advice)]) + "\n"
+
+
+def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str | None) -> str:
+    """The summary as optuna-dashboard's note renders it: the headline, the table, the notes."""
+    head = "\n\n".join(f"**{line}**" if i == 0 else line for i, line in enumerate(headline(result)))
+    return "\n".join([head, "", summary_table(result), "", *(f"- {n}" for n in _notes(result, advice))]) + "\n"
+
+
+def _notes(result: TuningResult, advice: LearningRateAdvice | str | None) -> list[str]:
+    lines = []
     duration = datetime.timedelta(seconds=round(result.duration))
     lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}.")
     best = result.best
@@ -83,11 +218,11 @@ def summary_text(result: TuningResult, *, advice: str | None) -> str:
         elif stage.num_failed:
             lines.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
     if advice:
-        lines.append(advice)
-    return "\n".join(lines) + "\n"
+        lines.append(advice if isinstance(advice, str) else advice.text)
+    return lines
 
 
-def write_summary(result: TuningResult, *, results_dir: str, advice: str | None) -> str:
+def write_summary(result: TuningResult, *, results_dir: str, advice: LearningRateAdvice | str | None) -> str:
     """Write ``summary.txt`` and return its text."""
     text = summary_text(result, advice=advice)
     os.makedirs(results_dir, exist_ok=True)
@@ -105,10 +240,12 @@ def optimal_config(result: TuningResult) -> dict[str, Any] | None:
     return with_integer_sizes(config)
 
 
-def write_optimal(result: TuningResult, *, results_dir: str, command: list[str]) -> tuple[str, str] | None:
-    """Write ``ds_config_optimal.json`` (ready to train with: no ``autotuning`` section) and
-    ``cmd_optimal.txt``; return their paths."""
-    config = optimal_config(result)
+def write_optimal(result: TuningResult, *, results_dir: str, command: list[str], config: dict[str, Any] | None = None,
+                  comment: str | None = None) -> tuple[str, str] | None:
+    """Write ``ds_config_optimal.json`` (ready to train with: no ``autotuning`` section; ``config``
+    when given, e.g. with a scaled learning rate) and ``cmd_optimal.txt`` (after a ``comment``
+    line when given); return their paths."""
+    config = config or optimal_config(result)
     if config is None:
         return None
     files = ResultsFiles(results_dir)
@@ -116,5 +253,7 @@ def write_optimal(result: TuningResult, *, results_dir: str, command: list[str])
         json.dump(config, f, indent=2)
         f.write("\n")
     with open(files.optimal_cmd, "w", encoding="utf-8") as f:
+        if comment:
+            f.write(f"# {comment}\n")
         f.write(shell_line(command) + "\n")
     return files.optimal_config, files.optimal_cmd

@@ -3,7 +3,9 @@
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
+from optuna_ds.studies._results import Baseline
 from optuna_ds.studies._results import BestExperiment
+from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._stage import StageTuner
@@ -12,10 +14,12 @@ from optuna_ds.studies._tuning import Tuning
 from optuna_ds.studies._tuning import load_result
 
 __all__ = [
+    "Baseline",
     "BestExperiment",
     "ExperimentBuilder",
     "PrintObserver",
     "ProfileError",
+    "Spend",
     "StageResult",
     "StageTuner",
     "Tuning",

@@ -12,9 +12,9 @@ from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import read_metrics
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.studies._results import LOST_ATTR
+from optuna_ds.studies._results import PROCESS_ATTR
 
 OWNER_ATTR = "worker"
-PROCESS_ATTR = "experiment_process"
 
 
 def _start_time(pid: int) -> str | None:

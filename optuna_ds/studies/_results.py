@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
@@ -23,6 +25,7 @@ def is_finished_experiment(trial: FrozenTrial) -> bool:
 
 
 LOST_ATTR = "lost"
+PROCESS_ATTR = "experiment_process"  # the launched process, set once it started
 
 
 def given_up(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
@@ -121,6 +124,97 @@ def stage_result(study: optuna.Study, stage: int, *, status: str = "tuned", reas
 
 
 @dataclasses.dataclass(frozen=True)
+class Baseline:
+    """The user's own config (their stage and micro-batch size) as this tuning measured it;
+    ``reason`` says why there is no measurement."""
+
+    stage: int | None
+    micro_batch_size: int | None
+    name: str = ""
+    value: float | None = None
+    status: str = ""  # "complete", a failure reason, or "" when it did not run
+    reason: str = ""
+    listed: tuple[int, ...] = ()  # the stages the user's config lists
+
+
+@dataclasses.dataclass(frozen=True)
+class Spend:
+    """What the tuning cost: experiments launched (the profile run included) and GPU time,
+    each experiment's duration times the GPUs it ran on."""
+
+    experiments: int = 0
+    gpu_seconds: float = 0.0
+    profiled: bool = False
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600
+
+
+def experiment_seconds(trial: FrozenTrial) -> float | None:
+    """How long a trial's experiment ran: the runner's measure, else (an interrupted one) the
+    trial's wall time; ``None`` when it launched nothing."""
+    if "duration" in trial.user_attrs:
+        return float(trial.user_attrs["duration"])
+    if PROCESS_ATTR in trial.user_attrs and trial.datetime_start and trial.datetime_complete:
+        return (trial.datetime_complete - trial.datetime_start).total_seconds()
+    return None
+
+
+def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None, gpus_per_experiment: int) -> Spend:
+    seconds = [s for t in launched(list(trials)) if (s := experiment_seconds(t)) is not None]
+    if profile_seconds is not None:
+        seconds.append(profile_seconds)
+    return Spend(experiments=len(seconds), gpu_seconds=sum(seconds) * gpus_per_experiment, profiled=profile_seconds is not None)
+
+
+def _config_identity(trial: FrozenTrial) -> str:
+    config = {k: v for k, v in trial.user_attrs.get("ds_config", {}).items() if k != "autotuning"}
+    return json.dumps(config, sort_keys=True)
+
+
+def measurement_noise(trials: Iterable[FrozenTrial]) -> tuple[float | None, int]:
+    """The run-to-run noise this tuning measured: the largest relative spread (max - min over
+    the mean) among configs that ran more than once, and how many did; ``(None, 0)`` when no
+    config ran twice, since one run says nothing of its noise."""
+    values: dict[str, list[float]] = {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.value is not None and "ds_config" in t.user_attrs:
+            values.setdefault(_config_identity(t), []).append(t.value)
+    spreads = [(max(v) - min(v)) / abs(sum(v) / len(v)) for v in values.values() if len(v) > 1 and sum(v)]
+    return (max(spreads), len(spreads)) if spreads else (None, 0)
+
+
+def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], skipped: dict[int, str],
+                  micro_batch_size: int | None, user_list: bool) -> Baseline:
+    """The user's config in this tuning: the first stage the tuning explored (their stage when
+    they gave one) at their micro-batch size, which that stage runs first."""
+    listed = tuple(order)
+    explored = [s for s in order if s not in skipped]
+    stage = explored[0] if explored else (order[0] if order else None)
+    if micro_batch_size is None:
+        why = ("your config lists micro-batch sizes, so it has no single baseline" if user_list
+               else "your config gives no micro-batch size (set one, or map \"auto\" to a script flag)")
+        return Baseline(stage=stage, micro_batch_size=None, reason=why, listed=listed)
+    if not explored:
+        return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=f"z{stage} was skipped: {skipped.get(stage, '')}",
+                        listed=listed)
+    assert stage is not None
+    runs = [t for t in stages.get(stage, []) if t.user_attrs.get("phase") == "micro_batch"
+            and t.user_attrs.get("micro_batch_size") == micro_batch_size and t.state != TrialState.PRUNED and "exp_name" in t.user_attrs]
+    done = [t for t in runs if t.state == TrialState.COMPLETE] or [t for t in runs if t.user_attrs.get("reason") in DEFINITIVE_FAILURES]
+    if not done:
+        why = "it has not run yet" if stage in stages else f"z{stage} has not started"
+        if any(t.state == TrialState.COMPLETE for t in stages.get(stage, [])):
+            why = "it is above the largest size predicted to fit"
+        return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=why, listed=listed)
+    t = done[0]
+    status = "complete" if t.state == TrialState.COMPLETE else str(t.user_attrs.get("reason"))
+    return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=t.user_attrs["exp_name"], value=t.value, status=status,
+                    reason="" if status == "complete" else f"it failed ({status})", listed=listed)
+
+
+@dataclasses.dataclass(frozen=True)
 class TuningResult:
     """Every stage's outcome and the global best: what the summary and optimal files show."""
 
@@ -129,6 +223,10 @@ class TuningResult:
     stages: list[StageResult]
     duration: float
     model_info: dict[str, Any]
+    baseline: Baseline | None = None
+    spend: Spend = Spend()
+    noise: float | None = None  # run-to-run relative spread, when some config ran twice
+    noise_configs: int = 0
 
     @property
     def num_experiments(self) -> int:

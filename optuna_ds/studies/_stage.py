@@ -120,6 +120,8 @@ def record_result(trial: optuna.Trial, experiment: Experiment, result: Experimen
         "duration": round(result.duration, 3),
         "returncode": result.returncode,
     }
+    if result.peak_memory is not None:
+        attrs["peak_gpu_memory"] = result.peak_memory
     if result.reason is not None:
         attrs["reason"] = result.reason.value
         attrs["detail"] = result.detail

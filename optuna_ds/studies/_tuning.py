@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import deferred_signals
+from optuna_ds.launcher import gpu_memory_support
 from optuna_ds.launcher import Resources
 from optuna_ds.space import MemoryEstimate
 from optuna_ds.space import MemoryModel
@@ -36,7 +38,10 @@ from optuna_ds.studies._observer import LockedObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
+from optuna_ds.studies._results import find_baseline
+from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
+from optuna_ds.studies._results import tuning_spend
 from optuna_ds.studies._stage import KnobSearch
 from optuna_ds.studies._stage import LocalClaims
 from optuna_ds.studies._stage import StageContext
@@ -109,7 +114,8 @@ class Tuning:
         """Every process of a tuning runs experiments of one size on one kind of GPU: the
         batch sizes and the memory estimates depend on it. The first process records them."""
         recorded = self._root.user_attrs.get("resources")
-        mine = {"gpus_per_experiment": self._resources.total_gpus, "device_memory": self._resources.device_memory}
+        mine = {"gpus_per_experiment": self._resources.total_gpus, "device_memory": self._resources.device_memory,
+                "gpu_memory": gpu_memory_support()}
         if recorded is None:
             if not self._worker:
                 self._root.set_user_attr("resources", mine)
@@ -163,6 +169,7 @@ class Tuning:
                 **{k: v for k, v in result.metrics.items() if k != "rank"}}
         self._root.set_user_attr("model_info", info)
         self._root.set_user_attr("profile_duration", round(result.duration, 3))
+        self._root.set_user_attr("profile_end", datetime.datetime.now().isoformat())  # for the report's timeline
         return info
 
     def _wait_for_model_info(self) -> dict[str, Any]:
@@ -386,7 +393,9 @@ class Tuning:
                 cap=cap,
                 user_list=tuple(self._user.micro_batch_sizes) if self._user.micro_batch_sizes else None,
                 memory=memory,
-                probe_min=self._user.min_micro_batch_size != a.min_train_micro_batch_size_per_gpu,
+                # The user's own size runs first: the baseline of the headline, even at the floor.
+                probe_min=(self._user.baseline_micro_batch_size is not None
+                           or self._user.min_micro_batch_size != a.min_train_micro_batch_size_per_gpu),
             )
             predicted = search.predicted_edge()
             if self._user.all_stages and prev is not None and prev.best is not None and predicted <= prev_edge:
@@ -479,12 +488,15 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     root = optuna.load_study(study_name=plan.study_name, storage=storage)
     recorded = recorded_stages(root)
     results = []
+    trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
     for stage in user.stages:
         entry = recorded.get(f"z{stage}", {})
         try:
             study: optuna.Study | None = optuna.load_study(study_name=stage_study_name(plan.study_name, stage), storage=storage)
         except KeyError:
             study = None
+        if study is not None:
+            trials[stage] = study.get_trials(deepcopy=False)
         if entry.get("status") == "skipped":
             results.append(StageResult(stage=stage, status="skipped", reason=entry.get("reason", "")))
         elif study is not None:
@@ -494,10 +506,20 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
             results.append(result)
         else:
             results.append(StageResult(stage=stage, status="pending", reason="not reached yet"))
+    every = [t for ts in trials.values() for t in ts]
+    profile = root.user_attrs.get("profile_duration")
+    gpus = int((root.user_attrs.get("resources") or {}).get("gpus_per_experiment", 1))
+    noise, noise_configs = measurement_noise(every)
     return TuningResult(
         metric=a.metric,
         direction=a.direction,
         stages=results,
         duration=float(root.user_attrs.get("elapsed", 0.0)),
         model_info=root.user_attrs.get("model_info", {}),
+        baseline=find_baseline(stages=trials, order=list(user.stages),
+                               skipped={r.stage: r.reason for r in results if r.status == "skipped"},
+                               micro_batch_size=user.baseline_micro_batch_size, user_list=bool(user.micro_batch_sizes)),
+        spend=tuning_spend(every, profile_seconds=float(profile) if profile is not None else None, gpus_per_experiment=gpus),
+        noise=noise,
+        noise_configs=noise_configs,
     )

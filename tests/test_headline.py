@@ -1,0 +1,135 @@
+"""The headline: the user's own config -> the optimum, how much faster, and what it cost, as
+measured in the tuning (fake launcher); and --scale-lr."""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from conftest import FAKE_LAUNCHER
+from conftest import Workspace
+from optuna_ds.reporting import headline
+from optuna_ds.studies import Baseline
+from optuna_ds.studies import Spend
+from optuna_ds.studies import StageResult
+from optuna_ds.studies import TuningResult
+from optuna_ds.studies._results import measurement_noise
+
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "zero_optimization": {"stage": 1},
+    "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 64},
+}
+SURFACE = {"oom_above": {"1": 40}, "duration": 0.4}
+
+
+def _trials(ws: Workspace, stage: int = 1) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=f"optuna-ds-z{stage}", storage=ws.storage).get_trials()
+
+
+def test_headline_compares_the_users_config_with_the_optimum_and_counts_gpu_hours(ws: Workspace) -> None:
+    ws.config(CONFIG)
+    p = ws.tune("ds_config.json", "--num_gpus", "2", surface=SURFACE,
+                env=ws.env(SURFACE, LOCAL_SIZE="2", OPTUNA_DS_LOCK_DIR=str(ws.root / "locks")))
+    assert p.returncode == 0, p.stderr + p.stdout
+    trials = _trials(ws)
+    mine = [t for t in trials if t.params.get("train_micro_batch_size_per_gpu") == 2]
+    assert len(mine) == 1 and mine[0].number == 0  # the user's size ran, first
+    best = max((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    summary = (ws.results / "summary.txt").read_text().splitlines()
+    assert summary[0] == f"Your config (z1, micro-batch 2): {mine[0].value:.4g} samples/s."
+    assert summary[1].startswith(f"Optimum ({best.user_attrs['exp_name']}): {best.value:.4g} samples/s, "
+                                 f"{best.value / mine[0].value:.3g}x faster")
+    assert "noise not measured: no config ran twice" in summary[1]
+    # GPU time from the launcher's own record of every launch, the profile run included, times
+    # the 2 GPUs of each experiment.
+    launches = [entry for entry in ws.launches() if not entry.get("training")]
+    assert len(launches) == len([t for t in trials if t.state != TrialState.PRUNED]) + 1
+    launched_seconds = sum(entry["end"] - entry["start"] for entry in launches)
+    match = summary[2]
+    assert match.startswith(f"Spent: {len(launches)} experiment(s) (the profile run included), ")
+    hours = float(match.split(", ")[1].split(" GPU-hours")[0])
+    assert 2 * launched_seconds / 3600 <= hours * 1.001
+    assert hours <= 2 * (launched_seconds + 1.0 * len(launches)) / 3600  # each launch's interpreter start at most
+    page = (ws.results / "report.html").read_text()
+    assert f"Your config (z1, micro-batch 2): {mine[0].value:.4g} samples/s." in page
+    import optuna_dashboard
+
+    note = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
+    assert note.startswith("**Your config (z1, micro-batch 2)") and "```" not in note
+    assert "\n| tuning_space | num_experiments |" in note and "\n| z1 " in note
+
+
+def test_the_users_size_runs_as_the_baseline_even_at_the_smallest_size(ws: Workspace) -> None:
+    ws.config({**CONFIG, "train_micro_batch_size_per_gpu": 1})
+    p = ws.tune(surface=SURFACE)
+    assert p.returncode == 0, p.stderr
+    first = _trials(ws)[0]
+    assert first.params["train_micro_batch_size_per_gpu"] == 1 and first.state == TrialState.COMPLETE
+    assert f"Your config (z1, micro-batch 1): {first.value:.4g} samples/s." in p.stdout
+
+
+def test_a_config_without_one_size_says_why_there_is_no_baseline(ws: Workspace) -> None:
+    ws.config({**CONFIG, "train_micro_batch_size_per_gpu": [4, 8], "zero_optimization": {"stage": [1, 2]}})
+    p = ws.tune(surface=SURFACE)
+    assert p.returncode == 0, p.stderr
+    summary = (ws.results / "summary.txt").read_text()
+    assert summary.startswith("Your config (z1, the first stage explored of [1, 2]): not measured, "
+                              "your config lists micro-batch sizes, so it has no single baseline.")
+    assert "x faster" not in summary
+
+
+def test_noise_is_measured_only_from_configs_run_more_than_once() -> None:
+    def trial(value: float, mbs: int) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(value=value, user_attrs={"ds_config": {"train_micro_batch_size_per_gpu": mbs,
+                                                                                 "autotuning": {"metric_path": f"/x/{value}"}}})
+
+    assert measurement_noise([trial(100.0, 2), trial(200.0, 4)]) == (None, 0)
+    noise, configs = measurement_noise([trial(100.0, 2), trial(104.0, 2), trial(200.0, 4), trial(201.0, 4)])
+    assert configs == 2 and noise == pytest.approx(4 / 102)
+    result = TuningResult(metric="latency", direction="minimize", stages=[StageResult(stage=0, status="tuned")], duration=1.0,
+                          model_info={}, baseline=Baseline(stage=0, micro_batch_size=2, name="a", value=30.0, status="complete"),
+                          spend=Spend(experiments=3, gpu_seconds=7200.0, profiled=False), noise=noise, noise_configs=configs)
+    lines = headline(result)
+    assert lines[0] == "Your config (z0, micro-batch 2): 30 ms."
+    assert lines[1] == "Optimum: none, no experiment ran successfully."
+    assert lines[2] == "Spent: 3 experiment(s), 2 GPU-hours."
+
+
+def test_scale_lr_writes_the_scaled_learning_rate_and_names_the_rule(ws: Workspace) -> None:
+    ws.config(CONFIG)
+    p = ws.tune("ds_config.json", "--scale-lr", surface=SURFACE)
+    assert p.returncode == 0, p.stderr
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    batch = optimal["train_batch_size"]
+    assert batch != 2
+    assert optimal["optimizer"]["params"]["lr"] == pytest.approx(0.001 * math.sqrt(batch / 2))
+    comment, command = (ws.results / "cmd_optimal.txt").read_text().splitlines()
+    assert comment == (f"# learning rate scaled by sqrt({batch}/2) = {math.sqrt(batch / 2):.4g} (an Adam-type optimizer; "
+                       f"batch 2 -> {batch}): optimizer.params.lr 0.001 -> {0.001 * math.sqrt(batch / 2):.6g}")
+    assert "ds_config_optimal.json" in command
+    assert comment[2:] in (ws.results / "summary.txt").read_text()
+
+
+def test_scale_lr_on_an_auto_learning_rate_scales_the_script_flag(ws: Workspace) -> None:
+    ws.config({**CONFIG, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})
+    p = ws.cli("tune", "--launcher", FAKE_LAUNCHER, "--scale-lr", "train.py", "--deepspeed_config", "ds_config.json",
+               "--learning_rate", "5e-5", surface=SURFACE)
+    assert p.returncode == 0, p.stderr
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["optimizer"]["params"]["lr"] == "auto"
+    factor = math.sqrt(optimal["train_batch_size"] / 2)
+    command = shlex.split((ws.results / "cmd_optimal.txt").read_text().splitlines()[1])
+    assert float(command[command.index("--learning_rate") + 1]) == pytest.approx(5e-5 * factor, rel=1e-5)
+    # Without --scale-lr the advice stays a printed line and nothing is scaled.
+    p = ws.cli("tune", "--launcher", FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+               "--learning_rate", "5e-5", surface=SURFACE)
+    assert p.returncode == 0, p.stderr
+    assert "scale the learning rate by sqrt(" in p.stdout
+    command = shlex.split((ws.results / "cmd_optimal.txt").read_text())
+    assert command[command.index("--learning_rate") + 1] == "5e-5"
