@@ -193,7 +193,8 @@ class ExperimentRunner:
         _write_json(config_path, experiment.ds_config)
         port = self.port(slot_index)
         cmd = self.command(experiment, config_path, slot=slot, port=port)
-        description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port}
+        mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
+        description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
         _write_json(os.path.join(self._exps_dir, f"{experiment.name}.json"), description)
         _write_json(os.path.join(result_dir, "exp.json"), description)
         with open(os.path.join(result_dir, "cmd.txt"), "w", encoding="utf-8") as f:
@@ -201,7 +202,6 @@ class ExperimentRunner:
 
         stdout_path = os.path.join(result_dir, "stdout.log")
         stderr_path = os.path.join(result_dir, "stderr.log")
-        mark = new_mark()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
