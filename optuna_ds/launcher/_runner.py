@@ -201,7 +201,8 @@ class ExperimentRunner:
         port = self.port(slot_index)
         cmd = self.command(experiment, config_path, slot=slot, port=port)
         launched = self.launched(experiment, config_path, slot=slot, port=port)
-        description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port}
+        mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
+        description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
         if launched != cmd:
             description["launched"] = launched
         _write_json(files.description, description)
@@ -210,7 +211,6 @@ class ExperimentRunner:
             f.write(shell_line(cmd) + "\n")
 
         stdout_path, stderr_path = files.stdout, files.stderr
-        mark = new_mark()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 from typing import Any
@@ -10,6 +11,7 @@ from optuna.trial import TrialState
 from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import read_metrics
+from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.studies._results import LOST_ATTR
 from optuna_ds.studies._results import PROCESS_ATTR
@@ -65,6 +67,17 @@ def _finished_result(trial: optuna.trial.FrozenTrial, metric_key: str) -> dict[s
         return None
 
 
+def _mark(trial: optuna.trial.FrozenTrial) -> str | None:
+    """The environment mark of a trial's experiment, from its description (read before the
+    trial is settled: once it is, another process may launch the experiment again)."""
+    try:
+        with open(os.path.join(str(trial.user_attrs.get("result_dir")), "exp.json"), encoding="utf-8") as f:
+            mark = json.load(f).get("mark")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return mark if isinstance(mark, str) and mark else None
+
+
 def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[int], list[int]]:
     """Settle the running trials whose process died on this host (killed with SIGKILL, say).
 
@@ -81,12 +94,15 @@ def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[
         experiment = t.user_attrs.get(PROCESS_ATTR)
         running = isinstance(experiment, dict) and not _dead(experiment)
         metrics = None if running else _finished_result(t, metric_key)
+        mark = _mark(t) if PROCESS_ATTR in t.user_attrs else None
         try:
             if metrics is not None:
                 for key, value in {"metrics": metrics, "recovered": "its process died; the experiment finished and wrote its metrics"}.items():
                     study._storage.set_trial_user_attr(t._trial_id, key, value)
                 study._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [float(metrics[metric_key])])
                 completed.append(t.number)
+                if mark:
+                    end_marked(mark)  # what it left running outside its group
                 continue
             for key, value in {"reason": FailureReason.INTERRUPTED.value, "detail": "its process died", LOST_ATTR: True}.items():
                 study._storage.set_trial_user_attr(t._trial_id, key, value)
@@ -95,5 +111,7 @@ def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[
             continue  # finished meanwhile
         if running:
             kill_process_group(int(experiment["pid"]))  # the orphaned experiment, by its group id
+        if mark:
+            end_marked(mark)  # and what it started outside the group
         failed.append(t.number)
     return completed, failed

@@ -12,7 +12,7 @@
     inf, nan, negative, string    a metrics file with that throughput
     ignore_sigterm  ignore SIGTERM and hang
     setsid          start a child in its own session (escaping the process group) that
-                    lives an hour, then finish with good metrics
+                    lives an hour, then finish with good metrics (after HOSTILE_DS_SLOW seconds)
     hang            sleep an hour
     die             SIGKILL itself after a random moment of up to 0.3 s
     slow            good metrics after HOSTILE_DS_SLOW seconds (default 2)
@@ -98,6 +98,7 @@ def main():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
         entry["children"].append(child.pid)
         log(dict(entry, event="child"))
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "0")))
     if behaviour == "slow":
         time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
     if profile:

@@ -79,9 +79,9 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
 
 def test_an_experiment_that_finished_after_its_tuner_died_is_kept(hws: Hostile) -> None:
     hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
-    table = {"2": "slow", "4": "ok"}
+    table = {"2": "setsid", "4": "ok"}  # it also leaves a process outside its group
     tuner = hws.popen("tune", *hws.hostile_args(), table=table, HOSTILE_DS_SLOW="3")
-    _wait_for(lambda: any(e["mbs"] == 2 for e in hws.experiments()))
+    _wait_for(lambda: any(e["mbs"] == 2 and e["event"] == "child" for e in hws.events()))
     os.kill(tuner.pid, signal.SIGKILL)  # the experiment goes on, orphaned
     tuner.communicate()
     _wait_for(lambda: any(e["event"] == "end" and e["mbs"] == 2 for e in hws.events()))
