@@ -61,6 +61,11 @@ def config_path(args):
     sys.exit("fake deepspeed: no config in the script arguments")
 
 
+def _key(value):
+    """A knob value as a table key: 5e8 and 500000000 are one size."""
+    return json.dumps(float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value)
+
+
 def log(entry):
     path = os.environ.get("FAKE_DS_LOG")
     if path:
@@ -128,7 +133,8 @@ def main():
         peak = float(surface.get("peak", 24))
         throughput = base * mbs / (1 + (mbs / peak) ** 2)
         for knob, gains in surface.get("knob_gain", {}).items():
-            throughput *= float(gains.get(json.dumps(zero.get(knob)), 1.0))
+            gains = {_key(json.loads(value)): factor for value, factor in gains.items()}
+            throughput *= float(gains.get(_key(zero.get(knob)), 1.0))
         latency = mbs * gas * 1e6 / throughput
         metrics = {"throughput": throughput, "latency": latency, "FLOPS_per_gpu": throughput * 1e9, "rank": 0}
         time.sleep(float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0))))
