@@ -12,7 +12,6 @@ logs, and handles SIGINT/SIGTERM by ending its ranks; the tuner ends it by proce
 """
 from __future__ import annotations
 
-import array
 import contextlib
 import json
 import os

@@ -82,9 +82,10 @@ def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[
     """Settle the running trials whose process died on this host (killed with SIGKILL, say).
 
     An experiment that finished meanwhile and wrote its metrics completes its trial with them.
-    Otherwise the trial fails at once (not after the heartbeat's grace period) so that its
-    experiment runs again, and the experiment such a process left running is ended, by its
-    process group. Returns the numbers of the trials completed and of those failed.
+    An experiment such a process left running is ended first, by its process group; metrics it
+    wrote before it ended still count. Otherwise the trial fails at once (not after the
+    heartbeat's grace period) so that its experiment runs again. Returns the numbers of the
+    trials completed and of those failed.
     """
     completed, failed = [], []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -92,8 +93,11 @@ def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[
         if not (isinstance(owner, dict) and _dead(owner)):
             continue
         experiment = t.user_attrs.get(PROCESS_ATTR)
-        running = isinstance(experiment, dict) and not _dead(experiment)
-        metrics = None if running else _finished_result(t, metric_key)
+        if isinstance(experiment, dict) and not _dead(experiment):
+            # End the orphan first, then read: metrics it wrote before it ended are a result,
+            # even when written a moment before its exit.
+            kill_process_group(int(experiment["pid"]))
+        metrics = _finished_result(t, metric_key)
         mark = _mark(t) if PROCESS_ATTR in t.user_attrs else None
         try:
             if metrics is not None:
@@ -109,8 +113,6 @@ def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except RuntimeError:
             continue  # finished meanwhile
-        if running:
-            kill_process_group(int(experiment["pid"]))  # the orphaned experiment, by its group id
         if mark:
             end_marked(mark)  # and what it started outside the group
         failed.append(t.number)

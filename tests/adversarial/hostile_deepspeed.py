@@ -16,6 +16,7 @@
     hang            sleep an hour
     die             SIGKILL itself after a random moment of up to 0.3 s
     slow            good metrics after HOSTILE_DS_SLOW seconds (default 2)
+    linger          good metrics, then an hour before it exits (a slow teardown)
 
 Every launch is appended to ``FAKE_DS_LOG`` (JSON lines): the experiment's name (its result
 folder), the behaviour, the pids started, and whether metrics were written.
@@ -111,6 +112,9 @@ def main():
     else:
         write(auto["metric_path"], f'{{"throughput": {value}, "latency": 1.0, "FLOPS_per_gpu": 1e9, "rank": 0}}')
     entry["metrics"] = True
+    if behaviour == "linger":
+        log(dict(entry, event="metrics"))
+        time.sleep(3600)
     return done(0)
 
 

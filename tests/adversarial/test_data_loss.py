@@ -96,6 +96,25 @@ def test_an_experiment_that_finished_after_its_tuner_died_is_kept(hws: Hostile) 
     hws.assert_untouched()
 
 
+def test_metrics_written_before_a_slow_exit_are_kept_on_resume(hws: Hostile) -> None:
+    """The tuner dies after its experiment wrote its metrics but before the experiment exited:
+    the resumed tuning ends the orphan and keeps its metrics instead of launching it again."""
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
+    table = {"2": "linger", "4": "ok"}
+    tuner = hws.popen("tune", *hws.hostile_args(), table=table)
+    _wait_for(lambda: any(e["mbs"] == 2 and e["event"] == "metrics" for e in hws.events()))
+    os.kill(tuner.pid, signal.SIGKILL)
+    tuner.communicate()
+    proc = hws.hostile(table=table)
+    assert proc.returncode == 0, proc.stderr
+    assert [e["mbs"] for e in hws.experiments()].count(2) == 1
+    study = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage)
+    kept = [t for t in study.trials if t.user_attrs.get("micro_batch_size") == 2 and t.state.name == "COMPLETE"]
+    assert kept and kept[0].value == 20.0
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
 def test_sigkill_at_random_moments_then_resume(hws: Hostile) -> None:
     """Kill the tuner with SIGKILL at random moments (profile, experiments, writing the
     outputs); the same command then finishes, and no finished experiment ran twice."""
