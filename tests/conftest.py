@@ -31,7 +31,8 @@ class Workspace:
         return name
 
     def env(self, surface: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
-        env = dict(os.environ, DS_ACCELERATOR="cpu", FAKE_DS_LOG=str(self.launch_log))
+        # Its own GPU leases: a test must not wait on a GPU another test run on this machine holds.
+        env = dict(os.environ, DS_ACCELERATOR="cpu", FAKE_DS_LOG=str(self.launch_log), OPTUNA_DS_LOCK_DIR=str(self.root / "locks"))
         env["FAKE_DS_SURFACE"] = json.dumps(surface or {})
         env.update(extra)
         return env

@@ -38,13 +38,16 @@ def _assert_report_draws_plots(report: Path, png: Path) -> None:
     """Open the report in headless Chromium: the screenshot must show the plots drawn."""
     from PIL import Image
 
-    screenshot(report.as_uri(), str(png))
+    from optuna_ds.reporting._report import _STAGE_COLORS
+
+    screenshot(report.as_uri(), str(png), width=1280)
     image = Image.open(png).convert("RGB")
     pixels = list(image.getdata())
-    trace_blue = sum(1 for p in pixels if abs(p[0] - 99) < 12 and abs(p[1] - 110) < 12 and abs(p[2] - 250) < 12)
+    colors = [tuple(int(c[i : i + 2], 16) for i in (1, 3, 5)) for c in _STAGE_COLORS.values()]
+    traces = sum(1 for p in pixels if any(all(abs(p[i] - c[i]) < 12 for i in range(3)) for c in colors))
     plot_area = sum(1 for p in pixels if p == (229, 236, 246))  # plotly's default plot background
     assert plot_area > 50_000, "no plot area drawn"
-    assert trace_blue > 300, "no trace drawn"
+    assert traces > 300, "no trace drawn in its stage's colour"
 
 
 def _tree_mtimes(root: Path) -> dict[str, float]:
