@@ -226,6 +226,7 @@ def test_the_fast_start_gives_the_script_what_deepspeeds_runner_gives_it(tmp_pat
     from optuna_ds.launcher import CommandBuilder
     from optuna_ds.launcher import Experiment
     from optuna_ds.launcher import ExperimentRunner
+    from optuna_ds.launcher import MARK_VAR
     from optuna_ds.launcher import LauncherOptions
     from optuna_ds.launcher import Phase
     from optuna_ds.launcher import Slot
@@ -264,6 +265,7 @@ def test_the_fast_start_gives_the_script_what_deepspeeds_runner_gives_it(tmp_pat
         for rank in ranks.values():
             rank["argv"] = [a.replace(f"results-{local_start}", "results") for a in rank["argv"]]
             rank["env"].pop("DUMP_DIR")
+            assert rank["env"].pop(MARK_VAR)  # each experiment's own mark, by which its escapees are ended
         seen[local_start] = ranks
     assert seen[True] == seen[False]
     env = seen[True]["1.json"]["env"]

@@ -11,6 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import FAKE_LAUNCHER
+from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 from optuna_ds.reporting import headline
 from optuna_ds.studies import Baseline
@@ -118,7 +119,7 @@ def test_scale_lr_writes_the_scaled_learning_rate_and_names_the_rule(ws: Workspa
 
 def test_scale_lr_on_an_auto_learning_rate_scales_the_script_flag(ws: Workspace) -> None:
     ws.config({**CONFIG, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})
-    p = ws.cli("tune", "--launcher", FAKE_LAUNCHER, "--scale-lr", "train.py", "--deepspeed_config", "ds_config.json",
+    p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "--scale-lr", "train.py", "--deepspeed_config", "ds_config.json",
                "--learning_rate", "5e-5", surface=SURFACE)
     assert p.returncode == 0, p.stderr
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
@@ -127,7 +128,7 @@ def test_scale_lr_on_an_auto_learning_rate_scales_the_script_flag(ws: Workspace)
     command = shlex.split((ws.results / "cmd_optimal.txt").read_text().splitlines()[1])
     assert float(command[command.index("--learning_rate") + 1]) == pytest.approx(5e-5 * factor, rel=1e-5)
     # Without --scale-lr the advice stays a printed line and nothing is scaled.
-    p = ws.cli("tune", "--launcher", FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+    p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                "--learning_rate", "5e-5", surface=SURFACE)
     assert p.returncode == 0, p.stderr
     assert "scale the learning rate by sqrt(" in p.stdout
