@@ -91,7 +91,10 @@ def discover_resources(options: LauncherOptions) -> Resources:
     multi_node = pool is not None
     include = options.include
     if pool is None:
-        count = _accelerator().device_count()
+        try:
+            count = _accelerator().device_count()
+        except OSError as e:  # DeepSpeed's CPU accelerator runs numactl from PATH to count devices
+            raise ResourceError(f"cannot count the accelerator's devices: {e}") from None
         if count == 0:
             raise ResourceError("no GPU found: the accelerator reports 0 devices")
         visible = visible_devices()

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(SETPRIV is None or os.geteuid() != 0,
                                 reason="needs root and setpriv to run the CLI as an unprivileged user")
 
 
-def _as_nobody(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", HOME=str(tree), PATH="/usr/bin:/bin", FAKE_DS_LOG=str(tree / "writable" / "launches.jsonl"),
+def _as_nobody(tree: Path, *args: str, path: str = "/usr/bin:/bin") -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", HOME=str(tree), PATH=path, FAKE_DS_LOG=str(tree / "writable" / "launches.jsonl"),
                OPTUNA_DS_LOCK_DIR=str(tree / "writable" / "locks"))
     return subprocess.run([SETPRIV, "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m", "optuna_ds",
                            "tune", LAUNCHER_OPTION, HOSTILE, *args, "train.py", "--deepspeed_config", "ds_config.json"],
@@ -71,4 +71,16 @@ def test_sqlite_database_in_a_read_only_folder(shared_tree: Path) -> None:
     db.chmod(0o644)
     proc = _as_nobody(shared_tree, "--results-dir", "../writable/r", "--exps-dir", "../writable/e", "--storage", f"sqlite:///{db}")
     assert_one_line_error(proc, "SQLite")
+    assert not (shared_tree / "writable" / "launches.jsonl").exists()
+
+
+def test_an_unsearchable_folder_on_path_is_one_line(shared_tree: Path) -> None:
+    """DeepSpeed's CPU accelerator counts devices by running numactl from PATH: a PATH folder
+    the user may not search raises PermissionError there."""
+    _tree(shared_tree)
+    locked = shared_tree / "locked"
+    locked.mkdir(mode=0o700)
+    proc = _as_nobody(shared_tree, "--results-dir", "../writable/r", "--exps-dir", "../writable/e",
+                      path=f"{locked}:/usr/bin:/bin")
+    assert_one_line_error(proc, "accelerator")
     assert not (shared_tree / "writable" / "launches.jsonl").exists()
