@@ -222,7 +222,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         cwd=os.getcwd(),
         config_path=user.path,
         user_config=user.raw,
-        launcher=deepspeed_bin,
+        deepspeed_bin=deepspeed_bin,
         launcher_options=dataclasses.asdict(options.launcher_options),
         results_dir=results_dir,
         exps_dir=exps_dir,
@@ -323,7 +323,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
                 f"the tuning's {what} {path} does not exist on this node: share it (NFS) or copy it to the same path"
             )
     os.chdir(plan.cwd)
-    deepspeed_bin = resolve_deepspeed_bin(options.deepspeed_bin) if options.deepspeed_bin else plan.launcher
+    deepspeed_bin = resolve_deepspeed_bin(options.deepspeed_bin) if options.deepspeed_bin else plan.deepspeed_bin
     if not os.path.exists(deepspeed_bin[-1]):
         deepspeed_bin = resolve_deepspeed_bin(None)
     launcher_options = worker_launcher_options(mine=options.launcher_options, planned=LauncherOptions(**plan.launcher_options))

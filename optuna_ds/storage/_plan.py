@@ -33,7 +33,7 @@ class TuningPlan:
     cwd: str
     config_path: str
     user_config: dict[str, Any]
-    launcher: list[str]
+    deepspeed_bin: list[str]  # the deepspeed executable's command
     launcher_options: dict[str, Any]
     results_dir: str
     exps_dir: str
@@ -54,6 +54,8 @@ class TuningPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuningPlan:
         names = {f.name for f in dataclasses.fields(cls)}
+        if "launcher" in data and "deepspeed_bin" not in data:  # stored before the executable had its own name
+            data = {**data, "deepspeed_bin": data["launcher"]}
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
