@@ -118,9 +118,15 @@ def _describe(c: surfaces.Config | dict | None) -> str:
         text += " offload " + "+".join(k for k, on in (("opt", c.offload_optimizer), ("param", c.offload_param)) if on)
     knobs = {k: v for k, v in c.knobs}
     if knobs:
-        text += " " + ",".join(f"{k.split('_')[0]}{'_' + k.split('_')[1][0] if '_' in k else ''}={v:g}" if isinstance(v, float)
-                               else f"{k.split('_')[0]}={v}" for k, v in sorted(knobs.items()))
+        text += " " + ",".join(_describe_knob(k, v) for k, v in sorted(knobs.items()))
     return text
+
+
+def _describe_knob(key: str, value: object) -> str:
+    words = key.split("_")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # sizes, written as ints or floats
+        return f"{words[0]}{'_' + words[1][0] if len(words) > 1 else ''}={value:g}"
+    return f"{words[0]}={value}"
 
 
 
