@@ -77,7 +77,7 @@ def measure(mode: str, work: Path, index: int, port: int) -> dict[str, float]:
     if not result.ok:
         sys.exit(f"bench-launch: {mode} failed: {result.detail}\n{result.stderr_tail}")
     return {"first line": float(first_line.read_text()) - start,
-            "metrics file": os.stat(experiment.metric_path).st_mtime - start,
+            "metrics file": os.stat(experiment.files.metrics).st_mtime - start,
             "end": end - start}
 
 

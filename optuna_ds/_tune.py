@@ -6,7 +6,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
+from optuna_ds.launcher import local_host_names
 from optuna_ds.launcher import new_mark
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
@@ -289,11 +289,6 @@ def _wait_for_plan(storage: optuna.storages.BaseStorage, options: WorkerOptions,
     return plan
 
 
-def _local_hosts() -> set[str]:
-    name = socket.gethostname()
-    return {name, name.split(".")[0], socket.getfqdn(), "localhost", "127.0.0.1"}
-
-
 def worker_launcher_options(*, mine: LauncherOptions, planned: LauncherOptions) -> LauncherOptions:
     """A worker's launcher flags: its own GPU selection (else the tuning's GPUs per experiment),
     the tuning's rendezvous unless given, every other flag of the tuning unless given."""
@@ -329,7 +324,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
     launcher_options = worker_launcher_options(mine=options.launcher_options, planned=LauncherOptions(**plan.launcher_options))
     resources = discover_resources(launcher_options)
     if resources.multi_node and resources.nodes_per_experiment == 1:
-        resources = resources.restricted_to(_local_hosts())
+        resources = resources.restricted_to(local_host_names())
     check_gpus(user, total_gpus=resources.total_gpus)
     runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
     observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")

@@ -89,7 +89,7 @@ def test_a_stale_metrics_file_is_never_read(tmp_path: Path, script: Path, monkey
     monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"no_metrics_at": [4]}))
     exp = _experiment(tmp_path, 4)
     os.makedirs(exp.result_dir)
-    Path(exp.metric_path).write_text(json.dumps({"throughput": 999.0}))
+    Path(exp.files.metrics).write_text(json.dumps({"throughput": 999.0}))
     result = _runner(tmp_path, script).run(exp, slot=_slot(), timeout=60)
     assert result.reason is FailureReason.NO_METRICS
 

@@ -44,14 +44,6 @@ class Experiment:
     def files(self) -> ExperimentFiles:
         return ExperimentFiles(self.result_dir)
 
-    @property
-    def metric_path(self) -> str:
-        return self.files.metrics
-
-    @property
-    def model_info_path(self) -> str:
-        return self.files.model_info
-
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["phase"] = self.phase.value

@@ -8,13 +8,13 @@ driver's own reservation).
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from optuna_ds.launcher._resources import Slot
+from optuna_ds.launcher._resources import local_host_names
 
 _INTERVAL = 0.2
 _lock = threading.Lock()
@@ -52,8 +52,7 @@ def gpu_memory_support() -> str:
 
 def _local_ids(slot: Slot) -> list[int]:
     """The NVML indices of the slot's GPUs on this host (others cannot be sampled from here)."""
-    names = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
-    ids = [i for host, host_ids in slot.hosts.items() if host in names for i in host_ids]
+    ids = [i for host, host_ids in slot.hosts.items() if host in local_host_names() for i in host_ids]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     order = [int(v) for v in visible.split(",") if v.strip().isdigit()] if visible else []
     return [order[i] if i < len(order) else i for i in ids]

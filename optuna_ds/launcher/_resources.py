@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
+import socket
 from typing import Any
 
 from optuna_ds._errors import ResourceError
@@ -56,13 +58,20 @@ class Resources:
                 out.append(Slot({host: ids[i : i + self.gpus_per_node]}))
         return out
 
-    def restricted_to(self, names: set[str]) -> Resources:
+    def restricted_to(self, names: frozenset[str] | set[str]) -> Resources:
         """Only the hosts called one of ``names`` (this node, for a worker), if any is."""
         mine = {h: ids for h, ids in self.hosts.items() if h in names}
         return dataclasses.replace(self, hosts=mine) if mine else self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@functools.cache
+def local_host_names() -> frozenset[str]:
+    """The names a hostfile or slot may give this node (cached: ``getfqdn`` may ask DNS)."""
+    name = socket.gethostname()
+    return frozenset({name, name.split(".")[0], socket.getfqdn(), "localhost", "127.0.0.1"})
 
 
 def _accelerator() -> Any:

@@ -50,7 +50,8 @@ def end_marked(mark: str, *, grace: float = _GRACE) -> list[int]:
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 0)
         while pids and time.monotonic() < deadline:
             time.sleep(0.05)
-            pids = [p for p in pids if p in marked_processes(mark)]
+            alive = set(marked_processes(mark))  # one scan of /proc a poll, not one a pid
+            pids = [p for p in pids if p in alive]
         if not pids:
             break
     return pids

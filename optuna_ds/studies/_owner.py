@@ -9,6 +9,7 @@ import optuna
 from optuna.trial import TrialState
 
 from optuna_ds.launcher import BadMetrics
+from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import read_metrics
 from optuna_ds.launcher import end_marked
@@ -62,7 +63,7 @@ def _finished_result(trial: optuna.trial.FrozenTrial, metric_key: str) -> dict[s
     if PROCESS_ATTR not in trial.user_attrs or not isinstance(result_dir, str):
         return None
     try:
-        return read_metrics(os.path.join(result_dir, "metrics.json"), metric_key)
+        return read_metrics(ExperimentFiles(result_dir).metrics, metric_key)
     except BadMetrics:
         return None
 
@@ -70,10 +71,13 @@ def _finished_result(trial: optuna.trial.FrozenTrial, metric_key: str) -> dict[s
 def _mark(trial: optuna.trial.FrozenTrial) -> str | None:
     """The environment mark of a trial's experiment, from its description (read before the
     trial is settled: once it is, another process may launch the experiment again)."""
+    result_dir = trial.user_attrs.get("result_dir")
+    if not isinstance(result_dir, str):
+        return None
     try:
-        with open(os.path.join(str(trial.user_attrs.get("result_dir")), "exp.json"), encoding="utf-8") as f:
+        with open(ExperimentFiles(result_dir).exp, encoding="utf-8") as f:
             mark = json.load(f).get("mark")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # AttributeError: exp.json holds no object
         return None
     return mark if isinstance(mark, str) and mark else None
 

@@ -77,14 +77,22 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_an_experiment_that_finished_after_its_tuner_died_is_kept(hws: Hostile) -> None:
+@pytest.mark.parametrize("behaviour, killed_after, resume_after_end", [
+    # it also leaves a process outside its group, and finishes after its tuner died
+    ("setsid", "child", True),
+    # it wrote its metrics, then is slow to exit: the resumed tuning ends it and keeps them
+    ("linger", "metrics", False),
+])
+def test_an_experiment_that_measured_after_its_tuner_died_is_kept(hws: Hostile, behaviour: str, killed_after: str,
+                                                                   resume_after_end: bool) -> None:
     hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
-    table = {"2": "setsid", "4": "ok"}  # it also leaves a process outside its group
+    table = {"2": behaviour, "4": "ok"}
     tuner = hws.popen("tune", *hws.hostile_args(), table=table, HOSTILE_DS_SLOW="3")
-    _wait_for(lambda: any(e["mbs"] == 2 and e["event"] == "child" for e in hws.events()))
+    _wait_for(lambda: any(e["mbs"] == 2 and e["event"] == killed_after for e in hws.events()))
     os.kill(tuner.pid, signal.SIGKILL)  # the experiment goes on, orphaned
     tuner.communicate()
-    _wait_for(lambda: any(e["event"] == "end" and e["mbs"] == 2 for e in hws.events()))
+    if resume_after_end:
+        _wait_for(lambda: any(e["event"] == "end" and e["mbs"] == 2 for e in hws.events()))
     proc = hws.hostile(table=table)
     assert proc.returncode == 0, proc.stderr
     assert [e["mbs"] for e in hws.experiments()].count(2) == 1
@@ -92,25 +100,6 @@ def test_an_experiment_that_finished_after_its_tuner_died_is_kept(hws: Hostile) 
     kept = [t for t in study.trials if t.user_attrs.get("micro_batch_size") == 2 and t.state.name == "COMPLETE"]
     assert kept and kept[0].value == 20.0
     hws.assert_finished_once()
-    hws.assert_nothing_left()
-    hws.assert_untouched()
-
-
-def test_metrics_written_before_a_slow_exit_are_kept_on_resume(hws: Hostile) -> None:
-    """The tuner dies after its experiment wrote its metrics but before the experiment exited:
-    the resumed tuning ends the orphan and keeps its metrics instead of launching it again."""
-    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
-    table = {"2": "linger", "4": "ok"}
-    tuner = hws.popen("tune", *hws.hostile_args(), table=table)
-    _wait_for(lambda: any(e["mbs"] == 2 and e["event"] == "metrics" for e in hws.events()))
-    os.kill(tuner.pid, signal.SIGKILL)
-    tuner.communicate()
-    proc = hws.hostile(table=table)
-    assert proc.returncode == 0, proc.stderr
-    assert [e["mbs"] for e in hws.experiments()].count(2) == 1
-    study = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage)
-    kept = [t for t in study.trials if t.user_attrs.get("micro_batch_size") == 2 and t.state.name == "COMPLETE"]
-    assert kept and kept[0].value == 20.0
     hws.assert_nothing_left()
     hws.assert_untouched()
 
