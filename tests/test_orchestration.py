@@ -3,6 +3,7 @@ output files, resume, failures, stage heuristics, samplers."""
 from __future__ import annotations
 
 import json
+import re
 
 import optuna
 import pytest
@@ -43,7 +44,8 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert complete and failed
     for t in trials:
         attrs = t.user_attrs
-        assert attrs["exp_name"] == f"z1_gas1_tmbspg{t.params['train_micro_batch_size_per_gpu']}"
+        # A re-measurement of a config is named for how many times it ran before.
+        assert re.fullmatch(rf"z1_gas1_tmbspg{t.params['train_micro_batch_size_per_gpu']}(_r\d+)?", attrs["exp_name"])
         assert set(attrs) >= {"metrics", "ds_config", "cmd", "result_dir", "phase"}
         # The user's other sections reach every experiment.
         assert attrs["ds_config"]["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
@@ -52,7 +54,9 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     for t in failed:
         assert t.user_attrs["reason"] == "oom" and "CUDA out of memory" in t.user_attrs["stderr_tail"]
         assert t.params["train_micro_batch_size_per_gpu"] > 40
-    best = max(complete, key=lambda t: t.value)
+    # The optimum is the planner's choice, by its estimate: near the peak, not only the highest measurement.
+    choice = _study(ws, "optuna-ds").user_attrs["choice"]
+    best = next(t for t in complete if t.number == choice["trial"])
     assert best.value == pytest.approx(best.user_attrs["metrics"]["throughput"])
     assert 16 <= best.params["train_micro_batch_size_per_gpu"] <= 32  # the peak is at 24
     root = _study(ws, "optuna-ds")
@@ -111,19 +115,22 @@ def test_stages_that_cannot_fit_are_skipped_with_the_reason(ws: Workspace) -> No
         _study(ws, "optuna-ds-z0")
 
 
-def test_all_stages_stop_when_a_stage_is_no_better(ws: Workspace) -> None:
-    # 1e9 fp32 parameters with Adam on 4 GPUs: z0 fits micro-batches up to ~46, z1 more.
+def test_all_stages_are_planned_together_and_each_outcome_has_a_reason(ws: Workspace) -> None:
+    # 1e9 fp32 parameters with Adam on 4 GPUs: z0 fits micro-batches up to ~46, z3 hundreds.
     ws.config({**FAST, "zero_optimization": {"stage": "all"}})
     surface = {"base": {"0": 100, "1": 90, "2": 200, "3": 300}, "num_params": 1_000_000_000, "activation_mem_per_gpu": 200_000_000}
     p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                env=ws.env(surface, LOCAL_SIZE="4"))
     assert p.returncode == 0, p.stderr
     summary = (ws.results / "summary.txt").read_text()
-    assert "z2 skipped: z1 was no better than z0" in summary
-    assert "z3 skipped" in summary
-    assert {l["stage"] for l in _launched(ws)} == {0, 1}
-    assert all(l["include"] == "localhost:0,1,2,3" for l in _launched(ws))
-    assert max(l["mbs"] for l in _launched(ws) if l["stage"] == 0) < 64  # bounded by the memory estimate
+    launched = _launched(ws)
+    for stage in range(4):
+        ran = any(l["stage"] == stage for l in launched)
+        assert ran or f"z{stage} skipped: " in summary  # a stage not run says why
+    assert all(l["include"] == "localhost:0,1,2,3" for l in launched)
+    assert max(l["mbs"] for l in launched if l["stage"] == 0) < 64  # bounded by the memory model
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["stage"] == 3  # three times stage 0's throughput, and larger sizes fit
 
 
 def test_failures_do_not_end_the_search_and_keep_their_reason(ws: Workspace) -> None:
@@ -188,7 +195,10 @@ def test_early_stopping_ends_the_knob_search(ws: Workspace) -> None:
     ws.config(config)
     assert ws.tune().returncode == 0
     knob = [t for t in _study(ws, "optuna-ds-z1").get_trials() if t.user_attrs.get("phase") == "knobs"]
-    assert len(knob) == 2  # the surface ignores these knobs: no improvement over the micro-batch phase
+    ran = [t for t in knob if t.state != TrialState.PRUNED]
+    assert len(ran) == 2  # the surface ignores these knobs: no improvement over the micro-batch phase
+    # The pruner said so when the next trial asked (trial.should_prune()): it launched nothing.
+    assert all(t.user_attrs.get("early_stopped") for t in knob if t.state == TrialState.PRUNED)
 
 
 def test_run_trains_with_the_optimal_config_and_returns_its_status(ws: Workspace) -> None:
@@ -229,8 +239,8 @@ def test_overwrite_touches_only_its_own_tuning(ws: Workspace) -> None:
 
 
 def test_stage3_offloads_to_cpu_when_it_does_not_fit_otherwise(ws: Workspace) -> None:
-    """A model whose states do not fit one device at any stage: stage 3 runs with the optimizer
-    states offloaded to the CPU, named so, and the optimal config keeps the offload section."""
+    """A model whose states do not fit one device at any stage: it runs with the optimizer states
+    offloaded to the CPU, named so, and the optimal config keeps the offload section."""
     import psutil
 
     device = psutil.virtual_memory().total  # what DeepSpeed's CPU accelerator reports
@@ -238,15 +248,13 @@ def test_stage3_offloads_to_cpu_when_it_does_not_fit_otherwise(ws: Workspace) ->
     ws.config({"zero_optimization": {"stage": "all"}, "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 16}})
     p = ws.tune("ds_config.json", "--num_gpus", "1", surface={"num_params": num_params, "activation_mem_per_gpu": int(device / 100)})
     assert p.returncode == 0, p.stderr + p.stdout
-    assert "[z3] offload-opt: without offload to CPU it fits nothing" in p.stdout
     launched = _launched(ws)
-    assert launched and all(l["stage"] == 3 for l in launched)
-    trials = [t for t in _study(ws, "optuna-ds-z3").trials if t.state == TrialState.COMPLETE]
-    assert trials and all(t.user_attrs["exp_name"].endswith("_offload-opt") for t in trials)
+    assert launched and all(l["stage"] >= 1 for l in launched)
+    trials = [t for s in (1, 2, 3) for t in _study(ws, f"optuna-ds-z{s}").trials if t.state == TrialState.COMPLETE]
+    assert trials and all(t.user_attrs["exp_name"].endswith(("_offload-opt", "_offload-opt-param")) for t in trials)
     assert all(t.user_attrs["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu" for t in trials)
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert "offload_param" not in optimal["zero_optimization"]  # the optimizer alone was enough
 
 
 def test_the_users_own_offload_sections_are_kept_and_nothing_else_is_tried(ws: Workspace) -> None:
@@ -264,8 +272,8 @@ def test_the_users_own_offload_sections_are_kept_and_nothing_else_is_tried(ws: W
 
 
 def test_full_mode_with_all_stages_tries_the_recommended_setting_then_searches_the_best_stage(ws: Workspace) -> None:
-    """After every stage's micro-batch search: DeepSpeed's recommended setting once at each stage
-    within 5% of the best, then the sampler only at the best of them."""
+    """After the planner's search: the knob search at the chosen stage only, DeepSpeed's
+    recommended setting first, then the sampler."""
     ws.config({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": "all"},
                "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64}})
     # Throughput peaks at 12 samples, far from the memory limit: later stages start at the same size.
@@ -280,8 +288,11 @@ def test_full_mode_with_all_stages_tries_the_recommended_setting_then_searches_t
     first = min(knob[2], key=lambda t: t.number)
     assert first.params["overlap_comm"] is True  # the recommended setting first
     mbs_phase = [t for t in _study(ws, "optuna-ds-z2").get_trials() if t.user_attrs.get("phase") == "micro_batch" and t.value]
-    assert first.user_attrs["micro_batch_size"] == max(mbs_phase, key=lambda t: t.value).user_attrs["micro_batch_size"]
+    assert first.user_attrs["micro_batch_size"] in {t.user_attrs["micro_batch_size"] for t in mbs_phase}
     # It wins (overlap pays 10%), so the sampler searches stage 2 until 3 experiments bring nothing.
-    assert 1 + 3 <= len(knob[2]) <= 1 + 3 + 2
+    ran = [t for t in knob[2] if t.state != TrialState.PRUNED]
+    for t in _study(ws, "optuna-ds-z2").get_trials():
+        print("DBG", t.number, t.state, t.value, t.params, t.user_attrs.get("phase"), t.user_attrs.get("early_stopped"), t.user_attrs.get("duplicate_of"), t.datetime_complete)
+    assert 1 + 3 <= len(ran) <= 1 + 3 + 2
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["stage"] == 2 and optimal["zero_optimization"]["overlap_comm"] is True

@@ -87,8 +87,9 @@ def headline(result: TuningResult) -> list[str]:
         optimum = f"Optimum ({best.name}): {_with_unit(best.value, metric)}"
         factor = speedup(result)
         if factor is not None:
-            noise = ("noise not measured: no config ran twice" if result.noise is None else
-                     f"run-to-run noise {result.noise:.1%}, measured on {result.noise_configs} config(s) run more than once")
+            noise = ("noise not measured" if result.noise is None else
+                     f"run-to-run noise about {result.noise:.1%}, estimated from every run"
+                     + (f", {result.noise_configs} config(s) run more than once" if result.noise_configs else ""))
             same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
             optimum += f", {factor:.3g}x faster{same} ({noise})"
         lines.append(optimum + ".")

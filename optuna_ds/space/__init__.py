@@ -2,10 +2,6 @@
 
 from optuna_ds.space._memory import MemoryEstimate
 from optuna_ds.space._memory import estimate_memory
-from optuna_ds.space._micro_batch import MemoryModel
-from optuna_ds.space._micro_batch import MicroBatchSearch
-from optuna_ds.space._micro_batch import Observation
-from optuna_ds.space._micro_batch import carried_start
 from optuna_ds.space._naming import experiment_name
 from optuna_ds.space._offload import OFFLOAD_VARIANTS
 from optuna_ds.space._offload import offload_sections
@@ -19,11 +15,7 @@ __all__ = [
     "OFFLOAD_VARIANTS",
     "KnobSpace",
     "MemoryEstimate",
-    "MemoryModel",
-    "MicroBatchSearch",
-    "Observation",
     "build_knob_space",
-    "carried_start",
     "default_tuning_space",
     "estimate_memory",
     "experiment_name",

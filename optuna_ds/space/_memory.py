@@ -11,7 +11,8 @@ class MemoryEstimate:
     Parameters count in full; gradients and optimizer states count only trainable parameters
     (frozen PEFT weights have neither). Stage 1 partitions optimizer states over the
     data-parallel ranks, stage 2 gradients too, stage 3 parameters too; offloaded states
-    leave the GPU.
+    leave the GPU. ``buffers`` are the communication buckets and the contiguous gradient buffer
+    that ZeRO allocates: a stage that partitions more may still leave less room.
     """
 
     stage: int
@@ -21,10 +22,11 @@ class MemoryEstimate:
     activation_per_sample: float
     device_memory: float
     max_micro_batch_size: int
+    buffers: float = 0.0
 
     @property
     def instantiation(self) -> float:
-        return self.params + self.gradients + self.optimizer
+        return self.params + self.gradients + self.optimizer + self.buffers
 
     @property
     def fits(self) -> bool:
@@ -81,8 +83,15 @@ def estimate_memory(
         optimizer = 0.0
     if stage >= 3 and _offloaded(zero, "offload_param"):
         params = 0.0
+    buffers = 0.0
+    if stage >= 1:
+        buffers += _number(zero.get("reduce_bucket_size"), 5e8) * param_bytes
+    if stage in (1, 2):
+        buffers += _number(zero.get("allgather_bucket_size"), 5e8) * param_bytes
+    if stage >= 2 and zero.get("contiguous_gradients", True) is not False:
+        buffers += trainable * param_bytes / mp_size / dp
 
-    free = device_memory - (params + gradients + optimizer)
+    free = device_memory - (params + gradients + optimizer + buffers)
     if free <= 0:
         max_mbs = 0
     elif activation_per_sample and activation_per_sample > 0:
@@ -97,4 +106,10 @@ def estimate_memory(
         activation_per_sample=float(activation_per_sample or 0.0),
         device_memory=float(device_memory),
         max_micro_batch_size=max_mbs,
+        buffers=buffers,
     )
+
+
+def _number(value: Any, default: float) -> float:
+    """A bucket size as configured; lists (a tuned knob) and "auto" count as the default."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default

@@ -225,8 +225,10 @@ class TuningResult:
     model_info: dict[str, Any]
     baseline: Baseline | None = None
     spend: Spend = Spend()
-    noise: float | None = None  # run-to-run relative spread, when some config ran twice
+    noise: float | None = None  # relative noise of one measurement: the planner's estimate, else the spread of repeats
     noise_configs: int = 0
+    chosen: BestExperiment | None = None  # the planner's choice, by its estimate
+
 
     @property
     def num_experiments(self) -> int:
@@ -234,6 +236,9 @@ class TuningResult:
 
     @property
     def best(self) -> BestExperiment | None:
+        """The planner's choice; without one (an older or unfinished tuning) the best measured."""
+        if self.chosen is not None:
+            return self.chosen
         bests = [s.best for s in self.stages if s.best is not None]
         if not bests:
             return None

@@ -28,8 +28,6 @@ from optuna_ds.launcher import shell_line
 from optuna_ds.pruners import TunerEarlyStoppingPruner
 from optuna_ds.samplers import create_sampler
 from optuna_ds.space import KnobSpace
-from optuna_ds.space import MicroBatchSearch
-from optuna_ds.space import Observation
 from optuna_ds.space import recommended_knobs
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import TuningObserver
@@ -74,17 +72,7 @@ class KnobSearch(enum.Enum):
     """How much of a stage's knob space to search."""
 
     NONE = "none"
-    RECOMMENDED = "recommended"  # DeepSpeed's recommended setting only: one experiment
     FULL = "full"  # the recommended setting, then the sampler until early stopping
-
-
-class LocalClaims:
-    """Micro-batch sizes chosen by this process's drivers and not yet claimed in the storage,
-    so that two drivers of one process never pick the same next size."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.sizes: set[tuple[str, int]] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +95,6 @@ class StageContext:
     gas_high: int
     timeout: float | None
     observer: TuningObserver
-    local: LocalClaims
     seed: int | None = None
 
 
@@ -131,28 +118,29 @@ def record_result(trial: optuna.Trial, experiment: Experiment, result: Experimen
 
 
 class StageTuner:
-    """Tunes one ZeRO stage in its own Optuna study, one trial per experiment.
+    """Runs the experiments of one ZeRO stage in its own Optuna study, one trial per experiment.
 
-    First the micro-batch search (trials with fixed params, decided by :class:`MicroBatchSearch`
-    from the finished and running ones); then, unless in fast mode, as much of the knob search as
-    ``knobs`` says: DeepSpeed's recommended setting at the best size, then the ``tuner_type``
-    sampler over the best micro-batch sizes, until :class:`TunerEarlyStoppingPruner` says stop
-    or the space is exhausted. Everything is read back from the storage at every step,
-    so a rerun continues where it stopped and any number of drivers (threads of this process,
-    workers elsewhere) can step the same stage: a trial claims its experiment by name, and of
-    two claimants of one experiment one runs it and the other stands down (:meth:`_competitor`).
+    The planner decides the micro-batch experiments (:meth:`run_micro_batch`, trials with fixed
+    params); the knob search (:meth:`step_knobs`, unless in fast mode) runs DeepSpeed's
+    recommended setting at the best size, then the ``tuner_type`` sampler over the best sizes,
+    until :class:`TunerEarlyStoppingPruner` prunes the next trial or the space is exhausted.
+    Everything is read back from the storage at every step, so a rerun continues where it
+    stopped and any number of slots (of this process, of workers elsewhere) can run the same
+    stage: a trial claims its experiment by name, and of two claimants of one experiment one runs
+    it and the other stands down (:meth:`_competitor`).
     """
 
-    def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace, search: MicroBatchSearch,
-                 knobs: KnobSearch = KnobSearch.FULL) -> None:
+    def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace,
+                 knobs: KnobSearch = KnobSearch.NONE, sizes: tuple[int, ...] = ()) -> None:
         self._ctx = ctx
         self._knobs = knobs
+        self._sizes = sizes
         self._study_name = study_name
         self._stage = stage
         self._space = space
-        self._search = search
         self._duplicates = 0
         self._stood_down = False
+        self._early_stopped = False
         self._reaped = 0.0
         self.study = optuna.create_study(
             storage=ctx.storage, study_name=study_name, direction=ctx.direction, load_if_exists=True
@@ -167,34 +155,17 @@ class StageTuner:
     def space(self) -> KnobSpace:
         return self._space
 
-    def with_knobs(self, knobs: KnobSearch) -> StageTuner:
-        """This stage's tuner, searching as much of the knob space as ``knobs`` says."""
-        return StageTuner(ctx=self._ctx, study_name=self._study_name, stage=self._stage, space=self._space,
-                          search=self._search, knobs=knobs)
+    def with_knobs(self, knobs: KnobSearch, *, sizes: tuple[int, ...], offload: str = "") -> StageTuner:
+        """This stage's tuner searching as much of the knob space as ``knobs`` says, at the
+        micro-batch ``sizes`` (best first) and with the offload variant the choice has."""
+        space = self._space.with_offload(offload) if offload else self._space
+        return StageTuner(ctx=self._ctx, study_name=self._study_name, stage=self._stage, space=space,
+                          knobs=knobs, sizes=sizes)
 
     # -- reading the study ------------------------------------------------------------------
 
     def _trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
-
-    def observations(self, trials: list[FrozenTrial] | None = None) -> dict[int, Observation]:
-        sign = 1.0 if self._ctx.direction == "maximize" else -1.0
-        obs: dict[int, Observation] = {}
-        trials = self._trials() if trials is None else trials
-        dead = given_up(trials)
-        for t in trials:
-            if t.user_attrs.get("phase") != Phase.MICRO_BATCH.value:
-                continue
-            if t.user_attrs.get("exp_name") in dead:
-                mbs = int(t.user_attrs["micro_batch_size"])
-                obs[mbs] = Observation(mbs=mbs, score=None)
-            elif is_finished_experiment(t):
-                mbs = int(t.user_attrs["micro_batch_size"])
-                if t.state == TrialState.COMPLETE and t.value is not None:
-                    obs[mbs] = Observation(mbs=mbs, score=sign * t.value)
-                else:
-                    obs[mbs] = Observation(mbs=mbs, score=None, oom=t.user_attrs.get("reason") == FailureReason.OOM.value)
-        return obs
 
     @staticmethod
     def _running(trials: list[FrozenTrial], phase: Phase) -> list[FrozenTrial]:
@@ -248,9 +219,10 @@ class StageTuner:
 
     # -- running one trial ------------------------------------------------------------------
 
-    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease,
-                   pruner: TunerEarlyStoppingPruner | None) -> Callable[[optuna.Trial], float]:
+    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, *, space: KnobSpace | None = None,
+                   repeat: int = 0) -> Callable[[optuna.Trial], float]:
         ctx = self._ctx
+        space = space or self._space
 
         def objective(trial: optuna.Trial) -> float:
             trial.set_user_attr(OWNER_ATTR, this_process())
@@ -259,15 +231,20 @@ class StageTuner:
                 knobs: dict[str, Any] = {}
             else:
                 mbs = trial.suggest_int(MBS_KEY, min(tuning_list), max(tuning_list))
-                knobs = {k: trial.suggest_categorical(k, choices) for k, choices in self._space.tuned.items()}
+                knobs = {k: trial.suggest_categorical(k, choices) for k, choices in space.tuned.items()}
             gas = ctx.builder.gas_for(mbs)
             if phase is Phase.KNOBS:
                 trial.suggest_int(GAS_KEY, gas, gas)  # derived from mbs: recorded, not sampled
             else:
                 trial.suggest_int(GAS_KEY, 1, ctx.gas_high)
-            experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=self._space, knobs=knobs)
+            experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=space, knobs=knobs,
+                                           repeat=repeat)
             slot = lease.slot.include
+            extra = {"offload": space.offload} if space.offload else {}
+            if repeat:
+                extra["repeat"] = repeat
             for key, value in {
+                **extra,
                 "phase": phase.value,
                 "micro_batch_size": mbs,
                 "gradient_accumulation_steps": gas,
@@ -283,8 +260,9 @@ class StageTuner:
                 trial.set_user_attr("duplicate_of", previous.number)
                 self._stood_down = True
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
-            if phase is Phase.KNOBS and pruner is not None and pruner.exhausted(self.study, before=trial.number):
+            if phase is Phase.KNOBS and trial.should_prune():  # tuner_early_stopping, tuner_num_trials
                 trial.set_user_attr("early_stopped", True)
+                self._early_stopped = True
                 raise optuna.TrialPruned("the knob search is over")
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
             port = ctx.runner.port(lease.index)
@@ -317,51 +295,38 @@ class StageTuner:
 
         return objective
 
-    def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease,
-                      pruner: TunerEarlyStoppingPruner | None = None) -> None:
+    def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *,
+                      space: KnobSpace | None = None, repeat: int = 0) -> None:
         self._stood_down = False
         study.optimize(
-            self._objective(phase, tuning_list, lease, pruner), n_trials=1, catch=(ExperimentFailed,), gc_after_trial=False
+            self._objective(phase, tuning_list, lease, space=space, repeat=repeat), n_trials=1, catch=(ExperimentFailed,),
+            gc_after_trial=False,
         )
         self._duplicates = self._duplicates + 1 if self._stood_down else 0
 
     # -- one step ---------------------------------------------------------------------------
 
-    def step(self, lease: Lease) -> Step:
-        """Run the next experiment this stage needs on ``lease``, or say why there is none."""
+    def run_micro_batch(self, mbs: int, lease: Lease, *, offload: str = "", repeat: int = 0, why: str = "") -> None:
+        """Run the planner's experiment: size ``mbs`` with the default knobs (and the offload
+        variant ``offload``) on ``lease``; ``repeat``: how many times it ran before."""
         self._reap()
-        local = self._ctx.local
-        with local.lock:
-            trials = self._trials()
-            obs = self.observations(trials)
-            pending = {int(t.user_attrs["micro_batch_size"]) for t in self._running(trials, Phase.MICRO_BATCH)}
-            pending |= {m for study, m in local.sizes if study == self._study_name}
-            mbs = self._search.next_mbs(obs, pending)
-            if mbs is not None:
-                local.sizes.add((self._study_name, mbs))
-        if mbs is not None:
-            try:
-                self._run_micro_batch(mbs, lease)
-            finally:
-                with local.lock:
-                    local.sizes.discard((self._study_name, mbs))
-            return Step.RAN
-        if pending:
-            return Step.WAIT
-        return self._step_knobs(trials, obs, lease)
-
-    def _run_micro_batch(self, mbs: int, lease: Lease) -> None:
+        space = self._space.with_offload(offload) if offload else self._space
         # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
-        # is not atomic on SQLite, and any driver could pop another's.
+        # is not atomic on SQLite, and any slot could pop another's.
         sampler = optuna.samplers.PartialFixedSampler({MBS_KEY: mbs, GAS_KEY: self._ctx.builder.gas_for(mbs)}, optuna.samplers.RandomSampler())
         study = optuna.load_study(storage=self._ctx.storage, study_name=self._study_name, sampler=sampler)
-        self._optimize_one(study, Phase.MICRO_BATCH, [mbs], lease)
+        if why:
+            self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {mbs}{' ' + offload if offload else ''}: {why}")
+        self._optimize_one(study, Phase.MICRO_BATCH, [mbs], lease, space=space, repeat=repeat)
 
-    def _step_knobs(self, trials: list[FrozenTrial], obs: dict[int, Observation], lease: Lease) -> Step:
+    def step_knobs(self, lease: Lease) -> Step:
+        """Run the knob search's next trial on ``lease``, or say why there is none."""
+        self._reap()
         ctx = self._ctx
+        trials = self._trials()
         if ctx.fast or self._knobs is KnobSearch.NONE or not self._space.tuned:
             return Step.DONE
-        tuning_list = sorted(self._search.best(obs, n=ctx.num_tuning))
+        tuning_list = sorted(self._sizes)
         if not tuning_list:
             return Step.DONE
         running = self._running(trials, Phase.KNOBS)
@@ -370,17 +335,15 @@ class StageTuner:
         taken = {t.user_attrs.get("exp_name") for t in trials if t.user_attrs.get("phase") == Phase.KNOBS.value
                  and (is_finished_experiment(t) or t in running or t.user_attrs.get("exp_name") in dead)} - {None}
         first = recommended_knobs(self._space)
-        if self._knobs is KnobSearch.RECOMMENDED and (first is None or taken):
-            return Step.WAIT if running else Step.DONE
         pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS.value)
-        if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or pruner.exhausted(self.study):
+        if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped:
             return Step.WAIT if running else Step.DONE
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
         started = any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials)
         if first is not None and not started:
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
-            sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._search.best(obs)[0]}, sampler)
+            sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._sizes[0]}, sampler)
         elif self._duplicates >= _SAMPLER_DUPLICATES:
             # The sampler keeps proposing taken configs (a random sampler late in a small space,
             # a grid point whose worker died): run an untried one.
@@ -388,7 +351,7 @@ class StageTuner:
         study = optuna.load_study(storage=ctx.storage, study_name=self._study_name, sampler=sampler, pruner=pruner)
         if not started:
             ctx.observer.log(f"[z{self._stage}] knob search: {len(self._space.tuned)} knob(s) x {len(tuning_list)} micro-batch size(s) = {size} configs, sampler {ctx.tuner_type}")
-        self._optimize_one(study, Phase.KNOBS, tuning_list, lease, pruner)
+        self._optimize_one(study, Phase.KNOBS, tuning_list, lease)
         return Step.RAN
 
     def _untried(self, search_space: dict[str, list[Any]], taken: set[str]) -> dict[str, Any]:
@@ -401,25 +364,3 @@ class StageTuner:
             if name not in taken:
                 return {**params, MBS_KEY: mbs}
         return {}
-
-    def run(self) -> None:
-        """Step this stage on the slots of ``ctx.pool`` until it is tuned; :class:`Stopped`
-        if the tuning is stopped first."""
-        ctx = self._ctx
-        while True:
-            lease = ctx.pool.acquire(ctx.stop, on_wait=ctx.observer.log)
-            if lease is None:
-                raise Stopped
-            try:
-                step = self.step(lease)
-            finally:
-                ctx.pool.release(lease)
-            if step is Step.RAN:
-                # Locks are not fair: give the drivers of other processes waiting for a slot a turn.
-                ctx.stop.wait(random.uniform(0.0, _FAIRNESS_PAUSE))
-            if step is Step.DONE:
-                return
-            if ctx.stop.is_set():
-                raise Stopped
-            if step is Step.WAIT:
-                ctx.stop.wait(_POLL_SECONDS)

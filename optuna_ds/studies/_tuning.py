@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import threading
 import time
@@ -8,23 +7,22 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
 from optuna_ds.config import UserConfig
-from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import SlotPool
-from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import gpu_memory_support
 from optuna_ds.launcher import Resources
+from optuna_ds.planner import Arm
+from optuna_ds.planner import Decision
+from optuna_ds.planner import Problem
+from optuna_ds.planner import Status
 from optuna_ds.space import MemoryEstimate
-from optuna_ds.space import MemoryModel
 from optuna_ds.space import OFFLOAD_VARIANTS
-from optuna_ds.space import MicroBatchSearch
-from optuna_ds.space import Observation
 from optuna_ds.space import build_knob_space
-from optuna_ds.space import carried_start
 from optuna_ds.space import estimate_memory
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
@@ -33,26 +31,26 @@ from optuna_ds.storage import claim_stage_study
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import stage_study_name
 from optuna_ds.studies._builder import ExperimentBuilder
-from optuna_ds.studies._observer import ExperimentsOnly
+from optuna_ds.studies._coordinator import Coordinator
+from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import LockedObserver
 from optuna_ds.studies._observer import TuningObserver
+from optuna_ds.studies._results import BestExperiment
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
-from optuna_ds.studies._stage import KnobSearch
-from optuna_ds.studies._stage import LocalClaims
 from optuna_ds.studies._stage import StageContext
 from optuna_ds.studies._stage import StageTuner
-from optuna_ds.studies._stage import Stopped
 
 STAGE_ATTR_PREFIX = "stage:"
+CHOICE_ATTR = "choice"  # the planner's final choice: stage, trial number, estimated metric
+NOISE_ATTR = "noise"  # the planner's estimate of the relative noise of one measurement
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
-KNOB_STAGE_MARGIN = 0.05
 
 
 class ProfileError(OptunaDSError):
@@ -70,15 +68,12 @@ def _humanize(n: float) -> str:
 
 
 class Tuning:
-    """One tuning: the profile run, then one study per ZeRO stage in DeepSpeed's order.
+    """One tuning: the profile run, then the planner's search (:mod:`optuna_ds.planner`) over
+    the ZeRO stages, their offload variants and micro-batch sizes, one study per stage; then,
+    unless in fast mode, the knob search at the chosen stage.
 
-    Stages that cannot fit are skipped with the reason; stage 3 that fits one sample at most
-    is tried with offload to CPU. Each stage's micro-batch search starts from what the earlier
-    ones learned (their runs bound the memory of a sample; their best size says where this
-    stage's sweet spot should be). With ``"stage": "all"`` DeepSpeed's stop heuristics apply: a
-    stage is skipped when its memory allows no larger micro-batch than a lower stage already
-    ran, and exploration stops at a stage no better than the one below it. Stages the user
-    lists explicitly are each tuned if they fit. The knob search (``"fast": false``) comes last.
+    Stages whose model states fit in no variant are skipped with the reason. The planner is a
+    function of the storage, so a resumed tuning and every worker continue the same search.
     """
 
     def __init__(
@@ -104,7 +99,6 @@ class Tuning:
         self._worker = worker
         self._pool = SlotPool(resources)
         self._stop = threading.Event()
-        self._local = LocalClaims()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.direction)
         self._recorded_memory: float | None = None
@@ -207,54 +201,11 @@ class Tuning:
     def _estimates(self, info: dict[str, Any]) -> dict[int, MemoryEstimate]:
         return {stage: self._estimate(stage, info, self._user.zero_section()) for stage in self._user.stages}
 
-    def _offload(self, estimate: MemoryEstimate, info: dict[str, Any], carried: list[tuple[float, int, bool]]) -> tuple[MemoryEstimate, str]:
-        """Stage 3's estimate, with the offload variant it needs: none if it fits more than one
-        sample, else the cheapest variant that does (or the last one that fits at all). The
-        user's own offload sections are kept and nothing else is tried."""
-        zero = self._user.zero_section()
-        if user_offloads(zero):
-            return estimate, ""
-
-        def roomy(e: MemoryEstimate) -> bool:
-            edge = self._memory_model(e, info, carried).edge({})
-            return e.fits and (edge is None or edge > 1)
-
-        if roomy(estimate):
-            return estimate, ""
-        fallback: tuple[MemoryEstimate, str] = (estimate, "")
-        for label in OFFLOAD_VARIANTS:
-            offloaded = self._estimate(3, info, {**zero, **offload_sections(label)})
-            if roomy(offloaded):
-                return offloaded, label
-            if offloaded.fits and not fallback[0].fits:
-                fallback = (offloaded, label)
-        return fallback
-
-    @staticmethod
-    def _memory_model(estimate: MemoryEstimate, info: dict[str, Any], carried: list[tuple[float, int, bool]]) -> MemoryModel:
-        prior = info.get("activation_mem_per_gpu")
-        return MemoryModel(free=estimate.device_memory - estimate.instantiation, prior=float(prior) if prior else None,
-                           carried=tuple(carried))
-
-    def _mbs_cap(self, estimate: MemoryEstimate) -> int:
-        a = self._user.autotuning
-        cap = min(estimate.max_micro_batch_size, a.max_train_micro_batch_size_per_gpu)
+    def _mbs_cap(self) -> int:
+        """The largest micro-batch size the config allows; what memory allows is the planner's."""
+        cap = self._user.autotuning.max_train_micro_batch_size_per_gpu
         bound = self._builder.max_batch_per_gpu()
-        return min(cap, bound) if bound else cap
-
-    def _expected(self, stage: int, estimate: MemoryEstimate, info: dict[str, Any]) -> int:
-        """A rough count of the experiments a stage will take, for the progress display."""
-        if not estimate.fits:
-            return 0
-        a = self._user.autotuning
-        if self._user.micro_batch_sizes:
-            count = len(self._user.micro_batch_sizes)
-        else:
-            count = 4  # the predicted edge, a correction, one size down, one refinement
-        space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
-        if space.tuned:
-            count += min(a.tuner_num_trials, space.size * a.num_tuning_micro_batch_sizes, 1 + 2 * a.tuner_early_stopping)
-        return count
+        return max(1, min(cap, bound) if bound else cap)
 
     def _context(self, observer: TuningObserver) -> StageContext:
         a = self._user.autotuning
@@ -277,7 +228,6 @@ class Tuning:
             gas_high=max(self._user.gradient_accumulation_steps, bound),
             timeout=self._timeout(),
             observer=observer,
-            local=self._local,
             seed=self._seed,
         )
 
@@ -307,13 +257,44 @@ class Tuning:
                 self._root.set_user_attr("elapsed", round(elapsed, 3))
         return self.result()
 
-    def _run_drivers(self, info: dict[str, Any]) -> None:
-        """One driver thread per GPU slot of this process, each stepping the stages in order.
+    def _arms(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate]) -> list[Arm]:
+        """What the planner may explore: every listed stage whose model states fit, and where the
+        user's config has no offload of its own, the optimizer offloaded to CPU (stages 1-3) and
+        the parameters too (stage 3). A stage that fits in no variant is recorded as skipped."""
+        zero = self._user.zero_section()
+        arms: list[Arm] = []
+        for stage in self._user.stages:
+            variants = [("", estimates[stage])]
+            if stage >= 1 and not user_offloads(zero):
+                variants += [(label, self._estimate(stage, info, {**zero, **offload_sections(label)}))
+                             for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
+            fitting = [(label, e) for label, e in variants if e.fits]
+            if not fitting:
+                e = estimates[stage]
+                self._skip(stage, (
+                    f"needs {_humanize(e.instantiation)}B per GPU for parameters, gradients and optimizer "
+                    f"states, more than the {_humanize(e.device_memory)}B available"
+                ), e, self._log)
+            arms += [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap())
+                     for label, e in fitting]
+        return arms
 
-        A driver leases a slot for each step, so drivers of several processes on one node share
-        its GPUs. Ctrl-C or SIGTERM (in the main thread) stops every driver: each ends its
-        running experiment by process group and marks its trial ``interrupted``.
-        """
+    def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
+        a = self._user.autotuning
+        per_sample = info.get("activation_mem_per_gpu")
+        return Problem(
+            arms=tuple(arms),
+            device_memory=self._device_memory,
+            floor=a.min_train_micro_batch_size_per_gpu,
+            sizes=tuple(self._user.micro_batch_sizes) if self._user.micro_batch_sizes else None,
+            baseline=self._user.baseline_micro_batch_size,
+            per_sample=float(per_sample) if per_sample else None,
+            explicit=not self._user.all_stages,
+        )
+
+    def _run_drivers(self, info: dict[str, Any]) -> None:
+        """The planner's search on every GPU slot of this process (:class:`Coordinator`): slots
+        lease their GPUs for each experiment, so the processes of one node share them."""
         a = self._user.autotuning
         self._log(
             f"model: {_humanize(info['num_params'])} parameters; "
@@ -323,157 +304,69 @@ class Tuning:
         estimates = self._estimates(info)
         if not self._worker:
             self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
-        shared = LockedObserver(self._observer)
-        errors: list[BaseException] = []
-
-        finished = [threading.Event() for _ in range(self._pool.size)]
-
-        def drive(index: int) -> None:
-            try:
-                lead = index == 0
-                self._explore(info, estimates, self._context(shared if lead else ExperimentsOnly(shared)), lead=lead)
-            except (Stopped, ExperimentInterrupted):
-                pass
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                errors.append(e)
-                self._stop.set()
-            finally:
-                finished[index].set()
-
-        for i in range(self._pool.size):
-            threading.Thread(target=drive, args=(i,), name=f"optuna-ds-driver-{i}", daemon=True).start()
-        # Events, not Thread.join: an interrupted join marks a running thread as stopped.
-        try:
-            for done in finished:
-                while not done.wait(0.1):
-                    pass
-        except BaseException:
-            self._stop.set()
-            with deferred_signals():
-                for done in finished:
-                    done.wait()
-            raise
-        if errors:
-            raise errors[0]
-
-    def _explore(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate], ctx: StageContext, *, lead: bool) -> None:
-        a = self._user.autotuning
-        log = ctx.observer.log
-        sign = 1.0 if a.direction == "maximize" else -1.0
-        prev: StageResult | None = None  # the best stage so far
-        prev_free = 0.0
-        prev_obs: dict[int, Observation] = {}
-        prev_edge = 0
-        carried: list[tuple[float, int, bool]] = []  # what earlier stages' runs say of memory
-        tuned: list[StageTuner] = []
-
-        def better_than(a_value: float, b_value: float) -> bool:
-            return a_value > b_value if a.direction == "maximize" else a_value < b_value
-
-        for stage in self._user.stages:
-            later = self._user.stages[self._user.stages.index(stage) :]
-            if lead:
-                ctx.observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=a.direction == "maximize")
-            estimate = estimates[stage]
-            offload = ""
-            if stage == 3:
-                estimate, offload = self._offload(estimate, info, carried)
-            if not estimate.fits:
-                self._skip(stage, (
-                    f"needs {_humanize(estimate.instantiation)}B per GPU for parameters, gradients and optimizer "
-                    f"states, more than the {_humanize(estimate.device_memory)}B available"
-                ), estimate, log)
-                continue
-            memory = self._memory_model(estimate, info, carried)
-            free = memory.free
-            cap = self._mbs_cap(estimate)
-            search = MicroBatchSearch(
-                min_mbs=self._user.min_micro_batch_size,
-                floor_mbs=a.min_train_micro_batch_size_per_gpu,
-                cap=cap,
-                user_list=tuple(self._user.micro_batch_sizes) if self._user.micro_batch_sizes else None,
-                memory=memory,
-                # The user's own size runs first: the baseline of the headline, even at the floor.
-                probe_min=(self._user.baseline_micro_batch_size is not None
-                           or self._user.min_micro_batch_size != a.min_train_micro_batch_size_per_gpu),
-            )
-            predicted = search.predicted_edge()
-            if self._user.all_stages and prev is not None and prev.best is not None and predicted <= prev_edge:
-                self._skip(stage, f"fits no micro-batch larger than the {prev_edge} that z{prev.stage} already runs", estimate, log)
-                continue
-            if prev is not None and prev.best is not None and not self._user.micro_batch_sizes:
-                best_mbs = prev.best.micro_batch_size
-                search = dataclasses.replace(search, to_beat=sign * prev.best.value, probe_min=False)
-                start = carried_start(prev_obs, best_mbs, memory=memory, free=prev_free)
-                if start:
-                    search = dataclasses.replace(search, start=min(cap, start), local=True)
+        arms = self._arms(info, estimates)
+        observer = LockedObserver(self._observer)
+        ctx = self._context(observer)
+        tuners: dict[int, StageTuner] = {}
+        for stage in dict.fromkeys(arm.stage for arm in arms):
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
-            if offload:
-                space = space.with_offload(offload)
-                log(f"[z{stage}] {offload}: without offload to CPU it fits {'only one sample' if estimates[stage].fits else 'nothing'}")
-            log(f"[z{stage}] tuning: micro-batch up to {cap}" + (f", edge predicted at {predicted}" if predicted < cap else "")
-                + ("" if a.fast else f", {len(space.tuned)} ZeRO knob(s)"))
-            tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space,
-                               search=search, knobs=KnobSearch.NONE)
+            tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space)
             claim_stage_study(tuner.study, self._plan.study_name)
-            tuner.study.set_user_attr("memory", estimate.to_dict())
+            tuner.study.set_user_attr("memory", estimates[stage].to_dict())
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())
             tuner.study.set_metric_names([a.metric])
-            self._record_stage(stage, "running", memory=estimate.to_dict(), offload=offload)
-            tuner.run()
-            tuned.append(tuner)
-            observations = tuner.observations()
-            carried += [(free, o.mbs, o.oom) for o in observations.values() if o.ok or o.oom]
-            edge = search.edge(observations)
-            result = stage_result(tuner.study, stage)
-            self._record_stage(stage, "tuned", memory=estimate.to_dict(), max_runnable_micro_batch_size=edge, offload=offload)
-            if result.best is not None:
-                log(f"[z{stage}] best: {result.best.name} {a.metric}={result.best.value:.4g} after {result.num_experiments} experiment(s)")
-            if self._user.all_stages and prev is not None and prev.best is not None and result.best is not None:
-                if not better_than(result.best.value, prev.best.value):
-                    for later in self._user.stages[self._user.stages.index(stage) + 1 :]:
-                        self._skip(later, f"z{stage} was no better than z{prev.stage}", estimates[later], log)
-                    break
-            prev_edge = max(prev_edge, edge)
-            if result.best is not None and (prev is None or prev.best is None or better_than(result.best.value, prev.best.value)):
-                prev = result
-                prev_free = free
-                prev_obs = observations
-        if not a.fast and prev is not None and prev.best is not None:
-            self._tune_knobs(tuned, sign, log)
+            tuners[stage] = tuner
+        if not arms:
+            return
+        maximize = a.direction == "maximize"
+        launched = [0]
 
-    def _tune_knobs(self, tuned: list[StageTuner], sign: float, log: Callable[[str], None]) -> None:
-        """The knob search, after every stage's micro-batch search. With ``"stage": "all"`` only
-        the stages whose best is within 5% of the best of all take part (knobs rarely pay more):
-        each runs DeepSpeed's recommended setting once, then the sampler searches at the best of
-        them. Stages the user listed each get the whole search."""
-        def ranked(margin: float | None) -> list[StageTuner]:
-            """The stages with knobs to tune, best first, within ``margin`` of the best of all."""
-            scored = [(sign * r.best.value, t) for t in tuned if (r := stage_result(t.study, t.stage)).best is not None]
-            top = max((score for score, _ in scored), default=0.0)
-            close = [(score, t) for score, t in scored
-                     if t.space.tuned and (margin is None or score >= top - margin * abs(top))]
-            return [t for _, t in sorted(close, key=lambda c: (-c[0], c[1].stage))]
+        def on_decision(decision: Decision) -> None:
+            count = sum(1 for _ in decision.proposals) + launched[0]
+            launched[0] = count
+            observer.plan(0 if decision.done else max(1, len(decision.proposals)), maximize=maximize)
 
-        searched: list[StageTuner] = []
+        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, pool=self._pool, stop=self._stop,
+                                  maximize=maximize, log=observer.log, on_decision=on_decision, fast=a.fast,
+                                  num_tuning=a.num_tuning_micro_batch_sizes)
+        try:
+            coordinator.run()
+        finally:
+            self._record_outcome(coordinator, tuners, estimates)
 
-        def run(tuner: StageTuner, knobs: KnobSearch) -> None:
-            tuner.with_knobs(knobs).run()
-            searched.append(tuner)
-
-        if not self._user.all_stages:
-            for tuner in ranked(None):
-                run(tuner, KnobSearch.FULL)
-        else:
-            for tuner in ranked(KNOB_STAGE_MARGIN):
-                run(tuner, KnobSearch.RECOMMENDED)
-            for tuner in ranked(KNOB_STAGE_MARGIN)[:1]:  # ranked again: the recommended settings may reorder
-                run(tuner, KnobSearch.FULL)
-        for tuner in dict.fromkeys(searched):
-            result = stage_result(tuner.study, tuner.stage)
-            if result.best is not None:
-                log(f"[z{tuner.stage}] best with knobs: {result.best.name} {self._user.autotuning.metric}={result.best.value:.4g}")
+    def _record_outcome(self, coordinator: Coordinator, tuners: dict[int, StageTuner],
+                        estimates: dict[int, MemoryEstimate]) -> None:
+        """Each stage's status, the chosen config and the noise, on the root study."""
+        observations = coordinator.observations()
+        for stage, tuner in tuners.items():
+            mine = [o for o in observations if o.stage == stage]
+            if not mine:
+                self._record_stage(stage, "skipped", "the planner expected no gain from it", memory=estimates[stage].to_dict())
+                continue
+            edge = max((o.mbs for o in mine if o.status is Status.OK and not o.knobs), default=0)
+            offloads = sorted({o.offload for o in mine if o.offload})
+            self._record_stage(stage, "tuned", memory=estimates[stage].to_dict(), max_runnable_micro_batch_size=edge,
+                               offload=",".join(offloads))
+        decision = coordinator.decision
+        if decision is None or decision.choice is None or not decision.done:
+            return
+        c = decision.choice
+        trials = [t for t in tuners[c.stage].study.get_trials(deepcopy=False)
+                  if t.state == TrialState.COMPLETE and t.value is not None
+                  and (o := observation_of(t, stage=c.stage, maximize=self._user.autotuning.direction == "maximize", dead={})) is not None
+                  and o.config == (c.stage, c.offload, c.mbs, c.knobs)]
+        if not trials:
+            return
+        trial = trials[0]
+        maximize = self._user.autotuning.direction == "maximize"
+        self._root.set_user_attr(CHOICE_ATTR, {"stage": c.stage, "trial": trial.number,
+                                               "estimate": c.estimate if maximize else 1.0 / c.estimate})
+        if decision.noise is not None:
+            self._root.set_user_attr(NOISE_ATTR, round(decision.noise, 5))
+        self._log(f"chosen: {trial.user_attrs.get('exp_name')} ({self._user.autotuning.metric} estimated {c.estimate if maximize else 1.0 / c.estimate:.4g}"
+                  f" from {len(trials)} run(s); measurement noise about {decision.noise:.1%})" if decision.noise is not None else
+                  f"chosen: {trial.user_attrs.get('exp_name')}")
 
 
 def recorded_stages(root: optuna.Study) -> dict[str, dict[str, Any]]:
@@ -510,6 +403,13 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     profile = root.user_attrs.get("profile_duration")
     gpus = int((root.user_attrs.get("resources") or {}).get("gpus_per_experiment", 1))
     noise, noise_configs = measurement_noise(every)
+    if root.user_attrs.get(NOISE_ATTR) is not None:
+        noise = float(root.user_attrs[NOISE_ATTR])
+    chosen = None
+    choice = root.user_attrs.get(CHOICE_ATTR)
+    if choice and int(choice["stage"]) in trials:
+        match = [t for t in trials[int(choice["stage"])] if t.number == int(choice["trial"]) and t.value is not None]
+        chosen = BestExperiment.from_trial(match[0], int(choice["stage"])) if match else None
     return TuningResult(
         metric=a.metric,
         direction=a.direction,
@@ -522,4 +422,5 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         spend=tuning_spend(every, profile_seconds=float(profile) if profile is not None else None, gpus_per_experiment=gpus),
         noise=noise,
         noise_configs=noise_configs,
+        chosen=chosen,
     )

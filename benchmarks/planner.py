@@ -1,0 +1,143 @@
+"""`make bench-planner`: the planner alone, on hundreds of simulated jobs, in seconds.
+
+Each job of benchmarks/surfaces.py and benchmarks/jobs.py is tuned by calling the planner
+(optuna_ds.planner.plan) and answering its proposals from the surface -- no launcher, no
+storage -- with ``--slots`` experiments at once (a finished one frees its slot in simulated
+time order). It prints the share of the optimum the chosen config reaches (mean, 5th
+percentile, worst, share of jobs within 1%), launches and GPU-hours against DeepSpeed's
+autotuner (its cached figures in benchmarks/deepspeed_figures.json), and the planner's decision
+time. `make bench` measures the same through the real CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import surfaces  # noqa: E402
+
+from optuna_ds.planner import Arm  # noqa: E402
+from optuna_ds.planner import Observation  # noqa: E402
+from optuna_ds.planner import Problem  # noqa: E402
+from optuna_ds.planner import Status  # noqa: E402
+from optuna_ds.planner import plan  # noqa: E402
+from optuna_ds.space import estimate_memory  # noqa: E402
+
+GB = surfaces.GB
+MAX_MBS = 1024
+PROFILE_STEPS_S = 10.0
+
+
+def problem_of(surface: surfaces.Surface) -> Problem:
+    """What optuna-ds would know of the job after its profile run."""
+    device = surface.device_gb * GB
+    arms = []
+    variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
+        (3, "offload-opt-param", {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
+    ]
+    for stage, label, zero in variants:
+        e = estimate_memory(stage=stage, num_params=int(surface.params_b * GB), trainable_params=None,
+                            activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
+                            precision="fp16", adam_type=True, zero=zero)
+        if e.fits:
+            arms.append(Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS))
+    return Problem(arms=tuple(arms), device_memory=device, per_sample=surface.act_gb * GB)
+
+
+def config_of(stage: int, offload: str, mbs: int) -> surfaces.Config:
+    return surfaces.Config(stage=stage, mbs=mbs, offload_optimizer=bool(offload), offload_param=offload == "offload-opt-param")
+
+
+def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False) -> dict:
+    problem = problem_of(surface)
+    observations: list[Observation] = []
+    running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
+    now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
+    nonce = 0
+    while True:
+        t0 = time.perf_counter()
+        decision = plan(problem, observations + [r[2] for r in running_view(running)], free_slots=slots - len(running))
+        decisions.append(time.perf_counter() - t0)
+        for p in decision.proposals:
+            config = config_of(p.stage, p.offload, p.mbs)
+            outcome = surface.evaluate(config)
+            nonce += 1
+            status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
+            score = surface.measure(config, nonce) if status is Status.OK else None
+            done = Observation(stage=p.stage, offload=p.offload, mbs=p.mbs, status=status, score=score, seconds=outcome.seconds)
+            if trace:
+                print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} -> {status.value:6} {score or 0:9.3f} true "
+                      f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
+            heapq.heappush(running, (now + outcome.seconds, nonce, done))
+            launches += 1
+            oom += status is Status.OOM
+            gpu_s += outcome.seconds * surface.num_gpus
+        if not running:
+            break
+        end, _, done = heapq.heappop(running)
+        now = end
+        observations.append(done)
+    choice = decision.choice
+    chosen = config_of(choice.stage, choice.offload, choice.mbs) if choice else None
+    return {"launches": launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
+            "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
+            "noise": decision.noise, "decision_s": decisions}
+
+
+def running_view(running: list[tuple[float, int, Observation]]) -> list[tuple[float, int, Observation]]:
+    return [(e, n, Observation(stage=o.stage, offload=o.offload, mbs=o.mbs, status=Status.RUNNING, knobs=o.knobs))
+            for e, n, o in running]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--random", type=int, default=200, metavar="N")
+    parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--jobs", nargs="*", help="only these jobs")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--trace", action="store_true")
+    args = parser.parse_args()
+    names = args.jobs or [s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.random)]
+    cache = json.loads((HERE / "deepspeed_figures.json").read_text())
+    ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == "fast"}
+    rows = []
+    for name in names:
+        surface = surfaces.by_name(name)
+        best, optimum = surface.optimum(fast=True, offload=True)
+        if not optimum:
+            continue
+        r = tune(surface, slots=args.slots, trace=args.trace)
+        share = r["true"] / optimum
+        rows.append((name, share, r))
+        if args.verbose or share < 0.99:
+            print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
+                  f"chose {r['chosen']} optimum {best}", flush=True)
+    shares = [s for _, s, _ in rows]
+    both = [(n, r) for n, _, r in rows if n in ds and ds[n].get("chosen")]
+    launches = sum(r["launches"] for _, r in both) / sum(ds[n]["launches"] for n, _ in both)
+    hours = sum(r["gpu_hours"] for _, r in both) / sum(ds[n]["gpu_hours"] for n, _ in both)
+    times = [t for _, _, r in rows for t in r["decision_s"]]
+    print(f"jobs {len(rows)} slots {args.slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
+          f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "
+          f"launches {launches:.2f}x GPU-h {hours:.2f}x of DeepSpeed ({len(both)} jobs); "
+          f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Layer 3a: the planner, one pure function from everything observed to the next experiments.
+
+It owns the whole search of a tuning: which ZeRO stages (and offload variants) to explore,
+which micro-batch sizes, which configs to measure again, when to stop, and the final choice.
+The studies and the launcher carry its proposals out; a resumed tuning or a worker asks it
+again with what the storage holds.
+"""
+
+from optuna_ds.planner._memory import FeasibilityModel
+from optuna_ds.planner._planner import plan
+from optuna_ds.planner._problem import Arm
+from optuna_ds.planner._problem import Choice
+from optuna_ds.planner._problem import Decision
+from optuna_ds.planner._problem import Observation
+from optuna_ds.planner._problem import Problem
+from optuna_ds.planner._problem import Proposal
+from optuna_ds.planner._problem import Status
+from optuna_ds.planner._surrogate import ThroughputModel
+
+__all__ = [
+    "Arm",
+    "Choice",
+    "Decision",
+    "FeasibilityModel",
+    "Observation",
+    "Problem",
+    "Proposal",
+    "Status",
+    "ThroughputModel",
+    "plan",
+]

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from optuna_ds.planner._problem import Arm
+from optuna_ds.planner._problem import Observation
+from optuna_ds.planner._problem import Problem
+from optuna_ds.planner._problem import Status
+
+# A run that contradicts the linear memory model (a workspace that switches on at some size,
+# fragmentation) is believed this much less than one that agrees.
+_CONTRADICTION = 0.03
+_A_POINTS = 48
+_C_POINTS = 31
+# An arm's own offset beyond the shared one (its communication buckets), as a share of the device.
+_DELTA = np.array([-0.06, -0.04, -0.02, -0.01, 0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15])
+_DELTA_PRIOR = np.exp(-np.abs(_DELTA) / 0.02)
+
+
+class FeasibilityModel:
+    """The probability that a config runs out of memory, learned across all stages.
+
+    Memory of one GPU is ``model states + offset + arm's own offset + mbs * per_sample``. The
+    model states come from the analytic estimate (so ``Arm.free`` is known); ``per_sample`` and
+    ``offset`` (CUDA context, allocator slack) are unknowns shared by every arm -- activations
+    do not depend on the ZeRO stage -- and each arm adds a small offset of its own (its
+    communication buckets). All are held as a posterior on a grid: every run and every OOM of
+    every stage is a linear constraint, believed up to a small chance of a contradiction (a
+    workspace that switches on at some size). Runs with non-default knobs (other buckets) teach
+    only their own config: within one arm and knob setting, memory grows with the size, so sizes
+    above an OOM run out too and sizes below a run fit.
+    """
+
+    def __init__(self, problem: Problem, observations: Sequence[Observation]) -> None:
+        self._problem = problem
+        d = problem.device_memory
+        widest = max((a.free for a in problem.arms), default=d)
+        wide = np.exp(np.linspace(np.log(max(widest, 1.0) / 16384), np.log(max(widest, 1.0)), _A_POINTS))
+        if problem.per_sample:
+            # The engine's figure is an estimate (real peaks seen from 0.6x to 2.5x of it), and
+            # now and then far off: a fifth of the belief spreads over every plausible value.
+            near = problem.per_sample * np.exp(np.linspace(np.log(0.6), np.log(2.5), _A_POINTS))
+            self.a = np.concatenate([near, wide])
+            prior_a = np.concatenate([np.full(_A_POINTS, 0.8 / _A_POINTS), np.full(_A_POINTS, 0.2 / _A_POINTS)])
+        else:
+            self.a, prior_a = wide, np.full(_A_POINTS, 1.0 / _A_POINTS)
+        order = np.argsort(self.a)
+        self.a, prior_a = self.a[order], prior_a[order]
+        n_a = len(self.a)
+        self.c = np.linspace(-0.03 * d, 0.25 * d, _C_POINTS)
+        prior_c = np.exp(-np.maximum(self.c, 0.0) / (0.08 * d))  # small offsets are more common
+        self._delta = _DELTA * d
+        self._prior_delta = _DELTA_PRIOR / _DELTA_PRIOR.sum()
+        self._ok: dict[tuple, int] = {}  # (arm, knobs) -> largest size that ran
+        self._oom: dict[tuple, int] = {}  # (arm, knobs) -> smallest size that ran out
+        self._lik: dict[tuple[int, str], np.ndarray] = {}  # arm -> (A, C, D) likelihood of its runs
+        offsets = self.c[None, :, None] + self._delta[None, None, :]
+        log_w = np.log(prior_a)[:, None] + np.log(prior_c / prior_c.sum())[None, :]
+        for arm in problem.arms:
+            lik = np.ones((n_a, _C_POINTS, len(_DELTA)))
+            for o in observations:
+                if o.arm != arm.key or o.status not in (Status.OK, Status.OOM):
+                    continue
+                key = (o.arm, o.knobs)
+                if o.status is Status.OK:
+                    self._ok[key] = max(self._ok.get(key, 0), o.mbs)
+                else:
+                    self._oom[key] = min(self._oom.get(key, 1 << 30), o.mbs)
+                if o.knobs:
+                    continue
+                fits = offsets + o.mbs * self.a[:, None, None] <= arm.free
+                agrees = fits if o.status is Status.OK else ~fits
+                lik *= np.where(agrees, 1.0 - _CONTRADICTION, _CONTRADICTION)
+            self._lik[arm.key] = lik
+            log_w += np.log(np.maximum(lik @ self._prior_delta, 1e-300))
+        w = np.exp(log_w - log_w.max())
+        self._w = w / w.sum()  # (A, C)
+
+    @property
+    def per_sample(self) -> float:
+        """The posterior mean of one sample's memory."""
+        return float(self._w.sum(axis=1) @ self.a)
+
+    def _delta_posterior(self, arm: Arm) -> np.ndarray:
+        """``p(arm's offset | per_sample, offset)``, ``(A, C, D)``."""
+        joint = self._lik[arm.key] * self._prior_delta[None, None, :]
+        return joint / np.maximum(joint.sum(axis=2, keepdims=True), 1e-300)
+
+    def p_oom(self, arm: Arm, sizes: np.ndarray, knobs: tuple = ()) -> np.ndarray:
+        """The probability that each size runs out of memory at ``arm``."""
+        sizes = np.asarray(sizes, dtype=float)
+        post = self._w[:, :, None] * self._delta_posterior(arm)  # (A, C, D)
+        room = arm.free - self.c[None, :, None] - self._delta[None, None, :]  # (1, C, D)
+        # Size m runs out where m * a > room: for each (a, c, d), sizes above room / a.
+        limit = (room / self.a[:, None, None]).ravel()
+        weights = post.ravel()
+        order = np.argsort(limit)
+        cum = np.concatenate([[0.0], np.cumsum(weights[order])])
+        p = cum[np.searchsorted(limit[order], sizes, side="left")]
+        key = (arm.key, knobs)
+        if key in self._ok:
+            p = np.where(sizes <= self._ok[key], 0.0, p)
+        if key in self._oom:
+            p = np.where(sizes >= self._oom[key], 1.0, p)
+        return np.clip(p, 0.0, 1.0)
+
+    def _offset(self, arm: Arm) -> float:
+        post = self._w[:, :, None] * self._delta_posterior(arm)
+        return float(np.sum(post * (self.c[None, :, None] + self._delta[None, None, :])))
+
+    def share(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
+        """The expected share of device memory in use at each size."""
+        d = self._problem.device_memory
+        return (d - arm.free + self._offset(arm) + np.asarray(sizes, dtype=float) * self.per_sample) / d
+
+    def fill(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
+        """The expected share of the arm's room (the device less the model states) in use: 1 at
+        its memory edge."""
+        return (self._offset(arm) + np.asarray(sizes, dtype=float) * self.per_sample) / max(arm.free, 1.0)

@@ -1,0 +1,262 @@
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+from optuna_ds.planner._memory import FeasibilityModel
+from optuna_ds.planner._problem import Arm
+from optuna_ds.planner._problem import Choice
+from optuna_ds.planner._problem import Decision
+from optuna_ds.planner._problem import Knobs
+from optuna_ds.planner._problem import Observation
+from optuna_ds.planner._problem import Problem
+from optuna_ds.planner._problem import Proposal
+from optuna_ds.planner._problem import Status
+from optuna_ds.planner._surrogate import ThroughputModel
+
+# An experiment is worth its launch while it is expected to beat the best by this share.
+MIN_GAIN = 0.002
+# ...counting only gains beyond this share: smaller ones are within what one measurement can tell.
+MARGIN = 0.005
+HOPELESS_OOM = 0.98  # sizes this likely to run out are not candidates
+# The chosen size is bracketed from below by a size this much smaller (or one ran within the
+# second factor) before the search ends.
+BRACKET = 1.6
+BRACKET_SEEN = 1.3
+# A finalist is measured again while the runner-up may beat it by more than this...
+REMEASURE_MARGIN = 0.01
+REMEASURE_PROBABILITY = 0.25  # ...with at least this probability,
+MAX_REMEASURES = 3  # and at most this many times in a tuning.
+_BROKEN_PRIOR = 0.2  # an arm that fails for reasons other than memory may fail at every size
+_CRASHED_ABOVE = 0.8  # else a size at or above a failed one likely fails too
+_CRASHED_BELOW = 0.3  # and a smaller one may
+_GROWTH = 1.04  # candidate sizes above 64 step by 4%
+
+
+def _candidate_sizes(problem: Problem, arm: Arm) -> list[int]:
+    if problem.sizes:
+        return sorted({m for m in problem.sizes if problem.floor <= m <= arm.cap} or {min(problem.sizes)})
+    low, cap = max(1, problem.floor), max(1, arm.cap)
+    sizes = set(range(low, min(cap, 64) + 1))
+    m = 64.0
+    while m < cap:
+        m *= _GROWTH
+        sizes.add(min(cap, int(round(m))))
+    sizes.add(cap)
+    return sorted(s for s in sizes if s >= low) or [cap]
+
+
+def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation]) -> np.ndarray:
+    """The probability that each size fails for a reason other than memory, from the arm's
+    failures: either the arm is broken at every size (likelier with each failure while nothing
+    ran), or failures belong to sizes (a size above a failed one likely fails too, a smaller one
+    less so)."""
+    failed = [o.mbs for o in finished if o.arm == arm.key and o.status is Status.FAILED and not o.knobs]
+    ran = [o.mbs for o in finished if o.arm == arm.key and o.status is Status.OK and not o.knobs]
+    if not failed:
+        return np.zeros(len(sizes))
+    broken = 0.0
+    if not ran:
+        broken = _BROKEN_PRIOR / (_BROKEN_PRIOR + (1 - _BROKEN_PRIOR) * _CRASHED_BELOW ** len(failed))
+    by_size = np.where(sizes >= min(failed), _CRASHED_ABOVE, _CRASHED_BELOW)
+    if ran:
+        by_size = np.where(sizes <= max(ran), 0.0, by_size)
+    return broken + (1.0 - broken) * by_size
+
+
+def _median(values: list[float], default: float) -> float:
+    return statistics.median(values) if values else default
+
+
+class _State:
+    """The observations arranged for one decision."""
+
+    def __init__(self, problem: Problem, observations: Sequence[Observation]) -> None:
+        self.problem = problem
+        self.finished = [o for o in observations if o.status is not Status.RUNNING and problem.arm(o.arm)]
+        self.running = [o for o in observations if o.status is Status.RUNNING and problem.arm(o.arm)]
+        self.memory = FeasibilityModel(problem, self.finished)
+        self.ok = [o for o in self.finished if o.status is Status.OK and o.score and o.score > 0]
+        self.tried = {o.config for o in self.finished} | {o.config for o in self.running}
+        ok_seconds = [o.seconds for o in self.ok if o.seconds]
+        self.seconds_ok = _median(ok_seconds, 1.0)
+        fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
+        self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
+
+    def points(self) -> list[tuple[Arm, int, Knobs, float]]:
+        return [(self.problem.arm(o.arm), o.mbs, o.knobs, float(o.score)) for o in self.ok]  # type: ignore[misc]
+
+    def candidates(self) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
+        """Untried default-knob configs of every arm, with their probability to run."""
+        rows: list[tuple[Arm, int, Knobs]] = []
+        p_run: list[np.ndarray] = []
+        for arm in self.problem.arms:
+            sizes = np.array([m for m in _candidate_sizes(self.problem, arm) if (arm.stage, arm.offload, m, ()) not in self.tried])
+            if not len(sizes):
+                continue
+            p = (1.0 - self.memory.p_oom(arm, sizes)) * (1.0 - _p_crash(arm, sizes, self.finished))
+            keep = p > 1.0 - HOPELESS_OOM
+            rows += [(arm, int(m), ()) for m in sizes[keep]]
+            p_run.append(p[keep])
+        return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
+
+
+def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[tuple[tuple, float, float, int]]]:
+    """The best config that ran, by the model's estimate; with every measured config ranked."""
+    groups: dict[tuple, list[float]] = {}
+    for o in state.ok:
+        groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
+    if not groups:
+        return None, []
+    configs = list(groups)
+    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in configs]
+    means = model.mean(rows)  # type: ignore[arg-type]
+    ranked = sorted(((c, float(mu), float(np.mean(groups[c])), len(groups[c])) for c, mu in zip(configs, means)),
+                    key=lambda r: -r[1])
+    best = ranked[0]
+    c = best[0]
+    return Choice(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], estimate=float(np.exp(best[1])), measured=best[2]), ranked
+
+
+def _remeasure(model: ThroughputModel, state: _State, ranked: list[tuple[tuple, float, float, int]],
+               repeats_so_far: int) -> Proposal | None:
+    """A finalist to measure again when the choice between the two best is a coin toss that
+    could cost more than ``REMEASURE_MARGIN``."""
+    if len(ranked) < 2 or repeats_so_far >= MAX_REMEASURES:
+        return None
+    (c1, mu1, _, n1), (c2, mu2, _, n2) = ranked[0], ranked[1]
+    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in (c1, c2)]
+    w, means, sds = model.predict(rows)  # type: ignore[arg-type]
+    diff = means[:, 1] - means[:, 0]
+    spread = np.sqrt(sds[:, 0] ** 2 + sds[:, 1] ** 2)
+    from scipy.special import ndtr
+
+    p_better = float(np.sum(w * ndtr((diff - REMEASURE_MARGIN) / spread)))
+    if p_better < REMEASURE_PROBABILITY:
+        return None
+    c, n = (c1, n1) if n1 <= n2 else (c2, n2)
+    if any(o.config == c for o in state.running):
+        return None
+    return Proposal(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], repeat=n, why="re-measure a finalist")
+
+
+def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: int = 1) -> Decision:
+    """The next experiments of a tuning, as a pure function of everything observed so far.
+
+    Candidates are the untried micro-batch sizes of every arm. The first experiment maximises the
+    expected throughput of the run itself (the model's prior shape times the chance it fits); from
+    then on each maximises the expected improvement on the best estimate, times the chance it
+    runs, per expected second. Experiments still running count as measured at the model's mean
+    (so a batch for several slots spreads out). The search is done when no candidate is expected
+    to gain ``MIN_GAIN`` and no finalist needs re-measuring; the choice is the best measured config
+    by the model's estimate, so one lucky measurement does not decide it.
+    """
+    state = _State(problem, observations)
+    model = ThroughputModel(problem, state.memory, state.points())
+    choice, ranked = _choose(model, state)
+    noise = model.noise if len(state.ok) >= 2 else None
+    launched = len(state.finished) + len(state.running)
+    if free_slots <= 0:
+        return Decision((), False, choice, noise, "no free slot")
+    if launched >= problem.max_experiments:
+        return Decision((), not state.running, choice, noise, f"{problem.max_experiments} experiments")
+    proposals: list[Proposal] = []
+    baseline = problem.baseline
+    first = problem.arms[0] if problem.arms else None
+    if baseline is not None and first is not None and (first.stage, first.offload, baseline, ()) not in state.tried:
+        proposals.append(Proposal(stage=first.stage, offload=first.offload, mbs=baseline, why="your micro-batch size"))
+    fantasy = list(state.points()) + _fantasies(model, state)
+    while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
+        if proposals:
+            pending = [(problem.arm((p.stage, p.offload)), p.mbs, p.knobs) for p in proposals]
+            fantasy += [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(pending, model.mean(pending))]  # type: ignore[misc]
+        step_model = ThroughputModel(problem, state.memory, fantasy) if len(fantasy) > len(state.ok) else model
+        taken = {p.config for p in proposals}
+        nxt = _next(problem, state, step_model, taken)
+        if nxt is None:
+            break
+        proposals.append(nxt)
+    if not proposals and not state.running and choice is not None:
+        bracket = _bracket(problem, state, choice)
+        if bracket is not None:
+            proposals.append(bracket)
+    if not proposals and not state.running:
+        repeats = len(state.finished) - len({o.config for o in state.finished})
+        again = _remeasure(model, state, ranked, repeats)
+        if again is not None:
+            proposals.append(again)
+    done = not proposals and not state.running
+    return Decision(tuple(proposals), done, choice, noise, "no experiment left is expected to pay" if done else "")
+
+
+def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None:
+    """A size well below the chosen one, when none ran: until the optimum is bracketed, the
+    curve's fall on that side is the model's extrapolation, not a measurement."""
+    arm = problem.arm((choice.stage, choice.offload))
+    assert arm is not None
+    target = int(choice.mbs / BRACKET)
+    if target < max(1, problem.floor) or choice.knobs:
+        return None
+    sizes = _candidate_sizes(problem, arm)
+    below = [o.mbs for o in state.finished if o.arm == arm.key and not o.knobs and o.mbs <= choice.mbs / BRACKET_SEEN]
+    if below or problem.sizes:
+        return None
+    mbs = min(sizes, key=lambda m: abs(m - target))
+    if (arm.stage, arm.offload, mbs, ()) in state.tried:
+        return None
+    return Proposal(stage=arm.stage, offload=arm.offload, mbs=mbs, why="a smaller size, to bracket the optimum")
+
+
+def _fantasies(model: ThroughputModel, state: _State) -> list[tuple[Arm, int, Knobs, float]]:
+    rows = [(state.problem.arm(o.arm), o.mbs, o.knobs) for o in state.running]
+    if not rows:
+        return []
+    return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]  # type: ignore[misc]
+
+
+def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -> Proposal | None:
+    rows, p_run = state.candidates()
+    keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
+    rows = [rows[i] for i in keep]
+    p_run = p_run[keep] if len(keep) else np.zeros(0)
+    if not rows:
+        return None
+    explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p[0], p[1]) for p in taken}
+    if problem.explicit:
+        # The stages the user listed are each measured once: at the size expected to run fastest.
+        fresh = [i for i, (a, _, _) in enumerate(rows) if a.key not in explored and a.offload == ""]
+        if fresh:
+            return _best_run([rows[i] for i in fresh], p_run[fresh], model, "a stage you listed")
+    if not state.ok and not state.running and not taken:
+        # DeepSpeed's order: the lowest stage that runs communicates least.
+        lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
+        first = [i for i, (a, _, _) in enumerate(rows) if a.key == lowest] or list(range(len(rows)))
+        return _best_run([rows[i] for i in first], p_run[first], model, "the size expected to run fastest")
+    if not state.ok:
+        # Waiting for the first result: the best guess of an arm not tried yet, else a smaller size.
+        busy = {(o.stage, o.offload) for o in state.running} | {(p[0], p[1]) for p in taken}
+        sizes = [o.mbs for o in state.running] + [p[2] for p in taken]
+        other = [i for i, (a, _, _) in enumerate(rows) if a.key not in busy]
+        if not other:
+            other = [i for i, (_, m, _) in enumerate(rows) if m <= 0.7 * min(sizes)] if sizes else []
+        if not other:
+            return None
+        return _best_run([rows[i] for i in other], p_run[other], model, "while the first results are pending")
+    measured = sorted({o.config for o in state.ok})
+    incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
+    gain = p_run * model.expected_improvement(rows, incumbent + MARGIN)
+    cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
+    i = int(np.argmax(gain / cost))
+    if gain[i] < MIN_GAIN:
+        return None
+    a, m, k = rows[i]
+    return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=f"expected gain {gain[i]:.1%}")
+
+
+def _best_run(rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str) -> Proposal:
+    value = p_run * np.exp(model.mean(rows))
+    i = int(np.argmax(value))
+    a, m, k = rows[i]
+    return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=why)

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+Knobs = tuple[tuple[str, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Arm:
+    """One throughput curve over the micro-batch size: a ZeRO stage with its offload variant.
+
+    ``free`` is the device memory less the analytic estimate of the model states (parameters,
+    gradients, optimizer states) at this stage: what activations, buffers and the CUDA context
+    share. ``cap`` is the largest micro-batch size the config allows.
+    """
+
+    stage: int
+    offload: str = ""
+    free: float = dataclasses.field(default=0.0, compare=False)
+    cap: int = dataclasses.field(default=1024, compare=False)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.stage, self.offload)
+
+    @property
+    def label(self) -> str:
+        return f"z{self.stage}" + (f" {self.offload}" if self.offload else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What the planner knows before any experiment: the arms in the user's stage order, the
+    micro-batch sizes allowed, and the memory figures of the profile run."""
+
+    arms: tuple[Arm, ...]
+    device_memory: float
+    floor: int = 1
+    sizes: tuple[int, ...] | None = None  # the user's list of micro-batch sizes: only these
+    baseline: int | None = None  # the user's own size: measured first, at the first arm
+    per_sample: float | None = None  # the profile's activation memory of one sample
+    explicit: bool = False  # the user listed the stages: each that fits is measured
+    max_experiments: int = 40
+
+    def arm(self, key: tuple[int, str]) -> Arm | None:
+        return next((a for a in self.arms if a.key == key), None)
+
+
+class Status(enum.Enum):
+    OK = "ok"
+    OOM = "oom"
+    FAILED = "failed"  # any other failure: it says nothing of memory
+    RUNNING = "running"
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """One experiment, finished or running. ``score`` is the metric made positive and
+    higher-better (a latency is inverted); ``seconds`` the experiment's duration."""
+
+    stage: int
+    mbs: int
+    status: Status
+    score: float | None = None
+    offload: str = ""
+    knobs: Knobs = ()
+    seconds: float | None = None
+
+    @property
+    def arm(self) -> tuple[int, str]:
+        return (self.stage, self.offload)
+
+    @property
+    def config(self) -> tuple[int, str, int, Knobs]:
+        return (self.stage, self.offload, self.mbs, self.knobs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """An experiment to start. ``repeat`` is how many times the config already ran: a
+    re-measurement has ``repeat >= 1``."""
+
+    stage: int
+    mbs: int
+    offload: str = ""
+    knobs: Knobs = ()
+    repeat: int = 0
+    why: str = ""
+
+    @property
+    def config(self) -> tuple[int, str, int, Knobs]:
+        return (self.stage, self.offload, self.mbs, self.knobs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The config the planner would choose now: the best by the model's estimate among those
+    that ran, not the highest single measurement."""
+
+    stage: int
+    mbs: int
+    offload: str
+    knobs: Knobs
+    estimate: float  # the model's score for it
+    measured: float  # the mean of its measurements
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The planner's answer: experiments to start now (at most one per free slot), or none;
+    ``done`` once nothing left is worth an experiment and nothing is running."""
+
+    proposals: tuple[Proposal, ...]
+    done: bool
+    choice: Choice | None
+    noise: float | None  # the relative noise of one measurement, as estimated
+    reason: str = ""

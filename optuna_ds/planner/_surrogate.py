@@ -1,0 +1,224 @@
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from optuna_ds.planner._memory import FeasibilityModel
+from optuna_ds.planner._problem import Arm
+from optuna_ds.planner._problem import Knobs
+from optuna_ds.planner._problem import Problem
+
+# The shape of a throughput curve over the micro-batch size m: ``m / (m + h)`` (a fixed cost
+# per step amortised over the batch: h is the size at half efficiency), times a loss growing
+# linearly from ``theta`` of the device memory in use to ``loss`` when it is full (allocator
+# retries, smaller fused kernels). Every arm shares the shape; each has its own scale.
+_H = np.geomspace(0.25, 512.0, 23)
+_THETA = np.linspace(0.5, 0.98, 9)
+_LOSS = np.array([0.05, 0.1, 0.2, 0.35, 0.5, 0.7])
+_NO_PRESSURE_PRIOR = 0.4
+_SIGMA = np.array([0.005, 0.01, 0.02, 0.035, 0.06])  # relative noise of one measurement
+_SIGMA_PRIOR = np.array([0.15, 0.25, 0.3, 0.2, 0.1])
+_FIRST_ARM_SD = 3.0
+_KNOB_SD = 0.03
+# How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 and 2
+# keep the data-parallel communication volume (reduce-scatter + all-gather is an all-reduce),
+# so they run within a few percent of stage 0; ZeRO-3 also gathers the parameters each step;
+# offloading moves the optimizer step (and the parameters) to the CPU.
+_STAGE_STEP = {1: (-0.01, 0.025), 2: (-0.02, 0.035), 3: (-0.12, 0.07)}
+_OFFLOAD_STEP = (-0.6, 0.15)
+_KEEP = 1e-3  # mixture components below this weight are dropped
+# What the shape misses (a curve that peaks far from the memory edge, a size the kernels like):
+# a smooth deviation in log size, shared by the arms.
+_RESIDUAL_SD = 0.02
+_RESIDUAL_LENGTH = 0.5  # in log size: sizes 1.6x apart deviate independently
+
+
+def _residual(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _RESIDUAL_SD**2 * np.exp(-0.5 * ((a[:, None] - b[None, :]) / _RESIDUAL_LENGTH) ** 2)
+
+
+def _combos() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    h, theta, loss, fill, prior = [], [], [], [], []
+    for hv in _H:
+        h.append(hv), theta.append(1.0), loss.append(0.0), fill.append(False), prior.append(_NO_PRESSURE_PRIOR)
+        for by_fill in (False, True):
+            for t in _THETA:
+                for lv in _LOSS:
+                    h.append(hv), theta.append(t), loss.append(lv), fill.append(by_fill)
+                    prior.append((1 - _NO_PRESSURE_PRIOR) / (2 * len(_THETA) * len(_LOSS)))
+    p = np.array(prior)
+    return np.array(h), np.array(theta), np.array(loss), np.array(fill), np.log(p / p.sum())
+
+
+# The loss grows with the share of the device in use (the same zone at every stage), or with
+# the share of the arm's own room for activations (a zone that moves with the memory edge).
+_COMBO_H, _COMBO_THETA, _COMBO_LOSS, _COMBO_FILL, _COMBO_LOGP = _combos()
+
+
+def shape(sizes: np.ndarray, shares: np.ndarray, fills: np.ndarray, combos: np.ndarray | slice = slice(None)) -> np.ndarray:
+    """``(combos, points)``: the log of the curve's shape under each combination of h, theta
+    and loss."""
+    m = np.asarray(sizes, dtype=float)[None, :]
+    s = np.where(_COMBO_FILL[combos, None], np.asarray(fills, dtype=float)[None, :], np.asarray(shares, dtype=float)[None, :])
+    h, theta, loss = _COMBO_H[combos, None], _COMBO_THETA[combos, None], _COMBO_LOSS[combos, None]
+    over = np.clip((s - theta) / np.maximum(1.0 - theta, 1e-9), 0.0, None)
+    return np.log(m / (m + h)) + np.log(np.maximum(1.0 - loss * over, 0.05))
+
+
+_STAGES = 4
+_OFFLOADS = ("offload-opt", "offload-opt-param")
+
+
+def _scale_prior(base: float) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and covariance of the stages' log scales (a random walk along the stages) and of
+    the two offload effects."""
+    means, variances = [base], [_FIRST_ARM_SD**2]
+    for stage in range(1, _STAGES):
+        mu, sd = _STAGE_STEP[stage]
+        means.append(means[-1] + mu)
+        variances.append(variances[-1] + sd**2)
+    n = _STAGES + len(_OFFLOADS)
+    cov = np.zeros((n, n))
+    for i in range(_STAGES):
+        for j in range(_STAGES):
+            cov[i, j] = variances[min(i, j)]
+    for k in range(len(_OFFLOADS)):
+        cov[_STAGES + k, _STAGES + k] = _OFFLOAD_STEP[1] ** 2
+    return np.array(means + [_OFFLOAD_STEP[0], 0.5 * _OFFLOAD_STEP[0]]), cov
+
+
+class ThroughputModel:
+    """A Bayesian surrogate of log throughput over (arm, micro-batch size, knobs).
+
+    ``log y = scale[arm] + knob effects + shape(m, memory share) + residual(log m) + noise``:
+    Gaussian in the scales, knob effects and the smooth residual given the shape parameters and
+    the noise, which are a grid whose
+    posterior weights are the marginal likelihoods. So every run of every stage informs the shape
+    (where throughput saturates, where memory pressure bites, as a share of the device that holds
+    across stages), one run of a new stage fixes its scale, and the noise is estimated from how
+    far runs scatter around the fit -- repeated configs most directly.
+    """
+
+    def __init__(self, problem: Problem, memory: FeasibilityModel,
+                 points: Sequence[tuple[Arm, int, Knobs, float]]) -> None:
+        self._memory = memory
+        self._features = sorted({(arm.stage, k, repr(v)) for arm, _, knobs, _ in points for k, v in knobs})
+        self._feature_index = {f: i for i, f in enumerate(self._features)}
+        self.n = len(points)
+        y = np.log(np.array([p[3] for p in points], dtype=float)) if points else np.zeros(0)
+        base = float(y.mean()) if len(y) else 0.0
+        mu_scales, cov_scales = _scale_prior(base)
+        k, n0 = len(self._features), len(mu_scales)
+        self._n0 = n0
+        self._mu0 = np.concatenate([mu_scales, np.zeros(k)])
+        self._s0 = np.zeros((n0 + k, n0 + k))
+        self._s0[:n0, :n0] = cov_scales
+        self._s0[n0:, n0:] = np.eye(k) * _KNOB_SD**2
+        x = self._design([(a, kn) for a, _, kn, _ in points])
+        f = self._shape([(a, m) for a, m, _, _ in points])  # (G, n)
+        self._x = x
+        self._log_m = np.log(np.array([m for _, m, _, _ in points], dtype=float))
+        prior_cov = x @ self._s0 @ x.T + _residual(self._log_m, self._log_m)
+        r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(_COMBO_H), 0))
+        self._fits = []  # per sigma: (alpha (n, G), inverse of the covariance (n, n))
+        logs = []
+        for sigma, prior in zip(_SIGMA, _SIGMA_PRIOR):
+            kmat = prior_cov + sigma**2 * np.eye(self.n)
+            if self.n:
+                chol = np.linalg.cholesky(kmat)
+                kinv = np.linalg.inv(kmat)
+                alpha = kinv @ r.T  # (n, G)
+                quad = np.einsum("ng,gn->g", alpha, r)
+                logdet = 2.0 * np.log(np.diag(chol)).sum()
+            else:
+                kinv, alpha, quad, logdet = np.zeros((0, 0)), np.zeros((0, len(_COMBO_H))), np.zeros(len(_COMBO_H)), 0.0
+            logs.append(-0.5 * quad - 0.5 * logdet + _COMBO_LOGP + math.log(prior))
+            self._fits.append((alpha, kinv))
+        log_w = np.stack(logs)  # (S, G)
+        w = np.exp(log_w - log_w.max())
+        w /= w.sum()
+        w = np.where(w >= _KEEP, w, 0.0)
+        self._w = w / w.sum()
+        self._active = [np.flatnonzero(row) for row in self._w]
+
+    # -- features -----------------------------------------------------------------------------
+
+    def _design(self, rows: Sequence[tuple[Arm, Knobs]]) -> np.ndarray:
+        x = np.zeros((len(rows), len(self._mu0)))
+        for i, (arm, knobs) in enumerate(rows):
+            x[i, arm.stage] = 1.0
+            if arm.offload:
+                x[i, _STAGES] = 1.0  # the optimizer is offloaded in both variants
+            if arm.offload == _OFFLOADS[1]:
+                x[i, _STAGES + 1] = 1.0
+            for k, v in knobs:
+                j = self._feature_index.get((arm.stage, k, repr(v)))
+                if j is not None:
+                    x[i, self._n0 + j] = 1.0
+        return x
+
+    def _shape(self, rows: Sequence[tuple[Arm, int]]) -> np.ndarray:
+        if not rows:
+            return np.zeros((len(_COMBO_H), 0))
+        sizes = np.array([m for _, m in rows], dtype=float)
+        return shape(sizes, *self._pressure(rows, sizes))
+
+    def _pressure(self, rows: Sequence[tuple], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        shares, fills = np.empty(len(rows)), np.empty(len(rows))
+        for arm in {r[0] for r in rows}:
+            idx = [i for i, r in enumerate(rows) if r[0] == arm]
+            shares[idx], fills[idx] = self._memory.share(arm, sizes[idx]), self._memory.fill(arm, sizes[idx])
+        return shares, fills
+
+    # -- predictions --------------------------------------------------------------------------
+
+    @property
+    def noise(self) -> float:
+        """The posterior mean of the relative noise of one measurement."""
+        return float(self._w.sum(axis=1) @ _SIGMA)
+
+    def predict(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The mixture of the rows' latent log throughput: the weights ``(K,)`` of its
+        components with any weight, their means ``(K, rows)`` and standard deviations
+        ``(K, rows)``."""
+        z = self._design([(a, kn) for a, _, kn in rows])
+        sizes = np.array([m for _, m, _ in rows], dtype=float)
+        shares, fills = self._pressure(rows, sizes)
+        log_m = np.log(sizes)
+        cross = z @ self._s0 @ self._x.T + _residual(log_m, self._log_m)  # (rows, n)
+        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z) + _RESIDUAL_SD**2
+        weights, means, sds = [], [], []
+        for (alpha, kinv), w, active in zip(self._fits, self._w, self._active):
+            if not len(active):
+                continue
+            f = shape(sizes, shares, fills, active)
+            base = f + (z @ self._mu0)[None, :]
+            if self.n:
+                base = base + (cross @ alpha[:, active]).T
+            weights.append(w[active])
+            means.append(base)
+            var = prior_var - np.einsum("rn,nm,rm->r", cross, kinv, cross) if self.n else prior_var
+            sds.append(np.broadcast_to(np.sqrt(np.maximum(var, 1e-12)), base.shape))
+        return np.concatenate(weights), np.concatenate(means), np.concatenate(sds)
+
+    def mean(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> np.ndarray:
+        w, means, _ = self.predict(rows)
+        return w @ means
+
+    def expected_improvement(self, rows: Sequence[tuple[Arm, int, Knobs]], threshold: float) -> np.ndarray:
+        """``E[max(0, log y - threshold)]``: the expected relative gain over ``threshold``."""
+        w, means, sds = self.predict(rows)
+        z = (means - threshold) / sds
+        return w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z))
+
+
+def _norm_pdf(z: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    from scipy.special import ndtr
+
+    return ndtr(z)

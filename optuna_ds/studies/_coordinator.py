@@ -1,0 +1,243 @@
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+from optuna_ds.config import GAS_KEY
+from optuna_ds.config import MBS_KEY
+from optuna_ds.launcher import ExperimentInterrupted
+from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import Lease
+from optuna_ds.launcher import Phase
+from optuna_ds.launcher import deferred_signals
+from optuna_ds.planner import Decision
+from optuna_ds.planner import Observation
+from optuna_ds.planner import Problem
+from optuna_ds.planner import Proposal
+from optuna_ds.planner import Status
+from optuna_ds.planner import plan
+from optuna_ds.studies._results import DEFINITIVE_FAILURES
+from optuna_ds.studies._results import given_up
+from optuna_ds.studies._stage import KnobSearch
+from optuna_ds.studies._stage import StageTuner
+from optuna_ds.studies._stage import Step
+from optuna_ds.studies._stage import Stopped
+
+_WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
+
+
+def observation_of(trial: FrozenTrial, *, stage: int, maximize: bool, dead: dict[str, FrozenTrial]) -> Observation | None:
+    """What a stage study's trial tells the planner; ``None`` for a trial that launched nothing or
+    whose experiment must run again (interrupted, its worker died)."""
+    attrs = trial.user_attrs
+    if "exp_name" not in attrs or trial.state == TrialState.PRUNED or "micro_batch_size" not in attrs:
+        return None
+    knobs: tuple = ()
+    if attrs.get("phase") == Phase.KNOBS.value:
+        knobs = tuple(sorted((k, v) for k, v in trial.params.items() if k not in (MBS_KEY, GAS_KEY)))
+    base = dict(stage=stage, mbs=int(attrs["micro_batch_size"]), offload=str(attrs.get("offload", "")), knobs=knobs,
+                seconds=attrs.get("duration"))
+    if trial.state == TrialState.RUNNING:
+        return Observation(status=Status.RUNNING, **base)
+    if trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0:
+        return Observation(status=Status.OK, score=trial.value if maximize else 1.0 / trial.value, **base)
+    reason = attrs.get("reason")
+    if reason in DEFINITIVE_FAILURES or attrs["exp_name"] in dead:
+        return Observation(status=Status.OOM if reason == FailureReason.OOM.value else Status.FAILED, **base)
+    return None
+
+
+@dataclasses.dataclass
+class _Work:
+    tuner: StageTuner
+    proposal: Proposal
+
+
+class Coordinator:
+    """One per process: asks the planner for the next experiment whenever a slot of this process
+    is free and hands it to that slot.
+
+    The planner sees every stage study's trials (this process's, and those of workers elsewhere,
+    running ones included) plus the proposals this process handed out but not yet claimed in
+    the storage, so two slots never get the same experiment; across processes a trial's claim
+    (:meth:`StageTuner._competitor`) settles a race. When the planner has nothing left, the knob
+    search runs at the chosen stage (unless in fast mode), and the choice is stored on the root
+    study.
+    """
+
+    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], pool, stop: threading.Event, maximize: bool,
+                 log: Callable[[str], None], on_decision: Callable[[Decision], None], fast: bool, num_tuning: int) -> None:
+        self._problem = problem
+        self._tuners = tuners
+        self._pool = pool
+        self._stop = stop
+        self._maximize = maximize
+        self._log = log
+        self._on_decision = on_decision
+        self._fast = fast
+        self._num_tuning = num_tuning
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._handed: list[Proposal] = []
+        self._phase_done = False
+        self.decision: Decision | None = None
+        self.decision_seconds: list[float] = []
+
+    # -- the storage, as the planner sees it ------------------------------------------------------
+
+    def observations(self) -> list[Observation]:
+        seen: list[Observation] = []
+        for stage, tuner in self._tuners.items():
+            trials = tuner.study.get_trials(deepcopy=False)
+            dead = given_up(trials)
+            seen += [o for t in trials if (o := observation_of(t, stage=stage, maximize=self._maximize, dead=dead)) is not None]
+        return seen
+
+    def _decide(self) -> Decision:
+        start = time.perf_counter()
+        observations = self.observations()
+        running = {(o.config, ) for o in observations if o.status is Status.RUNNING}
+        pending = [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING)
+                   for p in self._handed if (p.config, ) not in running]
+        decision = plan(self._problem, observations + pending, free_slots=1)
+        self.decision_seconds.append(time.perf_counter() - start)
+        self.decision = decision
+        return decision
+
+    def _next(self) -> _Work | None:
+        """The next experiment for a free slot; ``None`` when there is none now. Sets
+        ``_phase_done`` once the planner is done."""
+        with self._lock:
+            if self._phase_done:
+                return None
+            decision = self._decide()
+            self._on_decision(decision)
+            if decision.proposals:
+                proposal = decision.proposals[0]
+                self._handed.append(proposal)
+                return _Work(tuner=self._tuners[proposal.stage], proposal=proposal)
+            if decision.done:
+                self._phase_done = True
+                self._changed.notify_all()
+            return None
+
+    # -- the slots --------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run the planner's experiments on every slot of this process until it is done; then the
+        knob search (unless fast). Ctrl-C or SIGTERM stops every slot: each ends its running
+        experiment by process group and marks its trial ``interrupted``."""
+        self._slots(self._plan_slot)
+        if self._stop.is_set():
+            raise Stopped
+        if not self._fast:
+            if self._knob_tuner() is not None:
+                self._slots(lambda: self._knob_slot(self._knob_tuner()))
+        self.decision = None
+        with self._lock:
+            decision = self._decide()
+        self._on_decision(decision)
+
+    def _slots(self, target: Callable[[], None]) -> None:
+        errors: list[BaseException] = []
+        finished = [threading.Event() for _ in range(self._pool.size)]
+
+        def slot(index: int) -> None:
+            try:
+                target()
+            except (Stopped, ExperimentInterrupted):
+                pass
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                errors.append(e)
+                self._stop.set()
+                with self._lock:
+                    self._changed.notify_all()
+            finally:
+                finished[index].set()
+
+        for i in range(self._pool.size):
+            threading.Thread(target=slot, args=(i,), name=f"optuna-ds-slot-{i}", daemon=True).start()
+        # Events, not Thread.join: an interrupted join marks a running thread as stopped.
+        try:
+            for done in finished:
+                while not done.wait(0.1):
+                    pass
+        except BaseException:
+            self._stop.set()
+            with self._lock:
+                self._changed.notify_all()
+            with deferred_signals():
+                for done in finished:
+                    done.wait()
+            raise
+        if errors:
+            raise errors[0]
+
+    def _plan_slot(self) -> None:
+        while not self._stop.is_set():
+            lease = self._pool.acquire(self._stop, on_wait=self._log)
+            if lease is None:
+                raise Stopped
+            work = None
+            try:
+                work = self._next()
+                if work is not None:
+                    self._run(work, lease)
+            finally:
+                self._pool.release(lease)
+                if work is not None:
+                    with self._lock:
+                        self._handed.remove(work.proposal)
+                        self._changed.notify_all()
+            if work is None:
+                with self._lock:
+                    if self._phase_done:
+                        return
+                    self._changed.wait(_WAIT_SECONDS)
+
+    def _run(self, work: _Work, lease: Lease) -> None:
+        p = work.proposal
+        work.tuner.run_micro_batch(p.mbs, lease, offload=p.offload, repeat=p.repeat, why=p.why)
+
+    # -- the knob search --------------------------------------------------------------------------
+
+    def _knob_tuner(self) -> StageTuner | None:
+        with self._lock:
+            decision = self.decision or self._decide()
+        choice = decision.choice
+        if choice is None:
+            return None
+        tuner = self._tuners[choice.stage]
+        if not tuner.space.tuned:
+            return None
+        observations = [o for o in self.observations() if o.status is Status.OK and o.stage == choice.stage
+                        and o.offload == choice.offload and not o.knobs]
+        scores: dict[int, list[float]] = {}
+        for o in observations:
+            scores.setdefault(o.mbs, []).append(float(o.score or 0.0))
+        ranked = sorted(scores, key=lambda m: -sum(scores[m]) / len(scores[m]))
+        sizes = [choice.mbs] + [m for m in ranked if m != choice.mbs]
+        return tuner.with_knobs(KnobSearch.FULL, sizes=tuple(sizes[: max(1, self._num_tuning)]), offload=choice.offload)
+
+    def _knob_slot(self, tuner: StageTuner | None) -> None:
+        """One slot's knob search; each slot has its own tuner (it counts its stand-downs)."""
+        while tuner is not None:
+            lease = self._pool.acquire(self._stop, on_wait=self._log)
+            if lease is None:
+                raise Stopped
+            try:
+                step = tuner.step_knobs(lease)
+            finally:
+                self._pool.release(lease)
+            if step is Step.DONE:
+                return
+            if self._stop.is_set():
+                raise Stopped
+            if step is Step.WAIT:
+                self._stop.wait(0.2)

@@ -1,0 +1,151 @@
+"""The planner as a pure function: driven against small synthetic jobs, no launcher."""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from optuna_ds.planner import Arm
+from optuna_ds.planner import FeasibilityModel
+from optuna_ds.planner import Observation
+from optuna_ds.planner import Problem
+from optuna_ds.planner import Status
+from optuna_ds.planner import plan
+
+GB = 1e9
+Surface = Callable[[int, int, str], "float | None | str"]  # (stage, mbs, offload) -> score, None (OOM) or "crash"
+
+
+def _job(*, per_sample: float = 2 * GB, context: float = 2 * GB, half: float = 4.0, stage_factor=(1.0, 0.99, 0.97, 0.8),
+         pressure_from: float = 1.0, loss: float = 0.0, noise: float = 0.0, seed: int = 0,
+         crash_stage: int | None = None) -> tuple[Problem, Surface]:
+    """A job on 80 GB GPUs whose stages leave 60, 64, 66 and 70 GB for activations."""
+    device = 80 * GB
+    free = {0: 60 * GB, 1: 64 * GB, 2: 66 * GB, 3: 70 * GB}
+    rng = random.Random(seed)
+
+    def surface(stage: int, mbs: int, offload: str) -> float | None | str:
+        used = device - free[stage] + context + mbs * per_sample
+        if used > device:
+            return None
+        if stage == crash_stage:
+            return "crash"
+        share = used / device
+        pressure = 1.0 - loss * max(0.0, share - pressure_from) / (1.0 - pressure_from) if pressure_from < 1 else 1.0
+        true = 100.0 * stage_factor[stage] * mbs / (mbs + half) * pressure
+        return true * (1.0 + rng.gauss(0.0, noise))
+
+    arms = tuple(Arm(stage=s, free=f, cap=1024) for s, f in free.items())
+    return Problem(arms=arms, device_memory=device, per_sample=per_sample / 1.15), surface
+
+
+def _drive(problem: Problem, surface: Surface, *, slots: int = 1, limit: int = 60) -> tuple[list[Observation], object]:
+    observations: list[Observation] = []
+    for _ in range(limit):
+        decision = plan(problem, observations, free_slots=slots)
+        if decision.done:
+            return observations, decision
+        assert decision.proposals, "not done, nothing running, yet nothing proposed"
+        assert len({p.config + (p.repeat,) for p in decision.proposals}) == len(decision.proposals)
+        for p in decision.proposals:
+            assert p.repeat == sum(o.config == p.config for o in observations), "a config asked for again as new"
+            value = surface(p.stage, p.mbs, p.offload)
+            status = Status.OOM if value is None else Status.FAILED if value == "crash" else Status.OK
+            observations.append(Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, status=status,
+                                            score=value if status is Status.OK else None, seconds=60.0))
+    raise AssertionError("the planner did not finish")
+
+
+def _true(surface: Surface, stage: int, mbs: int) -> float:
+    value = surface(stage, mbs, "")
+    assert isinstance(value, float)
+    return value
+
+
+def _optimum(surface: Surface) -> float:
+    return max(v for s in range(4) for m in range(1, 200) if isinstance(v := surface(s, m, ""), float))
+
+
+def test_a_saturating_job_ends_near_the_memory_edge_in_few_runs() -> None:
+    problem, surface = _job()
+    observations, decision = _drive(problem, surface)
+    choice = decision.choice
+    assert choice is not None
+    assert _true(surface, choice.stage, choice.mbs) >= 0.99 * _optimum(surface)
+    assert len(observations) <= 10
+    # No size at or above a size that ran out of memory at the same stage is ever launched.
+    for i, o in enumerate(observations):
+        assert not any(p.status is Status.OOM and p.stage == o.stage and p.mbs <= o.mbs for p in observations[:i])
+
+
+def test_memory_pressure_puts_the_optimum_below_the_edge_and_the_planner_finds_it() -> None:
+    problem, surface = _job(half=2.0, pressure_from=0.6, loss=0.5)
+    observations, decision = _drive(problem, surface)
+    best = _optimum(surface)
+    edge_stage0 = max(m for m in range(1, 100) if surface(0, m, "") is not None)
+    assert _true(surface, 0, edge_stage0) < 0.95 * best  # the edge is a poor choice here
+    assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.99 * best
+
+
+def test_the_planner_is_a_function_of_the_observations() -> None:
+    problem, surface = _job(noise=0.02, seed=3)
+    observations, _ = _drive(problem, surface)
+    for k in range(len(observations)):
+        first = plan(problem, observations[:k])
+        again = plan(problem, list(observations[:k]))
+        assert first == again
+
+
+def test_running_experiments_are_not_proposed_again_and_a_batch_spreads_out() -> None:
+    problem, surface = _job()
+    decision = plan(problem, [], free_slots=4)
+    configs = [p.config for p in decision.proposals]
+    assert len(configs) == len(set(configs)) >= 2
+    running = [Observation(stage=p.stage, mbs=p.mbs, status=Status.RUNNING) for p in decision.proposals]
+    later = plan(problem, running, free_slots=1)
+    assert not {p.config for p in later.proposals} & set(configs)
+    observations, decision = _drive(problem, surface, slots=4)
+    assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.99 * _optimum(surface)
+
+
+def test_the_users_size_runs_first_and_a_list_is_kept_to() -> None:
+    problem, surface = _job()
+    first = plan(Problem(**{**problem.__dict__, "baseline": 3}), [])
+    assert (first.proposals[0].stage, first.proposals[0].mbs) == (0, 3)
+    listed = Problem(**{**problem.__dict__, "sizes": (2, 8, 16)})
+    observations, decision = _drive(listed, surface)
+    assert {o.mbs for o in observations} <= {2, 8, 16}
+    assert decision.choice.mbs == 16
+
+
+def test_listed_stages_are_each_measured() -> None:
+    problem, surface = _job(stage_factor=(1.0, 0.9, 0.85, 0.5))
+    observations, _ = _drive(Problem(**{**problem.__dict__, "explicit": True}), surface)
+    assert {o.stage for o in observations} == {0, 1, 2, 3}
+
+
+def test_a_crashing_stage_is_given_up_and_nothing_running_ends_with_no_choice() -> None:
+    problem, surface = _job(crash_stage=0, stage_factor=(1.0, 0.99, 0.98, 0.95))
+    observations, decision = _drive(problem, surface)
+    assert sum(o.status is Status.FAILED for o in observations) <= 2
+    assert decision.choice is not None and decision.choice.stage != 0
+    tiny = Problem(arms=(Arm(stage=0, free=1 * GB, cap=64),), device_memory=80 * GB, per_sample=4 * GB)
+    observations, decision = _drive(tiny, lambda s, m, o: None)
+    assert decision.done and decision.choice is None and len(observations) <= 3
+
+
+def test_one_oom_at_one_stage_moves_every_stage_edge() -> None:
+    problem, _ = _job()
+    before = FeasibilityModel(problem, [])
+    after = FeasibilityModel(problem, [Observation(stage=0, mbs=20, status=Status.OOM)])
+    stage2 = problem.arms[2]
+    # Stage 0 ran out at 20 with 60 GB: a sample needs at least 2.9 GB, so stage 2 (66 GB) fits fewer than 23.
+    assert after.p_oom(stage2, [24])[0] > 0.9 > before.p_oom(stage2, [24])[0]
+    assert after.p_oom(problem.arms[0], [20, 25])[0] == 1.0
+
+
+def test_noise_is_estimated_and_a_lucky_measurement_does_not_decide() -> None:
+    problem, surface = _job(noise=0.03, seed=7, stage_factor=(1.0, 0.995, 0.99, 0.8))
+    observations, decision = _drive(problem, surface)
+    assert decision.noise is not None and 0.005 <= decision.noise <= 0.08
+    # The choice is the model's estimate, not the highest single measurement.
+    assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.97 * _optimum(surface)
