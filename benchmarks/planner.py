@@ -49,7 +49,7 @@ def problem_of(surface: surfaces.Surface) -> Problem:
                             activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
                             precision="fp16", adam_type=True, zero=zero)
         if e.fits:
-            arms.append(Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS))
+            arms.append(Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS, buffers=e.buffers))
     return Problem(arms=tuple(arms), device_memory=device, per_sample=surface.act_gb * GB)
 
 

@@ -291,8 +291,6 @@ def test_full_mode_with_all_stages_tries_the_recommended_setting_then_searches_t
     assert first.user_attrs["micro_batch_size"] in {t.user_attrs["micro_batch_size"] for t in mbs_phase}
     # It wins (overlap pays 10%), so the sampler searches stage 2 until 3 experiments bring nothing.
     ran = [t for t in knob[2] if t.state != TrialState.PRUNED]
-    for t in _study(ws, "optuna-ds-z2").get_trials():
-        print("DBG", t.number, t.state, t.value, t.params, t.user_attrs.get("phase"), t.user_attrs.get("early_stopped"), t.user_attrs.get("duplicate_of"), t.datetime_complete)
     assert 1 + 3 <= len(ran) <= 1 + 3 + 2
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["stage"] == 2 and optimal["zero_optimization"]["overlap_comm"] is True

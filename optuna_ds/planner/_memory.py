@@ -56,7 +56,6 @@ class FeasibilityModel:
         self._ok: dict[tuple, int] = {}  # (arm, knobs) -> largest size that ran
         self._oom: dict[tuple, int] = {}  # (arm, knobs) -> smallest size that ran out
         self._lik: dict[tuple[int, str], np.ndarray] = {}  # arm -> (A, C, D) likelihood of its runs
-        offsets = self.c[None, :, None] + self._delta[None, None, :]
         log_w = np.log(prior_a)[:, None] + np.log(prior_c / prior_c.sum())[None, :]
         for arm in problem.arms:
             lik = np.ones((n_a, _C_POINTS, len(_DELTA)))
@@ -70,7 +69,7 @@ class FeasibilityModel:
                     self._oom[key] = min(self._oom.get(key, 1 << 30), o.mbs)
                 if o.knobs:
                     continue
-                fits = offsets + o.mbs * self.a[:, None, None] <= arm.free
+                fits = self._offsets(arm) + o.mbs * self.a[:, None, None] <= arm.free
                 agrees = fits if o.status is Status.OK else ~fits
                 lik *= np.where(agrees, 1.0 - _CONTRADICTION, _CONTRADICTION)
             self._lik[arm.key] = lik
@@ -83,6 +82,11 @@ class FeasibilityModel:
         """The posterior mean of one sample's memory."""
         return float(self._w.sum(axis=1) @ self.a)
 
+    def _offsets(self, arm: Arm) -> np.ndarray:
+        """``(1, C, D)``: the arm's offset for each grid point: the shared one, the arm's
+        expected buffers, and the arm's own deviation."""
+        return self.c[None, :, None] + arm.buffers + self._delta[None, None, :]
+
     def _delta_posterior(self, arm: Arm) -> np.ndarray:
         """``p(arm's offset | per_sample, offset)``, ``(A, C, D)``."""
         joint = self._lik[arm.key] * self._prior_delta[None, None, :]
@@ -92,7 +96,7 @@ class FeasibilityModel:
         """The probability that each size runs out of memory at ``arm``."""
         sizes = np.asarray(sizes, dtype=float)
         post = self._w[:, :, None] * self._delta_posterior(arm)  # (A, C, D)
-        room = arm.free - self.c[None, :, None] - self._delta[None, None, :]  # (1, C, D)
+        room = arm.free - self._offsets(arm)  # (1, C, D)
         # Size m runs out where m * a > room: for each (a, c, d), sizes above room / a.
         limit = (room / self.a[:, None, None]).ravel()
         weights = post.ravel()
@@ -108,7 +112,7 @@ class FeasibilityModel:
 
     def _offset(self, arm: Arm) -> float:
         post = self._w[:, :, None] * self._delta_posterior(arm)
-        return float(np.sum(post * (self.c[None, :, None] + self._delta[None, None, :])))
+        return float(np.sum(post * self._offsets(arm)))
 
     def share(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
         """The expected share of device memory in use at each size."""

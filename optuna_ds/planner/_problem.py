@@ -13,13 +13,15 @@ class Arm:
 
     ``free`` is the device memory less the analytic estimate of the model states (parameters,
     gradients, optimizer states) at this stage: what activations, buffers and the CUDA context
-    share. ``cap`` is the largest micro-batch size the config allows.
+    share. ``buffers`` is what its communication buckets are expected to take of that. ``cap``
+    is the largest micro-batch size the config allows.
     """
 
     stage: int
     offload: str = ""
     free: float = dataclasses.field(default=0.0, compare=False)
     cap: int = dataclasses.field(default=1024, compare=False)
+    buffers: float = dataclasses.field(default=0.0, compare=False)
 
     @property
     def key(self) -> tuple[int, str]:

@@ -11,8 +11,9 @@ class MemoryEstimate:
     Parameters count in full; gradients and optimizer states count only trainable parameters
     (frozen PEFT weights have neither). Stage 1 partitions optimizer states over the
     data-parallel ranks, stage 2 gradients too, stage 3 parameters too; offloaded states
-    leave the GPU. ``buffers`` are the communication buckets and the contiguous gradient buffer
-    that ZeRO allocates: a stage that partitions more may still leave less room.
+    leave the GPU. ``buffers`` are the communication buckets ZeRO allocates: not part of
+    :attr:`instantiation` (DeepSpeed's own estimate leaves them out, and so does the decision
+    whether a stage fits), but where the planner expects a stage's memory beyond its states.
     """
 
     stage: int
@@ -26,7 +27,7 @@ class MemoryEstimate:
 
     @property
     def instantiation(self) -> float:
-        return self.params + self.gradients + self.optimizer + self.buffers
+        return self.params + self.gradients + self.optimizer
 
     @property
     def fits(self) -> bool:
@@ -88,10 +89,8 @@ def estimate_memory(
         buffers += _number(zero.get("reduce_bucket_size"), 5e8) * param_bytes
     if stage in (1, 2):
         buffers += _number(zero.get("allgather_bucket_size"), 5e8) * param_bytes
-    if stage >= 2 and zero.get("contiguous_gradients", True) is not False:
-        buffers += trainable * param_bytes / mp_size / dp
 
-    free = device_memory - (params + gradients + optimizer + buffers)
+    free = device_memory - (params + gradients + optimizer)
     if free <= 0:
         max_mbs = 0
     elif activation_per_sample and activation_per_sample > 0:

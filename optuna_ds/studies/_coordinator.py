@@ -16,12 +16,14 @@ from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Lease
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import deferred_signals
+from optuna_ds.planner import Choice
 from optuna_ds.planner import Decision
 from optuna_ds.planner import Observation
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Proposal
 from optuna_ds.planner import Status
 from optuna_ds.planner import plan
+from optuna_ds.space import recommended_knobs
 from optuna_ds.studies._results import DEFINITIVE_FAILURES
 from optuna_ds.studies._results import given_up
 from optuna_ds.studies._stage import KnobSearch
@@ -29,6 +31,7 @@ from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._stage import Step
 from optuna_ds.studies._stage import Stopped
 
+KNOB_MARGIN = 0.05
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
 
 
@@ -137,8 +140,7 @@ class Coordinator:
         if self._stop.is_set():
             raise Stopped
         if not self._fast:
-            if self._knob_tuner() is not None:
-                self._slots(lambda: self._knob_slot(self._knob_tuner()))
+            self._knob_search()
         self.decision = None
         with self._lock:
             decision = self._decide()
@@ -207,27 +209,43 @@ class Coordinator:
 
     # -- the knob search --------------------------------------------------------------------------
 
-    def _knob_tuner(self) -> StageTuner | None:
+    def _knob_search(self) -> None:
+        """DeepSpeed's recommended knob setting once at each arm within ``KNOB_MARGIN`` of the
+        choice (knobs rarely pay more), then the sampler's search at the arm chosen after them."""
         with self._lock:
-            decision = self.decision or self._decide()
-        choice = decision.choice
+            choice = (self.decision or self._decide()).choice
         if choice is None:
-            return None
-        tuner = self._tuners[choice.stage]
-        if not tuner.space.tuned:
-            return None
-        observations = [o for o in self.observations() if o.status is Status.OK and o.stage == choice.stage
-                        and o.offload == choice.offload and not o.knobs]
+            return
+        best: dict[tuple[int, str], tuple[float, int]] = {}
+        for o in self.observations():
+            if o.status is Status.OK and not o.knobs and (o.arm not in best or (o.score or 0.0) > best[o.arm][0]):
+                best[o.arm] = (float(o.score or 0.0), o.mbs)
+        close = [(arm, mbs) for arm, (score, mbs) in sorted(best.items())
+                 if score >= (1.0 - KNOB_MARGIN) * choice.measured and recommended_knobs(self._tuners[arm[0]].space) is not None]
+        for (stage, offload), mbs in close:
+            self._slots(lambda: self._knob_slot(self._tuners[stage].with_knobs(KnobSearch.RECOMMENDED, sizes=(mbs,), offload=offload)))
+            if self._stop.is_set():
+                raise Stopped
+        with self._lock:
+            choice = self._decide().choice
+        if choice is not None and self._tuners[choice.stage].space.tuned:
+            self._slots(lambda: self._knob_slot(self._knob_tuner(choice)))
+
+    def _knob_tuner(self, choice: Choice) -> StageTuner:
+        """The chosen arm's tuner for the sampler's search, at the choice's size and the arm's
+        next best sizes (``num_tuning_micro_batch_sizes`` in all)."""
         scores: dict[int, list[float]] = {}
-        for o in observations:
-            scores.setdefault(o.mbs, []).append(float(o.score or 0.0))
+        for o in self.observations():
+            if o.status is Status.OK and o.arm == (choice.stage, choice.offload) and not o.knobs:
+                scores.setdefault(o.mbs, []).append(float(o.score or 0.0))
         ranked = sorted(scores, key=lambda m: -sum(scores[m]) / len(scores[m]))
         sizes = [choice.mbs] + [m for m in ranked if m != choice.mbs]
-        return tuner.with_knobs(KnobSearch.FULL, sizes=tuple(sizes[: max(1, self._num_tuning)]), offload=choice.offload)
+        return self._tuners[choice.stage].with_knobs(KnobSearch.FULL, sizes=tuple(sizes[: max(1, self._num_tuning)]),
+                                                     offload=choice.offload)
 
-    def _knob_slot(self, tuner: StageTuner | None) -> None:
+    def _knob_slot(self, tuner: StageTuner) -> None:
         """One slot's knob search; each slot has its own tuner (it counts its stand-downs)."""
-        while tuner is not None:
+        while True:
             lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
                 raise Stopped

@@ -72,6 +72,7 @@ class KnobSearch(enum.Enum):
     """How much of a stage's knob space to search."""
 
     NONE = "none"
+    RECOMMENDED = "recommended"  # DeepSpeed's recommended setting only: one experiment
     FULL = "full"  # the recommended setting, then the sampler until early stopping
 
 
@@ -335,12 +336,15 @@ class StageTuner:
         taken = {t.user_attrs.get("exp_name") for t in trials if t.user_attrs.get("phase") == Phase.KNOBS.value
                  and (is_finished_experiment(t) or t in running or t.user_attrs.get("exp_name") in dead)} - {None}
         first = recommended_knobs(self._space)
+        if self._knobs is KnobSearch.RECOMMENDED and (first is None or taken):
+            return Step.WAIT if running else Step.DONE
         pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS.value)
         if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped:
             return Step.WAIT if running else Step.DONE
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
-        started = any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials)
+        started = any(t.user_attrs.get("phase") == Phase.KNOBS.value and t.user_attrs.get("offload", "") == self._space.offload
+                      for t in trials)
         if first is not None and not started:
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
             sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._sizes[0]}, sampler)

@@ -275,7 +275,7 @@ class Tuning:
                     f"needs {_humanize(e.instantiation)}B per GPU for parameters, gradients and optimizer "
                     f"states, more than the {_humanize(e.device_memory)}B available"
                 ), e, self._log)
-            arms += [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap())
+            arms += [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers)
                      for label, e in fitting]
         return arms
 
