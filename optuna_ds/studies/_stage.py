@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
-from optuna_ds.launcher import Experiment
+from optuna_ds.config import Metric
 from optuna_ds.launcher import ExperimentResult
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
@@ -31,10 +31,9 @@ from optuna_ds.space import KnobSpace
 from optuna_ds.space import MicroBatchSearch
 from optuna_ds.space import Observation
 from optuna_ds.space import recommended_knobs
+from optuna_ds.storage import ExperimentRecord
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import TuningObserver
-from optuna_ds.studies._owner import OWNER_ATTR
-from optuna_ds.studies._owner import PROCESS_ATTR
 from optuna_ds.studies._owner import fail_orphaned_trials
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
@@ -96,8 +95,7 @@ class StageContext:
     runner: ExperimentRunner
     pool: SlotPool
     stop: threading.Event
-    metric_key: str
-    direction: str
+    metric: Metric
     tuner_type: str
     fast: bool
     num_tuning: int
@@ -109,25 +107,6 @@ class StageContext:
     observer: TuningObserver
     local: LocalClaims
     seed: int | None = None
-
-
-def record_result(trial: optuna.Trial, experiment: Experiment, result: ExperimentResult) -> None:
-    """Store on the trial what users look for: the metrics, the config, the command, the
-    result folder, and for a failure its reason and the last lines of stderr."""
-    attrs: dict[str, Any] = {
-        "metrics": result.metrics,
-        "cmd": result.cmd,
-        "duration": round(result.duration, 3),
-        "returncode": result.returncode,
-    }
-    if result.peak_memory is not None:
-        attrs["peak_gpu_memory"] = result.peak_memory
-    if result.reason is not None:
-        attrs["reason"] = result.reason.value
-        attrs["detail"] = result.detail
-        attrs["stderr_tail"] = result.stderr_tail
-    for key, value in attrs.items():
-        trial.set_user_attr(key, value)
 
 
 class StageTuner:
@@ -155,7 +134,7 @@ class StageTuner:
         self._stood_down = False
         self._reaped = 0.0
         self.study = optuna.create_study(
-            storage=ctx.storage, study_name=study_name, direction=ctx.direction, load_if_exists=True
+            storage=ctx.storage, study_name=study_name, direction=ctx.metric.direction, load_if_exists=True
         )
         self._reap(force=True)
 
@@ -178,28 +157,30 @@ class StageTuner:
         return self.study.get_trials(deepcopy=False)
 
     def observations(self, trials: list[FrozenTrial] | None = None) -> dict[int, Observation]:
-        sign = 1.0 if self._ctx.direction == "maximize" else -1.0
+        metric = self._ctx.metric
         obs: dict[int, Observation] = {}
         trials = self._trials() if trials is None else trials
         dead = given_up(trials)
         for t in trials:
-            if t.user_attrs.get("phase") != Phase.MICRO_BATCH.value:
+            record = ExperimentRecord.from_trial(t)
+            if record.phase is not Phase.MICRO_BATCH:
                 continue
-            if t.user_attrs.get("exp_name") in dead:
-                mbs = int(t.user_attrs["micro_batch_size"])
+            if record.exp_name in dead:
+                mbs = int(record.micro_batch_size)
                 obs[mbs] = Observation(mbs=mbs, score=None)
             elif is_finished_experiment(t):
-                mbs = int(t.user_attrs["micro_batch_size"])
+                mbs = int(record.micro_batch_size)
                 if t.state == TrialState.COMPLETE and t.value is not None:
-                    obs[mbs] = Observation(mbs=mbs, score=sign * t.value)
+                    obs[mbs] = Observation(mbs=mbs, score=metric.oriented(t.value))
                 else:
-                    obs[mbs] = Observation(mbs=mbs, score=None, oom=t.user_attrs.get("reason") == FailureReason.OOM.value)
+                    obs[mbs] = Observation(mbs=mbs, score=None, oom=record.reason is FailureReason.OOM)
         return obs
 
     @staticmethod
     def _running(trials: list[FrozenTrial], phase: Phase) -> list[FrozenTrial]:
-        # exp_name is written last: a trial that has it has all its attrs.
-        return [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("phase") == phase.value and "exp_name" in t.user_attrs]
+        # A claimed record has all its claim's attrs (ExperimentRecord writes exp_name last).
+        return [t for t in trials if t.state == TrialState.RUNNING
+                and (r := ExperimentRecord.from_trial(t)).phase is phase and r.claimed]
 
     def _reap(self, *, force: bool = False) -> None:
         """Fail the trials of dead workers so that their experiments run again: at once for a
@@ -208,7 +189,7 @@ class StageTuner:
         if not force and now - self._reaped < _REAP_SECONDS:
             return
         self._reaped = now
-        completed, failed = fail_orphaned_trials(self.study, metric_key=self._ctx.metric_key)
+        completed, failed = fail_orphaned_trials(self.study, metric=self._ctx.metric)
         for number in completed:
             self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died, but its experiment finished: result kept")
         for number in failed:
@@ -232,12 +213,13 @@ class StageTuner:
                 return dead[name]
             undecided = None
             for t in trials:
-                if t.number == trial.number or t.user_attrs.get("exp_name") != name:
+                record = ExperimentRecord.from_trial(t)
+                if t.number == trial.number or record.exp_name != name:
                     continue
                 if is_finished_experiment(t):
                     return t
                 if t.state == TrialState.RUNNING:
-                    if t.number > trial.number or PROCESS_ATTR in t.user_attrs:
+                    if t.number > trial.number or record.launched:
                         return t
                     undecided = t
             if undecided is None:
@@ -253,7 +235,7 @@ class StageTuner:
         ctx = self._ctx
 
         def objective(trial: optuna.Trial) -> float:
-            trial.set_user_attr(OWNER_ATTR, this_process())
+            ExperimentRecord(worker=this_process()).write(trial.set_user_attr)
             if phase is Phase.MICRO_BATCH:
                 mbs = trial.suggest_int(MBS_KEY, 1, ctx.mbs_high)
                 knobs: dict[str, Any] = {}
@@ -267,24 +249,14 @@ class StageTuner:
                 trial.suggest_int(GAS_KEY, 1, ctx.gas_high)
             experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=self._space, knobs=knobs)
             slot = lease.slot.include
-            for key, value in {
-                "phase": phase.value,
-                "micro_batch_size": mbs,
-                "gradient_accumulation_steps": gas,
-                "train_batch_size": experiment.ds_config.get("train_batch_size"),
-                "ds_config": experiment.ds_config,
-                "result_dir": experiment.result_dir,
-                "slot": slot,
-                "exp_name": experiment.name,  # last: the claim, read back by the others
-            }.items():
-                trial.set_user_attr(key, value)
+            ExperimentRecord.claim(experiment, slot=slot).write(trial.set_user_attr)  # exp_name last: the claim
             previous = self._competitor(trial, experiment.name)
             if previous is not None:
-                trial.set_user_attr("duplicate_of", previous.number)
+                ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 self._stood_down = True
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
             if phase is Phase.KNOBS and pruner is not None and pruner.exhausted(self.study, before=trial.number):
-                trial.set_user_attr("early_stopped", True)
+                ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
                 raise optuna.TrialPruned("the knob search is over")
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
             port = ctx.runner.port(lease.index)
@@ -295,14 +267,14 @@ class StageTuner:
                     slot=lease.slot,
                     slot_index=lease.index,
                     timeout=ctx.timeout,
-                    on_start=lambda pid: trial.set_user_attr(PROCESS_ATTR, process_identity(pid)),
+                    on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
                     stop=ctx.stop,
                     pass_fds=lease.fds,
                 )
             except BaseException:
-                trial.set_user_attr("reason", FailureReason.INTERRUPTED.value)
+                ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                 raise
-            record_result(trial, experiment, result)
+            ExperimentRecord.outcome(result).write(trial.set_user_attr)
             if not result.ok:
                 assert result.reason is not None
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
@@ -310,9 +282,9 @@ class StageTuner:
                 if result.stderr_tail:
                     ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
                 raise ExperimentFailed(result)
-            value = float(result.metrics[ctx.metric_key])
+            value = float(result.metrics[ctx.metric.key])
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
-                                  duration=result.duration, outcome=f"{ctx.metric_key}={value:.4g}")
+                                  duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
             return value
 
         return objective
@@ -334,7 +306,7 @@ class StageTuner:
         with local.lock:
             trials = self._trials()
             obs = self.observations(trials)
-            pending = {int(t.user_attrs["micro_batch_size"]) for t in self._running(trials, Phase.MICRO_BATCH)}
+            pending = {int(ExperimentRecord.from_trial(t).micro_batch_size) for t in self._running(trials, Phase.MICRO_BATCH)}
             pending |= {m for study, m in local.sizes if study == self._study_name}
             mbs = self._search.next_mbs(obs, pending)
             if mbs is not None:
@@ -367,17 +339,17 @@ class StageTuner:
         running = self._running(trials, Phase.KNOBS)
         size = self._space.size * len(tuning_list)
         dead = given_up(trials)
-        taken = {t.user_attrs.get("exp_name") for t in trials if t.user_attrs.get("phase") == Phase.KNOBS.value
-                 and (is_finished_experiment(t) or t in running or t.user_attrs.get("exp_name") in dead)} - {None}
+        taken = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS
+                 and (is_finished_experiment(t) or t in running or r.exp_name in dead)} - {None}
         first = recommended_knobs(self._space)
         if self._knobs is KnobSearch.RECOMMENDED and (first is None or taken):
             return Step.WAIT if running else Step.DONE
-        pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS.value)
+        pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS)
         if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or pruner.exhausted(self.study):
             return Step.WAIT if running else Step.DONE
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
-        started = any(t.user_attrs.get("phase") == Phase.KNOBS.value for t in trials)
+        started = any(ExperimentRecord.from_trial(t).phase is Phase.KNOBS for t in trials)
         if first is not None and not started:
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
             sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._search.best(obs)[0]}, sampler)

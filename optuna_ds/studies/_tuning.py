@@ -11,6 +11,7 @@ import optuna
 
 from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
+from optuna_ds.config import Metric
 from optuna_ds.config import UserConfig
 from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import ExperimentRunner
@@ -106,7 +107,7 @@ class Tuning:
         self._stop = threading.Event()
         self._local = LocalClaims()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
-        self._root = open_root_study(storage, plan, direction=user.autotuning.direction)
+        self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction)
         self._recorded_memory: float | None = None
         self._check_resources()
 
@@ -266,8 +267,7 @@ class Tuning:
             runner=self._runner,
             pool=self._pool,
             stop=self._stop,
-            metric_key=a.metric_key,
-            direction=a.direction,
+            metric=a.tuned_metric,
             tuner_type=a.tuner_type,
             fast=a.fast,
             num_tuning=a.num_tuning_micro_batch_sizes,
@@ -318,7 +318,7 @@ class Tuning:
         self._log(
             f"model: {_humanize(info['num_params'])} parameters; "
             f"{_humanize(self._device_memory)}B memory per GPU; "
-            f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.direction})"
+            f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
         )
         estimates = self._estimates(info)
         if not self._worker:
@@ -359,7 +359,7 @@ class Tuning:
     def _explore(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate], ctx: StageContext, *, lead: bool) -> None:
         a = self._user.autotuning
         log = ctx.observer.log
-        sign = 1.0 if a.direction == "maximize" else -1.0
+        metric = ctx.metric
         prev: StageResult | None = None  # the best stage so far
         prev_free = 0.0
         prev_obs: dict[int, Observation] = {}
@@ -367,13 +367,10 @@ class Tuning:
         carried: list[tuple[float, int, bool]] = []  # what earlier stages' runs say of memory
         tuned: list[StageTuner] = []
 
-        def better_than(a_value: float, b_value: float) -> bool:
-            return a_value > b_value if a.direction == "maximize" else a_value < b_value
-
         for stage in self._user.stages:
             later = self._user.stages[self._user.stages.index(stage) :]
             if lead:
-                ctx.observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=a.direction == "maximize")
+                ctx.observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=metric.maximize)
             estimate = estimates[stage]
             offload = ""
             if stage == 3:
@@ -403,7 +400,7 @@ class Tuning:
                 continue
             if prev is not None and prev.best is not None and not self._user.micro_batch_sizes:
                 best_mbs = prev.best.micro_batch_size
-                search = dataclasses.replace(search, to_beat=sign * prev.best.value, probe_min=False)
+                search = dataclasses.replace(search, to_beat=metric.oriented(prev.best.value), probe_min=False)
                 start = carried_start(prev_obs, best_mbs, memory=memory, free=prev_free)
                 if start:
                     search = dataclasses.replace(search, start=min(cap, start), local=True)
@@ -431,26 +428,26 @@ class Tuning:
             if result.best is not None:
                 log(f"[z{stage}] best: {result.best.name} {a.metric}={result.best.value:.4g} after {result.num_experiments} experiment(s)")
             if self._user.all_stages and prev is not None and prev.best is not None and result.best is not None:
-                if not better_than(result.best.value, prev.best.value):
+                if not metric.better(result.best.value, prev.best.value):
                     for later in self._user.stages[self._user.stages.index(stage) + 1 :]:
                         self._skip(later, f"z{stage} was no better than z{prev.stage}", estimates[later], log)
                     break
             prev_edge = max(prev_edge, edge)
-            if result.best is not None and (prev is None or prev.best is None or better_than(result.best.value, prev.best.value)):
+            if result.best is not None and (prev is None or prev.best is None or metric.better(result.best.value, prev.best.value)):
                 prev = result
                 prev_free = free
                 prev_obs = observations
         if not a.fast and prev is not None and prev.best is not None:
-            self._tune_knobs(tuned, sign, log)
+            self._tune_knobs(tuned, metric, log)
 
-    def _tune_knobs(self, tuned: list[StageTuner], sign: float, log: Callable[[str], None]) -> None:
+    def _tune_knobs(self, tuned: list[StageTuner], metric: Metric, log: Callable[[str], None]) -> None:
         """The knob search, after every stage's micro-batch search. With ``"stage": "all"`` only
         the stages whose best is within 5% of the best of all take part (knobs rarely pay more):
         each runs DeepSpeed's recommended setting once, then the sampler searches at the best of
         them. Stages the user listed each get the whole search."""
         def ranked(margin: float | None) -> list[StageTuner]:
             """The stages with knobs to tune, best first, within ``margin`` of the best of all."""
-            scored = [(sign * r.best.value, t) for t in tuned if (r := stage_result(t.study, t.stage)).best is not None]
+            scored = [(metric.oriented(r.best.value), t) for t in tuned if (r := stage_result(t.study, t.stage)).best is not None]
             top = max((score for score, _ in scored), default=0.0)
             close = [(score, t) for score, t in scored
                      if t.space.tuned and (margin is None or score >= top - margin * abs(top))]
@@ -511,8 +508,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     gpus = int((root.user_attrs.get("resources") or {}).get("gpus_per_experiment", 1))
     noise, noise_configs = measurement_noise(every)
     return TuningResult(
-        metric=a.metric,
-        direction=a.direction,
+        metric=a.tuned_metric,
         stages=results,
         duration=float(root.user_attrs.get("elapsed", 0.0)),
         model_info=root.user_attrs.get("model_info", {}),
