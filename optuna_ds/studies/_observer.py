@@ -3,6 +3,8 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from optuna_ds.config import Metric
+
 
 class TuningObserver(Protocol):
     """What the tuning tells its watcher; ``optuna_ds.reporting.Progress`` shows it."""
@@ -11,7 +13,7 @@ class TuningObserver(Protocol):
 
     def detail(self, text: str) -> None: ...
 
-    def plan(self, remaining: int, *, maximize: bool) -> None: ...
+    def plan(self, remaining: int, *, metric: Metric) -> None: ...
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None: ...
 
@@ -27,7 +29,7 @@ class PrintObserver:
     def detail(self, text: str) -> None:
         pass
 
-    def plan(self, remaining: int, *, maximize: bool) -> None:
+    def plan(self, remaining: int, *, metric: Metric) -> None:
         pass
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
@@ -52,9 +54,9 @@ class LockedObserver:
         with self._lock:
             self._observer.detail(text)
 
-    def plan(self, remaining: int, *, maximize: bool) -> None:
+    def plan(self, remaining: int, *, metric: Metric) -> None:
         with self._lock:
-            self._observer.plan(remaining, maximize=maximize)
+            self._observer.plan(remaining, metric=metric)
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
         with self._lock:
@@ -75,7 +77,7 @@ class ExperimentsOnly:
     def log(self, text: str) -> None:
         pass
 
-    def plan(self, remaining: int, *, maximize: bool) -> None:
+    def plan(self, remaining: int, *, metric: Metric) -> None:
         pass
 
     def detail(self, text: str) -> None:

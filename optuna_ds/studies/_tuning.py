@@ -370,7 +370,7 @@ class Tuning:
         for stage in self._user.stages:
             later = self._user.stages[self._user.stages.index(stage) :]
             if lead:
-                ctx.observer.plan(sum(self._expected(s, estimates[s], info) for s in later), maximize=metric.maximize)
+                ctx.observer.plan(sum(self._expected(s, estimates[s], info) for s in later), metric=metric)
             estimate = estimates[stage]
             offload = ""
             if stage == 3:
