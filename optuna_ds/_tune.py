@@ -45,6 +45,7 @@ from optuna_ds.reporting import write_report
 from optuna_ds.reporting import summary_markdown
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
+from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
 from optuna_ds.storage import create_storage
@@ -147,7 +148,7 @@ def _runner(plan: TuningPlan, user: UserConfig, resources: Resources, deepspeed_
     return ExperimentRunner(
         commands=_commands(plan, user, resources, deepspeed_bin, options),
         master_port=options.base_port,
-        metric_key=user.autotuning.metric_key,
+        metric_key=user.autotuning.tuned_metric.key,
         exps_dir=plan.exps_dir,
         local_start=is_deepspeed_runner(deepspeed_bin),
     )
@@ -164,8 +165,9 @@ def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: s
     for name in tuning_study_names(storage, study_name):
         study = optuna.load_study(study_name=name, storage=storage)
         for t in study.get_trials(deepcopy=False):
-            if "result_dir" in t.user_attrs:
-                dirs.add((t.user_attrs["result_dir"], t.user_attrs.get("exp_name", "")))
+            record = ExperimentRecord.from_trial(t)
+            if record.result_dir is not None:
+                dirs.add((record.result_dir, record.exp_name or ""))
     dirs.add((os.path.join(results_dir, "profile_model_info"), "profile_model_info"))
     delete_tuning(storage, study_name)
     for result_dir, name in dirs:

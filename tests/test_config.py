@@ -28,7 +28,7 @@ def test_defaults_follow_deepspeeds_readme() -> None:
 )
 def test_metric_keys_and_directions(metric: str, key: str, direction: str) -> None:
     c = parse_autotuning_config({"metric": metric})
-    assert (c.metric_key, c.direction) == (key, direction)
+    assert (c.tuned_metric.key, c.tuned_metric.direction) == (key, direction)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from optuna_ds.config import Metric
 from optuna_ds.reporting import headline
 from optuna_ds.studies import Baseline
 from optuna_ds.studies import Spend
@@ -96,7 +97,7 @@ def test_noise_is_measured_only_from_configs_run_more_than_once() -> None:
     assert measurement_noise([trial(100.0, 2), trial(200.0, 4)]) == (None, 0)
     noise, configs = measurement_noise([trial(100.0, 2), trial(104.0, 2), trial(200.0, 4), trial(201.0, 4)])
     assert configs == 2 and noise == pytest.approx(4 / 102)
-    result = TuningResult(metric="latency", direction="minimize", stages=[StageResult(stage=0, status="tuned")], duration=1.0,
+    result = TuningResult(metric=Metric.named("latency"), stages=[StageResult(stage=0, status="tuned")], duration=1.0,
                           model_info={}, baseline=Baseline(stage=0, micro_batch_size=2, name="a", value=30.0, status="complete"),
                           spend=Spend(experiments=3, gpu_seconds=7200.0, profiled=False), noise=noise, noise_configs=configs)
     lines = headline(result)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 
+from optuna_ds.config import Metric
 from optuna_ds.reporting import Progress
 
 
@@ -15,7 +16,7 @@ class Clock:
 
 def _feed(progress: Progress, clock: Clock | None = None) -> None:
     clock = clock or Clock()
-    progress.plan(5, maximize=True)
+    progress.plan(5, metric=Metric.named("throughput"))
     progress.started(stage=1, number=0, name="z1_gas1_tmbspg4", slot="localhost:0,1")
     clock.now += 10
     progress.finished(stage=1, number=0, name="z1_gas1_tmbspg4", value=120.0, duration=10.0, outcome="throughput=120")
@@ -40,7 +41,7 @@ def test_remaining_time_follows_the_rate_of_all_slots() -> None:
     """Two slots finishing 10 s experiments side by side: one experiment every 5 s, not 10."""
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
-    progress.plan(10, maximize=True)
+    progress.plan(10, metric=Metric.named("throughput"))
     for i in range(2):
         progress.started(stage=0, number=i, name=f"a{i}", slot=f"localhost:{i}")
     clock.now += 10
@@ -52,7 +53,7 @@ def test_remaining_time_follows_the_rate_of_all_slots() -> None:
 def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
-    progress.plan(38, maximize=True)
+    progress.plan(38, metric=Metric.named("throughput"))
     long = "z3_gas16_tmbspg128_offload-opt-param_ocT_rbs5e8_agbs5e8_pbs5e7_mlp1e9_pt1e6"
     for i, slot in enumerate(("localhost:0,1,2,3", "localhost:4,5,6,7")):
         progress.started(stage=3, number=i, name=long + str(i), slot=slot)
@@ -71,11 +72,11 @@ def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
 def test_a_changed_estimate_is_said() -> None:
     out = io.StringIO()
     progress = Progress(stream=out, tty=False)
-    progress.plan(37, maximize=True)
+    progress.plan(37, metric=Metric.named("throughput"))
     progress.finished(stage=0, number=0, name="a", value=1.0, duration=1.0, outcome="ok")
-    progress.plan(41, maximize=True)
+    progress.plan(41, metric=Metric.named("throughput"))
     assert "estimate: ~42 experiments in all (was ~37)" in out.getvalue()
-    progress.plan(41, maximize=True)
+    progress.plan(41, metric=Metric.named("throughput"))
     assert out.getvalue().count("estimate:") == 1
 
 
@@ -105,7 +106,7 @@ def test_plain_lines_when_not_a_terminal_and_nothing_when_quiet() -> None:
 def test_verbose_adds_details_and_latency_best_is_the_minimum() -> None:
     out = io.StringIO()
     progress = Progress(stream=out, tty=False, verbose=True)
-    progress.plan(2, maximize=False)
+    progress.plan(2, metric=Metric.named("latency"))
     progress.detail("  cd /x && deepspeed ...")
     progress.finished(stage=0, number=0, name="a", value=5.0, duration=1.0, outcome="latency=5")
     progress.finished(stage=0, number=1, name="b", value=3.0, duration=1.0, outcome="latency=3")

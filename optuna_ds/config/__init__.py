@@ -1,9 +1,9 @@
 """Layer 1: the user's DeepSpeed config, its ``autotuning`` section and the script arguments."""
 
-from optuna_ds.config._autotuning import METRIC_KEYS
 from optuna_ds.config._autotuning import AutotuningConfig
 from optuna_ds.config._autotuning import parse_autotuning_config
 from optuna_ds.config._integers import with_integer_sizes
+from optuna_ds.config._metric import Metric
 from optuna_ds.config._script_args import find_arg
 from optuna_ds.config._script_args import find_config_path
 from optuna_ds.config._script_args import replace_config_path
@@ -22,7 +22,7 @@ __all__ = [
     "AutotuningConfig",
     "GAS_KEY",
     "MBS_KEY",
-    "METRIC_KEYS",
+    "Metric",
     "TBS_KEY",
     "UserConfig",
     "ZERO_KEY",

@@ -5,15 +5,9 @@ import difflib
 from typing import Any
 
 from optuna_ds._errors import ConfigError
+from optuna_ds.config._metric import METRICS
+from optuna_ds.config._metric import Metric
 
-# The engine's metrics file keys, by the metric names users write in the config. DeepSpeed's
-# own autotuner looks up "flops" although the engine writes "FLOPS_per_gpu".
-METRIC_KEYS: dict[str, str] = {
-    "throughput": "throughput",
-    "latency": "latency",
-    "flops": "FLOPS_per_gpu",
-}
-MINIMIZED_METRICS = frozenset({"latency"})
 TUNER_TYPES = ("gridsearch", "random", "model_based")
 MODEL_INFO_KEYS = frozenset(
     {"profile", "num_params", "trainable_num_params", "hidden_size", "num_layers",
@@ -53,13 +47,9 @@ class AutotuningConfig:
     model_info_path: str | None = None
 
     @property
-    def metric_key(self) -> str:
-        """The key of the metric in the engine's metrics file."""
-        return METRIC_KEYS[self.metric]
-
-    @property
-    def direction(self) -> str:
-        return "minimize" if self.metric in MINIMIZED_METRICS else "maximize"
+    def tuned_metric(self) -> Metric:
+        """The metric named by ``metric``: its engine key and its direction."""
+        return Metric.named(self.metric)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,10 +122,10 @@ def parse_autotuning_config(section: Any, *, where: str = "autotuning") -> Autot
 
     if "metric" in values:
         metric = values["metric"].strip().lower()
-        if metric not in METRIC_KEYS:
+        if metric not in METRICS:
             raise ConfigError(
                 f"{where}.metric must be one of throughput, latency, FLOPS, got {values['metric']!r}"
-                + _suggest(metric, METRIC_KEYS)
+                + _suggest(metric, METRICS)
             )
         values["metric"] = metric
     if "tuner_type" in values:

@@ -128,7 +128,7 @@ def _remeasure(model: ThroughputModel, state: _State, ranked: list[tuple[tuple, 
     could cost more than ``REMEASURE_MARGIN``."""
     if len(ranked) < 2 or repeats_so_far >= MAX_REMEASURES:
         return None
-    (c1, mu1, _, n1), (c2, mu2, _, n2) = ranked[0], ranked[1]
+    (c1, _, _, n1), (c2, _, _, n2) = ranked[0], ranked[1]
     rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in (c1, c2)]
     w, means, sds = model.predict(rows)  # type: ignore[arg-type]
     diff = means[:, 1] - means[:, 0]

@@ -6,7 +6,8 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-PHASE_ATTR = "phase"
+from optuna_ds.launcher import Phase
+from optuna_ds.storage import ExperimentRecord
 
 
 class TunerEarlyStoppingPruner(BasePruner):
@@ -20,16 +21,16 @@ class TunerEarlyStoppingPruner(BasePruner):
     Args:
         patience: finished trials without improvement that end the search.
         max_trials: trials of the counted phase that may be started in all.
-        phase: the value of the ``phase`` user attr of the trials that count; ``None`` counts all.
+        phase: the phase of the trials that count (as their records say); ``None`` counts all.
     """
 
-    def __init__(self, patience: int, *, max_trials: int | None = None, phase: str | None = None) -> None:
+    def __init__(self, patience: int, *, max_trials: int | None = None, phase: Phase | None = None) -> None:
         self._patience = patience
         self._max_trials = max_trials
         self._phase = phase
 
     def _counts(self, trial: FrozenTrial) -> bool:
-        return self._phase is None or trial.user_attrs.get(PHASE_ATTR) == self._phase
+        return self._phase is None or ExperimentRecord.from_trial(trial).phase is self._phase
 
     def exhausted(self, study: optuna.Study, *, before: int | None = None) -> bool:
         """Whether the search is over; with ``before``, as seen by trial number ``before``,

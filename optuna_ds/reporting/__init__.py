@@ -11,7 +11,6 @@ from optuna_ds.reporting._summary import LearningRateAdvice
 from optuna_ds.reporting._summary import ScaledLearningRate
 from optuna_ds.reporting._summary import headline
 from optuna_ds.reporting._summary import learning_rate_advice
-from optuna_ds.reporting._summary import metric_label
 from optuna_ds.reporting._summary import optimal_config
 from optuna_ds.reporting._summary import scale_learning_rate
 from optuna_ds.reporting._summary import speedup
@@ -29,7 +28,6 @@ __all__ = [
     "best_stage_study",
     "headline",
     "learning_rate_advice",
-    "metric_label",
     "load_report",
     "optimal_config",
     "register_with_dashboard",

@@ -16,6 +16,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from optuna_ds.config import Metric
+
 
 class Progress:
     """What a tuning tells the person watching it.
@@ -41,7 +43,7 @@ class Progress:
         self._done = 0
         self._running: dict[tuple[int, int], tuple[str, str, float]] = {}
         self._best: dict[int, tuple[float, str]] = {}
-        self._maximize = True
+        self._metric = Metric.named("throughput")  # until the tuning says its own
         self._start = clock()
         self._first_start: float | None = None
         self._live: Live | None = None
@@ -59,10 +61,10 @@ class Progress:
         if self._verbose:
             self._write(text)
 
-    def plan(self, remaining: int, *, maximize: bool) -> None:
+    def plan(self, remaining: int, *, metric: Metric) -> None:
         with self._lock:
             old, self._planned = self._planned, self._done + remaining
-            self._maximize = maximize
+            self._metric = metric
         if old and self._planned != old:
             self.log(f"estimate: ~{self._planned} experiments in all (was ~{old}), from what the stages so far showed")
         self._start_live()
@@ -81,7 +83,7 @@ class Progress:
             self._planned = max(self._planned, self._done)
             if value is not None:
                 best = self._best.get(stage)
-                if best is None or (value > best[0] if self._maximize else value < best[0]):
+                if best is None or self._metric.better(value, best[0]):
                     self._best[stage] = (value, name)
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
 
@@ -105,8 +107,7 @@ class Progress:
         with self._lock:
             if not self._best:
                 return "best: none yet"
-            pick = max if self._maximize else min
-            value, name = pick(self._best.values(), key=lambda b: b[0])
+            value, name = self._metric.best(self._best.values(), key=lambda b: b[0])
             stages = " ".join(f"z{s} {v:.4g}" for s, (v, _) in sorted(self._best.items()))
             return f"best {value:.4g} {name} | {stages}"
 

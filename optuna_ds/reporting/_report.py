@@ -16,8 +16,10 @@ from optuna.trial import TrialState
 
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
+from optuna_ds.config import Metric
+from optuna_ds.launcher import Phase
 from optuna_ds.reporting._summary import headline
-from optuna_ds.reporting._summary import metric_label
+from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import stage_of
 from optuna_ds.storage import tuning_study_names
@@ -68,14 +70,14 @@ def _safe(text: object) -> str:
     return html.escape(str(text))
 
 
-def _status(t: FrozenTrial) -> str:
+def _status(t: FrozenTrial, record: ExperimentRecord) -> str:
     if t.state == TrialState.COMPLETE:
         return "complete"
     if t.state == TrialState.PRUNED:
         return "duplicate"
     if t.state == TrialState.RUNNING:
         return "running"
-    return str(t.user_attrs.get("reason", "failed"))
+    return record.reason.value if record.reason else "failed"
 
 
 def stage_studies(storage: optuna.storages.BaseStorage, study_name: str) -> dict[int, optuna.Study]:
@@ -91,21 +93,22 @@ def experiment_rows(studies: dict[int, optuna.Study]) -> list[ExperimentRow]:
     rows = []
     for stage, study in studies.items():
         for t in study.get_trials(deepcopy=False):
-            if "exp_name" not in t.user_attrs or t.state == TrialState.WAITING:
+            record = ExperimentRecord.from_trial(t)
+            if record.exp_name is None or t.state == TrialState.WAITING:
                 continue
             knobs = {k: v for k, v in t.params.items() if k not in (MBS_KEY, GAS_KEY)}
-            detail = t.user_attrs.get("detail", "")
-            tail = (t.user_attrs.get("stderr_tail") or "").strip().splitlines()
+            detail = record.detail or ""
+            tail = (record.stderr_tail or "").strip().splitlines()
             if tail:
                 detail = f"{detail}: {tail[-1]}" if detail else tail[-1]
-            if t.state == TrialState.PRUNED and "duplicate_of" in t.user_attrs:
-                detail = f"same as trial {t.user_attrs['duplicate_of']}"
+            if t.state == TrialState.PRUNED and record.duplicate_of is not None:
+                detail = f"same as trial {record.duplicate_of}"
             rows.append(ExperimentRow(
-                stage=stage, number=t.number, name=t.user_attrs["exp_name"], phase=str(t.user_attrs.get("phase", "")),
-                status=_status(t), value=t.value,
-                mbs=t.user_attrs.get("micro_batch_size"), gas=t.user_attrs.get("gradient_accumulation_steps"), knobs=knobs,
-                slot=str(t.user_attrs.get("slot", "")), start=t.datetime_start, end=t.datetime_complete, detail=detail,
-                result_dir=str(t.user_attrs.get("result_dir", "")), peak_memory=t.user_attrs.get("peak_gpu_memory"),
+                stage=stage, number=t.number, name=record.exp_name, phase=record.phase.value if record.phase else "",
+                status=_status(t, record), value=t.value,
+                mbs=record.micro_batch_size, gas=record.gradient_accumulation_steps, knobs=knobs,
+                slot=record.slot or "", start=t.datetime_start, end=t.datetime_complete, detail=detail,
+                result_dir=record.result_dir or "", peak_memory=record.peak_gpu_memory,
             ))
     return rows
 
@@ -132,10 +135,10 @@ def _stage_name(stage: int) -> str:
     return f"z{stage}"
 
 
-def _metric_vs_mbs(rows: list[ExperimentRow], metric: str, baseline: ExperimentRow | None) -> go.Figure:
+def _metric_vs_mbs(rows: list[ExperimentRow], metric: Metric, baseline: ExperimentRow | None) -> go.Figure:
     fig = go.Figure()
-    label = metric_label(metric)
-    hover = "%{text}<br>mbs %{x}<br>" + _safe(metric) + " %{y:.4g}<extra></extra>"
+    label = metric.label
+    hover = "%{text}<br>mbs %{x}<br>" + _safe(metric.name) + " %{y:.4g}<extra></extra>"
     floor = min((r.value for r in rows if r.value is not None), default=0.0)
     for stage in sorted({r.stage for r in rows}):
         color = _STAGE_COLORS.get(stage, "#333")
@@ -175,15 +178,15 @@ def _metric_vs_mbs(rows: list[ExperimentRow], metric: str, baseline: ExperimentR
     return fig
 
 
-def _best_per_stage(rows: list[ExperimentRow], metric: str, maximize: bool, baseline: ExperimentRow | None) -> go.Figure:
+def _best_per_stage(rows: list[ExperimentRow], metric: Metric, baseline: ExperimentRow | None) -> go.Figure:
     best: dict[int, ExperimentRow] = {}
     for r in rows:
         if r.status == "complete" and r.value is not None:
             cur = best.get(r.stage)
-            if cur is None or (r.value > cur.value if maximize else r.value < cur.value):  # type: ignore[operator]
+            if cur is None or metric.better(r.value, cur.value):  # type: ignore[arg-type]
                 best[r.stage] = r
     stages = sorted(best)
-    label = metric_label(metric)
+    label = metric.label
     fig = go.Figure(go.Bar(
         x=[_stage_name(s) for s in stages], y=[best[s].value for s in stages], name="best",
         marker_color=[_STAGE_COLORS.get(s, "#333") for s in stages],
@@ -193,12 +196,12 @@ def _best_per_stage(rows: list[ExperimentRow], metric: str, maximize: bool, base
         fig.add_hline(y=baseline.value, line={"color": "#000", "dash": "dash"},
                       annotation_text=f"your config {baseline.value:.4g}", annotation_position="top left")
     top = max((r.value for r in best.values() if r.value is not None), default=1.0)
-    fig.update_layout(title=f"Best {_safe(metric)} per ZeRO stage", xaxis_title="ZeRO stage", yaxis_title=_safe(label),
+    fig.update_layout(title=f"Best {_safe(metric.name)} per ZeRO stage", xaxis_title="ZeRO stage", yaxis_title=_safe(label),
                       showlegend=False, yaxis_range=[0, top * 1.2], **_FIGURE_LAYOUT)
     return fig
 
 
-def _history(rows: list[ExperimentRow], metric: str, maximize: bool, baseline: ExperimentRow | None) -> go.Figure:
+def _history(rows: list[ExperimentRow], metric: Metric, baseline: ExperimentRow | None) -> go.Figure:
     ordered = sorted((r for r in rows if r.end), key=lambda r: r.end)  # type: ignore[arg-type,return-value]
     fig = go.Figure()
     for stage in sorted({r.stage for r in ordered}):
@@ -208,7 +211,7 @@ def _history(rows: list[ExperimentRow], metric: str, maximize: bool, baseline: E
                                  text=[_safe(r.name) for _, r in pts], hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"))
     best, xs, ys = None, [], []
     for i, r in enumerate(ordered):
-        if r.value is not None and (best is None or (r.value > best if maximize else r.value < best)):
+        if r.value is not None and (best is None or metric.better(r.value, best)):
             best = r.value
         if best is not None:
             xs.append(i)
@@ -219,7 +222,7 @@ def _history(rows: list[ExperimentRow], metric: str, maximize: bool, baseline: E
         fig.add_trace(go.Scatter(x=mine[:1], y=[baseline.value], mode="markers+text", name="your config", marker=_BASELINE_MARKER,
                                  text=["your config"], textposition="top right", hovertemplate="your config<br>%{y:.4g}<extra></extra>"))
     fig.update_layout(title="Optimization history", xaxis={"title": "experiment (in order of completion)", "tickformat": "d"},
-                      yaxis_title=_safe(metric_label(metric)), **_FIGURE_LAYOUT)
+                      yaxis_title=_safe(metric.label), **_FIGURE_LAYOUT)
     return fig
 
 
@@ -256,7 +259,8 @@ def _timeline(rows: list[ExperimentRow], baseline: ExperimentRow | None, profile
 
 
 def _importances(study: optuna.Study, stage: int) -> go.Figure | None:
-    knob_trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("phase") == "knobs"]
+    knob_trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if ExperimentRecord.from_trial(t).phase is Phase.KNOBS]
     if len(knob_trials) < _MIN_TRIALS_FOR_IMPORTANCE:
         return None
     params = sorted({k for t in knob_trials for k in t.params if k != GAS_KEY and len({str(u.params.get(k)) for u in knob_trials}) > 1})
@@ -283,7 +287,7 @@ class ReportData:
     optuna-dashboard show the same ones."""
 
     study_name: str
-    metric: str
+    metric: Metric
     studies: dict[int, optuna.Study]
     rows: list[ExperimentRow]
     figures: dict[str, go.Figure]
@@ -303,7 +307,7 @@ def _profile(root: optuna.Study, rows: list[ExperimentRow]) -> _Profile | None:
 
 
 def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result: TuningResult) -> ReportData:
-    metric, maximize = result.metric, result.direction == "maximize"
+    metric = result.metric
     studies = stage_studies(storage, study_name)
     rows = _hide(experiment_rows(studies))
     root = optuna.load_study(study_name=study_name, storage=storage)
@@ -313,8 +317,8 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
     spent = f"{spend.gpu_hours:.3g} GPU-hours, {spend.experiments} runs"
     figures = {
         "metric_vs_mbs": _metric_vs_mbs(rows, metric, baseline),
-        "best_per_stage": _best_per_stage(rows, metric, maximize, baseline),
-        "history": _history(rows, metric, maximize, baseline),
+        "best_per_stage": _best_per_stage(rows, metric, baseline),
+        "history": _history(rows, metric, baseline),
         "timeline": _timeline(rows, baseline, _profile(root, rows), spent),
     }
     for stage, study in studies.items():
@@ -341,10 +345,10 @@ def _link(path: str, base_dir: str, text: str) -> str:
     return f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
 
 
-def _table(rows: list[ExperimentRow], metric: str, *, base_dir: str, baseline: str) -> str:
+def _table(rows: list[ExperimentRow], metric: Metric, *, base_dir: str, baseline: str) -> str:
     e = html.escape
     memory = any(r.peak_memory for r in rows)
-    heads = ["stage", "trial", "experiment", "status", metric_label(metric), "mbs", "gas", "knobs", "slot", "seconds",
+    heads = ["stage", "trial", "experiment", "status", metric.label, "mbs", "gas", "knobs", "slot", "seconds",
              *(["peak GPU memory"] if memory else []), "reason", "logs"]
     head = "".join(f'<th class="{e(h.split()[0])}">{e(h)}</th>' for h in heads)
     body = []
@@ -439,7 +443,7 @@ def best_stage_study(storage: optuna.storages.BaseStorage) -> tuple[int, str] | 
     best: tuple[float, int, str] | None = None
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=True):
         trial = summary.best_trial
-        if trial is None or trial.value is None or "exp_name" not in trial.user_attrs:
+        if trial is None or trial.value is None or not ExperimentRecord.from_trial(trial).claimed:
             continue
         score = trial.value if summary.direction == optuna.study.StudyDirection.MAXIMIZE else -trial.value
         if best is None or score > best[0]:

@@ -41,26 +41,12 @@ def summary_table(result: TuningResult) -> str:
     return "\n".join([line(rows[0]), sep, *(line(r) for r in rows[1:])])
 
 
-METRIC_UNITS = {"throughput": "samples/s", "latency": "ms", "FLOPS": "FLOPS per GPU"}
-
-
-def metric_label(metric: str) -> str:
-    """The metric with its unit, as DeepSpeed's engine measures it: ``throughput (samples/s)``."""
-    unit = METRIC_UNITS.get(metric)
-    return f"{metric} ({unit})" if unit else metric
-
-
-def _with_unit(value: float, metric: str) -> str:
-    unit = METRIC_UNITS.get(metric)
-    return f"{value:.4g} {unit}" if unit else f"{metric} {value:.4g}"
-
-
 def speedup(result: TuningResult) -> float | None:
     """How much faster the optimum is than the user's own config, both measured here."""
     base, best = result.baseline, result.best
     if base is None or base.value is None or best is None or not base.value or not best.value:
         return None
-    return best.value / base.value if result.direction == "maximize" else base.value / best.value
+    return best.value / base.value if result.metric.maximize else base.value / best.value
 
 
 def headline(result: TuningResult) -> list[str]:
@@ -73,7 +59,7 @@ def headline(result: TuningResult) -> list[str]:
         if base.listed and len(base.listed) > 1:
             label += f", the first stage explored of {list(base.listed)}"
         if base.value is not None:
-            mine = f"Your config ({label}): {_with_unit(base.value, metric)}"
+            mine = f"Your config ({label}): {metric.with_unit(base.value)}"
         elif base.status:
             mine = f"Your config ({label}): failed ({base.status})"
         else:
@@ -84,7 +70,7 @@ def headline(result: TuningResult) -> list[str]:
     if best is None:
         lines.append("Optimum: none, no experiment ran successfully.")
     else:
-        optimum = f"Optimum ({best.name}): {_with_unit(best.value, metric)}"
+        optimum = f"Optimum ({best.name}): {metric.with_unit(best.value)}"
         factor = speedup(result)
         if factor is not None:
             noise = ("noise not measured" if result.noise is None else
@@ -208,7 +194,7 @@ def _notes(result: TuningResult, advice: LearningRateAdvice | str | None) -> lis
     best = result.best
     if best is not None:
         lines.append(f"Optimal: {best.name} (z{best.stage}, micro-batch {best.micro_batch_size}, "
-                     f"gradient accumulation {best.gradient_accumulation_steps}), {result.metric} = {_format_value(best.value)}.")
+                     f"gradient accumulation {best.gradient_accumulation_steps}), {result.metric.name} = {_format_value(best.value)}.")
     else:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     for stage in result.stages:

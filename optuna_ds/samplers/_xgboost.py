@@ -14,11 +14,12 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds.launcher import FailureReason
+from optuna_ds.storage import ExperimentRecord
+
 CANDIDATE_ATTR = "xgboost:candidate"
 # Micro-batch size and gradient accumulation act on throughput roughly linearly: keep them so.
 LINEAR_PARAMS = frozenset({"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
-# A failure that says nothing about the config: the experiment was stopped from outside.
-_NOT_THE_CONFIG = frozenset({"interrupted"})
 
 
 def _encode_column(name: str, values: Sequence[Any]) -> list[list[float]]:
@@ -143,7 +144,8 @@ class XGBoostSampler(BaseSampler):
                 taken.add(index)
             if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value):
                 scored.append((index, sign * t.value))
-            elif t.state == TrialState.FAIL and t.user_attrs.get("reason") not in _NOT_THE_CONFIG:
+            elif t.state == TrialState.FAIL and ExperimentRecord.from_trial(t).reason is not FailureReason.INTERRUPTED:
+                # An interrupted experiment says nothing of its config: it was stopped from outside.
                 failed.add(index)
         untried = [i for i in range(len(self._candidates)) if i not in taken] or list(range(len(self._candidates)))
         if len(scored) + len(failed) < self._n_startup_trials or not scored:

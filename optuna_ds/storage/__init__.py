@@ -1,4 +1,4 @@
-"""Layer 5a: the Optuna RDB storage, and the tuning plan kept in it."""
+"""Layer 5a: the Optuna RDB storage, and what is kept in it: the tuning plan, the experiments' records."""
 
 from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import check_study_name
@@ -9,12 +9,14 @@ from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tuning_study_names
+from optuna_ds.storage._record import ExperimentRecord
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
 from optuna_ds.storage._storage import default_storage_url
 from optuna_ds._redact import redact_url
 
 __all__ = [
+    "ExperimentRecord",
     "StorageError",
     "TuningPlan",
     "check_study_name",

@@ -5,16 +5,17 @@ import threading
 import time
 from collections.abc import Callable
 
-import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.config import GAS_KEY
+from optuna_ds.config import Metric
 from optuna_ds.config import MBS_KEY
 from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Lease
 from optuna_ds.launcher import Phase
+from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.planner import Choice
 from optuna_ds.planner import Decision
@@ -24,7 +25,8 @@ from optuna_ds.planner import Proposal
 from optuna_ds.planner import Status
 from optuna_ds.planner import plan
 from optuna_ds.space import recommended_knobs
-from optuna_ds.studies._results import DEFINITIVE_FAILURES
+from optuna_ds.storage import ExperimentRecord
+from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import given_up
 from optuna_ds.studies._stage import KnobSearch
 from optuna_ds.studies._stage import StageTuner
@@ -35,24 +37,23 @@ KNOB_MARGIN = 0.05
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
 
 
-def observation_of(trial: FrozenTrial, *, stage: int, maximize: bool, dead: dict[str, FrozenTrial]) -> Observation | None:
+def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
     """What a stage study's trial tells the planner; ``None`` for a trial that launched nothing or
     whose experiment must run again (interrupted, its worker died)."""
-    attrs = trial.user_attrs
-    if "exp_name" not in attrs or trial.state == TrialState.PRUNED or "micro_batch_size" not in attrs:
+    record = ExperimentRecord.from_trial(trial)
+    if not record.claimed or trial.state == TrialState.PRUNED or record.micro_batch_size is None:
         return None
     knobs: tuple = ()
-    if attrs.get("phase") == Phase.KNOBS.value:
+    if record.phase is Phase.KNOBS:
         knobs = tuple(sorted((k, v) for k, v in trial.params.items() if k not in (MBS_KEY, GAS_KEY)))
-    base = dict(stage=stage, mbs=int(attrs["micro_batch_size"]), offload=str(attrs.get("offload", "")), knobs=knobs,
-                seconds=attrs.get("duration"))
+    base = dict(stage=stage, mbs=int(record.micro_batch_size), offload=record.offload or "", knobs=knobs,
+                seconds=record.duration)
     if trial.state == TrialState.RUNNING:
         return Observation(status=Status.RUNNING, **base)
     if trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0:
-        return Observation(status=Status.OK, score=trial.value if maximize else 1.0 / trial.value, **base)
-    reason = attrs.get("reason")
-    if reason in DEFINITIVE_FAILURES or attrs["exp_name"] in dead:
-        return Observation(status=Status.OOM if reason == FailureReason.OOM.value else Status.FAILED, **base)
+        return Observation(status=Status.OK, score=metric.rate(trial.value), **base)
+    if is_finished_experiment(trial) or record.exp_name in dead:
+        return Observation(status=Status.OOM if record.reason is FailureReason.OOM else Status.FAILED, **base)
     return None
 
 
@@ -74,13 +75,13 @@ class Coordinator:
     study.
     """
 
-    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], pool, stop: threading.Event, maximize: bool,
+    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], pool: SlotPool, stop: threading.Event, metric: Metric,
                  log: Callable[[str], None], on_decision: Callable[[Decision], None], fast: bool, num_tuning: int) -> None:
         self._problem = problem
         self._tuners = tuners
         self._pool = pool
         self._stop = stop
-        self._maximize = maximize
+        self._metric = metric
         self._log = log
         self._on_decision = on_decision
         self._fast = fast
@@ -99,7 +100,7 @@ class Coordinator:
         for stage, tuner in self._tuners.items():
             trials = tuner.study.get_trials(deepcopy=False)
             dead = given_up(trials)
-            seen += [o for t in trials if (o := observation_of(t, stage=stage, maximize=self._maximize, dead=dead)) is not None]
+            seen += [o for t in trials if (o := observation_of(t, stage=stage, metric=self._metric, dead=dead)) is not None]
         return seen
 
     def _decide(self) -> Decision:

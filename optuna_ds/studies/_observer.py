@@ -3,6 +3,8 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from optuna_ds.config import Metric
+
 
 class TuningObserver(Protocol):
     """What the tuning tells its watcher; ``optuna_ds.reporting.Progress`` shows it."""
@@ -11,7 +13,7 @@ class TuningObserver(Protocol):
 
     def detail(self, text: str) -> None: ...
 
-    def plan(self, remaining: int, *, maximize: bool) -> None: ...
+    def plan(self, remaining: int, *, metric: Metric) -> None: ...
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None: ...
 
@@ -27,7 +29,7 @@ class PrintObserver:
     def detail(self, text: str) -> None:
         pass
 
-    def plan(self, remaining: int, *, maximize: bool) -> None:
+    def plan(self, remaining: int, *, metric: Metric) -> None:
         pass
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
@@ -52,9 +54,9 @@ class LockedObserver:
         with self._lock:
             self._observer.detail(text)
 
-    def plan(self, remaining: int, *, maximize: bool) -> None:
+    def plan(self, remaining: int, *, metric: Metric) -> None:
         with self._lock:
-            self._observer.plan(remaining, maximize=maximize)
+            self._observer.plan(remaining, metric=metric)
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
         with self._lock:
@@ -63,26 +65,3 @@ class LockedObserver:
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
         with self._lock:
             self._observer.finished(stage=stage, number=number, name=name, value=value, duration=duration, outcome=outcome)
-
-
-class ExperimentsOnly:
-    """What a second driver of one process reports: its experiments, not the stage messages
-    that the first driver already prints."""
-
-    def __init__(self, observer: TuningObserver) -> None:
-        self._observer = observer
-
-    def log(self, text: str) -> None:
-        pass
-
-    def plan(self, remaining: int, *, maximize: bool) -> None:
-        pass
-
-    def detail(self, text: str) -> None:
-        self._observer.detail(text)
-
-    def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
-        self._observer.started(stage=stage, number=number, name=name, slot=slot)
-
-    def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
-        self._observer.finished(stage=stage, number=number, name=name, value=value, duration=duration, outcome=outcome)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -8,16 +9,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from optuna_ds.config import Metric
 from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import read_metrics
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
-from optuna_ds.studies._results import LOST_ATTR
-from optuna_ds.studies._results import PROCESS_ATTR
-
-OWNER_ATTR = "worker"
+from optuna_ds.storage import ExperimentRecord
 
 
 def _start_time(pid: int) -> str | None:
@@ -55,34 +54,32 @@ def _dead(owner: dict[str, Any]) -> bool:
     return started is not None and _start_time(pid) not in (None, started)
 
 
-def _finished_result(trial: optuna.trial.FrozenTrial, metric_key: str) -> dict[str, Any] | None:
+def _finished_result(record: ExperimentRecord, metric: Metric) -> dict[str, Any] | None:
     """The metrics an orphaned experiment wrote after its process died: it ran to the end and
     measured, so it is a result, whoever was watching it. A launched experiment's stale
     metrics file is deleted before it starts, so a file found now is this run's."""
-    result_dir = trial.user_attrs.get("result_dir")
-    if PROCESS_ATTR not in trial.user_attrs or not isinstance(result_dir, str):
+    if not record.launched or not isinstance(record.result_dir, str):
         return None
     try:
-        return read_metrics(ExperimentFiles(result_dir).metrics, metric_key)
+        return read_metrics(ExperimentFiles(record.result_dir).metrics, metric.key)
     except BadMetrics:
         return None
 
 
-def _mark(trial: optuna.trial.FrozenTrial) -> str | None:
+def _mark(record: ExperimentRecord) -> str | None:
     """The environment mark of a trial's experiment, from its description (read before the
     trial is settled: once it is, another process may launch the experiment again)."""
-    result_dir = trial.user_attrs.get("result_dir")
-    if not isinstance(result_dir, str):
+    if not isinstance(record.result_dir, str):
         return None
     try:
-        with open(ExperimentFiles(result_dir).exp, encoding="utf-8") as f:
+        with open(ExperimentFiles(record.result_dir).exp, encoding="utf-8") as f:
             mark = json.load(f).get("mark")
     except (OSError, ValueError, AttributeError):  # AttributeError: exp.json holds no object
         return None
     return mark if isinstance(mark, str) and mark else None
 
 
-def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[int], list[int]]:
+def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[int], list[int]]:
     """Settle the running trials whose process died on this host (killed with SIGKILL, say).
 
     An experiment that finished meanwhile and wrote its metrics completes its trial with them.
@@ -93,27 +90,26 @@ def fail_orphaned_trials(study: optuna.Study, *, metric_key: str) -> tuple[list[
     """
     completed, failed = [], []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = t.user_attrs.get(OWNER_ATTR)
-        if not (isinstance(owner, dict) and _dead(owner)):
+        record = ExperimentRecord.from_trial(t)
+        if not (isinstance(record.worker, dict) and _dead(record.worker)):
             continue
-        experiment = t.user_attrs.get(PROCESS_ATTR)
+        experiment = record.experiment_process
         if isinstance(experiment, dict) and not _dead(experiment):
             # End the orphan first, then read: metrics it wrote before it ended are a result,
             # even when written a moment before its exit.
             kill_process_group(int(experiment["pid"]))
-        metrics = _finished_result(t, metric_key)
-        mark = _mark(t) if PROCESS_ATTR in t.user_attrs else None
+        metrics = _finished_result(record, metric)
+        mark = _mark(record) if record.launched else None
+        set_user_attr = functools.partial(study._storage.set_trial_user_attr, t._trial_id)
         try:
             if metrics is not None:
-                for key, value in {"metrics": metrics, "recovered": "its process died; the experiment finished and wrote its metrics"}.items():
-                    study._storage.set_trial_user_attr(t._trial_id, key, value)
-                study._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [float(metrics[metric_key])])
+                ExperimentRecord(metrics=metrics, recovered="its process died; the experiment finished and wrote its metrics").write(set_user_attr)
+                study._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [float(metrics[metric.key])])
                 completed.append(t.number)
                 if mark:
                     end_marked(mark)  # what it left running outside its group
                 continue
-            for key, value in {"reason": FailureReason.INTERRUPTED.value, "detail": "its process died", LOST_ATTR: True}.items():
-                study._storage.set_trial_user_attr(t._trial_id, key, value)
+            ExperimentRecord(reason=FailureReason.INTERRUPTED, detail="its process died", lost=True).write(set_user_attr)
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except RuntimeError:
             continue  # finished meanwhile

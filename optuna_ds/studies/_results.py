@@ -9,23 +9,22 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds.config import Metric
 from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import Phase
 from optuna_ds.launcher import telling_line
+from optuna_ds.storage import ExperimentRecord
 
 # Failures that say something about the config itself; anything else (an interrupt, a dead
 # worker) leaves the experiment to be run again.
-DEFINITIVE_FAILURES = frozenset(r.value for r in FailureReason if r is not FailureReason.INTERRUPTED)
+DEFINITIVE_FAILURES = frozenset(r for r in FailureReason if r is not FailureReason.INTERRUPTED)
 
 
 def is_finished_experiment(trial: FrozenTrial) -> bool:
     """Whether the trial's experiment has a result that must never be paid for again."""
     if trial.state == TrialState.COMPLETE:
         return True
-    return trial.state == TrialState.FAIL and trial.user_attrs.get("reason") in DEFINITIVE_FAILURES
-
-
-LOST_ATTR = "lost"
-PROCESS_ATTR = "experiment_process"  # the launched process, set once it started
+    return trial.state == TrialState.FAIL and ExperimentRecord.from_trial(trial).reason in DEFINITIVE_FAILURES
 
 
 def given_up(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
@@ -33,15 +32,17 @@ def given_up(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
     grace period): retried once, then counted as failed so they cannot kill workers forever."""
     lost: dict[str, list[FrozenTrial]] = {}
     for t in trials:
-        attrs = t.user_attrs
-        if t.state == TrialState.FAIL and "exp_name" in attrs and (attrs.get(LOST_ATTR) or "reason" not in attrs):
-            lost.setdefault(attrs["exp_name"], []).append(t)
+        if t.state != TrialState.FAIL:
+            continue
+        record = ExperimentRecord.from_trial(t)
+        if record.exp_name is not None and (record.lost or record.reason is None):
+            lost.setdefault(record.exp_name, []).append(t)
     return {name: ts[-1] for name, ts in lost.items() if len(ts) >= 2}
 
 
 def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Trials that ran an experiment (duplicates and early-stopped asks launch nothing)."""
-    return [t for t in trials if "exp_name" in t.user_attrs and t.state != TrialState.PRUNED]
+    return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,18 +64,18 @@ class BestExperiment:
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial, stage: int) -> BestExperiment:
-        attrs = trial.user_attrs
-        assert trial.value is not None
+        record = ExperimentRecord.from_trial(trial)
+        assert trial.value is not None and record.exp_name is not None
         return cls(
-            name=attrs["exp_name"],
+            name=record.exp_name,
             stage=stage,
             value=trial.value,
             trial_number=trial.number,
-            ds_config=attrs.get("ds_config", {}),
-            result_dir=attrs.get("result_dir", ""),
-            cmd=attrs.get("cmd", []),
-            micro_batch_size=int(attrs.get("micro_batch_size", 0)),
-            gradient_accumulation_steps=int(attrs.get("gradient_accumulation_steps", 1)),
+            ds_config=record.ds_config or {},
+            result_dir=record.result_dir or "",
+            cmd=record.cmd or [],
+            micro_batch_size=int(record.micro_batch_size or 0),
+            gradient_accumulation_steps=int(record.gradient_accumulation_steps or 1),
         )
 
 
@@ -105,13 +106,13 @@ def stage_result(study: optuna.Study, stage: int, *, status: str = "tuned", reas
     failed = [t for t in trials if t.state == TrialState.FAIL]
     last_failure = ""
     if failed:
-        t = failed[-1]
-        reason = t.user_attrs.get("reason", "failed")
+        record = ExperimentRecord.from_trial(failed[-1])
+        reason = record.reason.value if record.reason else "failed"
         # stderr says why a run crashed; a timeout or a missing metric is said by our own detail
         # (the last stderr line of a killed run is whatever it printed last).
-        crashed = reason in (FailureReason.ERROR.value, FailureReason.OOM.value)
-        line = telling_line(t.user_attrs.get("stderr_tail") or "") if crashed else t.user_attrs.get("detail", "")
-        last_failure = f"{t.user_attrs.get('exp_name')}: {reason}" + (f": {line}" if line else "")
+        crashed = record.reason in (FailureReason.ERROR, FailureReason.OOM)
+        line = telling_line(record.stderr_tail or "") if crashed else record.detail or ""
+        last_failure = f"{record.exp_name}: {reason}" + (f": {line}" if line else "")
     return StageResult(
         stage=stage,
         status=status,
@@ -154,9 +155,10 @@ class Spend:
 def experiment_seconds(trial: FrozenTrial) -> float | None:
     """How long a trial's experiment ran: the runner's measure, else (an interrupted one) the
     trial's wall time; ``None`` when it launched nothing."""
-    if "duration" in trial.user_attrs:
-        return float(trial.user_attrs["duration"])
-    if PROCESS_ATTR in trial.user_attrs and trial.datetime_start and trial.datetime_complete:
+    record = ExperimentRecord.from_trial(trial)
+    if record.duration is not None:
+        return float(record.duration)
+    if record.launched and trial.datetime_start and trial.datetime_complete:
         return (trial.datetime_complete - trial.datetime_start).total_seconds()
     return None
 
@@ -168,8 +170,8 @@ def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None
     return Spend(experiments=len(seconds), gpu_seconds=sum(seconds) * gpus_per_experiment, profiled=profile_seconds is not None)
 
 
-def _config_identity(trial: FrozenTrial) -> str:
-    config = {k: v for k, v in trial.user_attrs.get("ds_config", {}).items() if k != "autotuning"}
+def _config_identity(ds_config: dict[str, Any]) -> str:
+    config = {k: v for k, v in ds_config.items() if k != "autotuning"}
     return json.dumps(config, sort_keys=True)
 
 
@@ -179,8 +181,9 @@ def measurement_noise(trials: Iterable[FrozenTrial]) -> tuple[float | None, int]
     config ran twice, since one run says nothing of its noise."""
     values: dict[str, list[float]] = {}
     for t in trials:
-        if t.state == TrialState.COMPLETE and t.value is not None and "ds_config" in t.user_attrs:
-            values.setdefault(_config_identity(t), []).append(t.value)
+        ds_config = ExperimentRecord.from_trial(t).ds_config
+        if t.state == TrialState.COMPLETE and t.value is not None and ds_config is not None:
+            values.setdefault(_config_identity(ds_config), []).append(t.value)
     spreads = [(max(v) - min(v)) / abs(sum(v) / len(v)) for v in values.values() if len(v) > 1 and sum(v)]
     return (max(spreads), len(spreads)) if spreads else (None, 0)
 
@@ -200,17 +203,18 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
         return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=f"z{stage} was skipped: {skipped.get(stage, '')}",
                         listed=listed)
     assert stage is not None
-    runs = [t for t in stages.get(stage, []) if t.user_attrs.get("phase") == "micro_batch"
-            and t.user_attrs.get("micro_batch_size") == micro_batch_size and t.state != TrialState.PRUNED and "exp_name" in t.user_attrs]
-    done = [t for t in runs if t.state == TrialState.COMPLETE] or [t for t in runs if t.user_attrs.get("reason") in DEFINITIVE_FAILURES]
+    runs = [(t, r) for t in stages.get(stage, []) if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed
+            and r.phase is Phase.MICRO_BATCH and r.micro_batch_size == micro_batch_size]
+    done = [(t, r) for t, r in runs if t.state == TrialState.COMPLETE] or [(t, r) for t, r in runs if r.reason in DEFINITIVE_FAILURES]
     if not done:
         why = "it has not run yet" if stage in stages else f"z{stage} has not started"
         if any(t.state == TrialState.COMPLETE for t in stages.get(stage, [])):
             why = "it is above the largest size predicted to fit"
         return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=why, listed=listed)
-    t = done[0]
-    status = "complete" if t.state == TrialState.COMPLETE else str(t.user_attrs.get("reason"))
-    return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=t.user_attrs["exp_name"], value=t.value, status=status,
+    t, record = done[0]
+    assert record.exp_name is not None
+    status = "complete" if t.state == TrialState.COMPLETE or record.reason is None else record.reason.value
+    return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name, value=t.value, status=status,
                     reason="" if status == "complete" else f"it failed ({status})", listed=listed)
 
 
@@ -218,8 +222,7 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
 class TuningResult:
     """Every stage's outcome and the global best: what the summary and optimal files show."""
 
-    metric: str
-    direction: str
+    metric: Metric
     stages: list[StageResult]
     duration: float
     model_info: dict[str, Any]
@@ -239,8 +242,4 @@ class TuningResult:
         """The planner's choice; without one (an older or unfinished tuning) the best measured."""
         if self.chosen is not None:
             return self.chosen
-        bests = [s.best for s in self.stages if s.best is not None]
-        if not bests:
-            return None
-        pick = max if self.direction == "maximize" else min
-        return pick(bests, key=lambda b: b.value)
+        return self.metric.best((s.best for s in self.stages if s.best is not None), key=lambda b: b.value)

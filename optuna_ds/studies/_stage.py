@@ -3,7 +3,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
-import random
 import threading
 import os
 import shlex
@@ -17,7 +16,7 @@ from optuna.trial import TrialState
 
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
-from optuna_ds.launcher import Experiment
+from optuna_ds.config import Metric
 from optuna_ds.launcher import ExperimentResult
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
@@ -29,10 +28,9 @@ from optuna_ds.pruners import TunerEarlyStoppingPruner
 from optuna_ds.samplers import create_sampler
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import recommended_knobs
+from optuna_ds.storage import ExperimentRecord
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import TuningObserver
-from optuna_ds.studies._owner import OWNER_ATTR
-from optuna_ds.studies._owner import PROCESS_ATTR
 from optuna_ds.studies._owner import fail_orphaned_trials
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
@@ -41,10 +39,8 @@ from optuna_ds.studies._results import is_finished_experiment
 
 _MAX_CONSECUTIVE_DUPLICATES = 50
 _SAMPLER_DUPLICATES = 3
-_POLL_SECONDS = 0.2
 _REAP_SECONDS = 2.0
 _CLAIM_WAIT_SECONDS = 10.0
-_FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
 
 
 class Step(enum.Enum):
@@ -85,8 +81,7 @@ class StageContext:
     runner: ExperimentRunner
     pool: SlotPool
     stop: threading.Event
-    metric_key: str
-    direction: str
+    metric: Metric
     tuner_type: str
     fast: bool
     num_tuning: int
@@ -97,25 +92,6 @@ class StageContext:
     timeout: float | None
     observer: TuningObserver
     seed: int | None = None
-
-
-def record_result(trial: optuna.Trial, experiment: Experiment, result: ExperimentResult) -> None:
-    """Store on the trial what users look for: the metrics, the config, the command, the
-    result folder, and for a failure its reason and the last lines of stderr."""
-    attrs: dict[str, Any] = {
-        "metrics": result.metrics,
-        "cmd": result.cmd,
-        "duration": round(result.duration, 3),
-        "returncode": result.returncode,
-    }
-    if result.peak_memory is not None:
-        attrs["peak_gpu_memory"] = result.peak_memory
-    if result.reason is not None:
-        attrs["reason"] = result.reason.value
-        attrs["detail"] = result.detail
-        attrs["stderr_tail"] = result.stderr_tail
-    for key, value in attrs.items():
-        trial.set_user_attr(key, value)
 
 
 class StageTuner:
@@ -144,7 +120,7 @@ class StageTuner:
         self._early_stopped = False
         self._reaped = 0.0
         self.study = optuna.create_study(
-            storage=ctx.storage, study_name=study_name, direction=ctx.direction, load_if_exists=True
+            storage=ctx.storage, study_name=study_name, direction=ctx.metric.direction, load_if_exists=True
         )
         self._reap(force=True)
 
@@ -170,8 +146,9 @@ class StageTuner:
 
     @staticmethod
     def _running(trials: list[FrozenTrial], phase: Phase) -> list[FrozenTrial]:
-        # exp_name is written last: a trial that has it has all its attrs.
-        return [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("phase") == phase.value and "exp_name" in t.user_attrs]
+        # A claimed record has all its claim's attrs (ExperimentRecord writes exp_name last).
+        return [t for t in trials if t.state == TrialState.RUNNING
+                and (r := ExperimentRecord.from_trial(t)).phase is phase and r.claimed]
 
     def _reap(self, *, force: bool = False) -> None:
         """Fail the trials of dead workers so that their experiments run again: at once for a
@@ -180,7 +157,7 @@ class StageTuner:
         if not force and now - self._reaped < _REAP_SECONDS:
             return
         self._reaped = now
-        completed, failed = fail_orphaned_trials(self.study, metric_key=self._ctx.metric_key)
+        completed, failed = fail_orphaned_trials(self.study, metric=self._ctx.metric)
         for number in completed:
             self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died, but its experiment finished: result kept")
         for number in failed:
@@ -204,12 +181,13 @@ class StageTuner:
                 return dead[name]
             undecided = None
             for t in trials:
-                if t.number == trial.number or t.user_attrs.get("exp_name") != name:
+                record = ExperimentRecord.from_trial(t)
+                if t.number == trial.number or record.exp_name != name:
                     continue
                 if is_finished_experiment(t):
                     return t
                 if t.state == TrialState.RUNNING:
-                    if t.number > trial.number or PROCESS_ATTR in t.user_attrs:
+                    if t.number > trial.number or record.launched:
                         return t
                     undecided = t
             if undecided is None:
@@ -226,7 +204,7 @@ class StageTuner:
         space = space or self._space
 
         def objective(trial: optuna.Trial) -> float:
-            trial.set_user_attr(OWNER_ATTR, this_process())
+            ExperimentRecord(worker=this_process()).write(trial.set_user_attr)
             if phase is Phase.MICRO_BATCH:
                 mbs = trial.suggest_int(MBS_KEY, 1, ctx.mbs_high)
                 knobs: dict[str, Any] = {}
@@ -241,28 +219,14 @@ class StageTuner:
             experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=space, knobs=knobs,
                                            repeat=repeat)
             slot = lease.slot.include
-            extra = {"offload": space.offload} if space.offload else {}
-            if repeat:
-                extra["repeat"] = repeat
-            for key, value in {
-                **extra,
-                "phase": phase.value,
-                "micro_batch_size": mbs,
-                "gradient_accumulation_steps": gas,
-                "train_batch_size": experiment.ds_config.get("train_batch_size"),
-                "ds_config": experiment.ds_config,
-                "result_dir": experiment.result_dir,
-                "slot": slot,
-                "exp_name": experiment.name,  # last: the claim, read back by the others
-            }.items():
-                trial.set_user_attr(key, value)
+            ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat).write(trial.set_user_attr)  # exp_name last: the claim
             previous = self._competitor(trial, experiment.name)
             if previous is not None:
-                trial.set_user_attr("duplicate_of", previous.number)
+                ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 self._stood_down = True
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
             if phase is Phase.KNOBS and trial.should_prune():  # tuner_early_stopping, tuner_num_trials
-                trial.set_user_attr("early_stopped", True)
+                ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
                 self._early_stopped = True
                 raise optuna.TrialPruned("the knob search is over")
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
@@ -274,14 +238,14 @@ class StageTuner:
                     slot=lease.slot,
                     slot_index=lease.index,
                     timeout=ctx.timeout,
-                    on_start=lambda pid: trial.set_user_attr(PROCESS_ATTR, process_identity(pid)),
+                    on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
                     stop=ctx.stop,
                     pass_fds=lease.fds,
                 )
             except BaseException:
-                trial.set_user_attr("reason", FailureReason.INTERRUPTED.value)
+                ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                 raise
-            record_result(trial, experiment, result)
+            ExperimentRecord.outcome(result).write(trial.set_user_attr)
             if not result.ok:
                 assert result.reason is not None
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
@@ -289,9 +253,9 @@ class StageTuner:
                 if result.stderr_tail:
                     ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
                 raise ExperimentFailed(result)
-            value = float(result.metrics[ctx.metric_key])
+            value = float(result.metrics[ctx.metric.key])
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
-                                  duration=result.duration, outcome=f"{ctx.metric_key}={value:.4g}")
+                                  duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
             return value
 
         return objective
@@ -333,17 +297,17 @@ class StageTuner:
         running = self._running(trials, Phase.KNOBS)
         size = self._space.size * len(tuning_list)
         dead = given_up(trials)
-        taken = {t.user_attrs.get("exp_name") for t in trials if t.user_attrs.get("phase") == Phase.KNOBS.value
-                 and (is_finished_experiment(t) or t in running or t.user_attrs.get("exp_name") in dead)} - {None}
+        taken = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS
+                 and (is_finished_experiment(t) or t in running or r.exp_name in dead)} - {None}
         first = recommended_knobs(self._space)
         if self._knobs is KnobSearch.RECOMMENDED and (first is None or taken):
             return Step.WAIT if running else Step.DONE
-        pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS.value)
+        pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS)
         if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped:
             return Step.WAIT if running else Step.DONE
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
-        started = any(t.user_attrs.get("phase") == Phase.KNOBS.value and t.user_attrs.get("offload", "") == self._space.offload
+        started = any((r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and (r.offload or "") == self._space.offload
                       for t in trials)
         if first is not None and not started:
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.

@@ -26,6 +26,7 @@ from optuna_ds.space import build_knob_space
 from optuna_ds.space import estimate_memory
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
+from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import claim_stage_study
 from optuna_ds.storage import open_root_study
@@ -100,7 +101,7 @@ class Tuning:
         self._pool = SlotPool(resources)
         self._stop = threading.Event()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
-        self._root = open_root_study(storage, plan, direction=user.autotuning.direction)
+        self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction)
         self._recorded_memory: float | None = None
         self._check_resources()
 
@@ -217,8 +218,7 @@ class Tuning:
             runner=self._runner,
             pool=self._pool,
             stop=self._stop,
-            metric_key=a.metric_key,
-            direction=a.direction,
+            metric=a.tuned_metric,
             tuner_type=a.tuner_type,
             fast=a.fast,
             num_tuning=a.num_tuning_micro_batch_sizes,
@@ -299,7 +299,7 @@ class Tuning:
         self._log(
             f"model: {_humanize(info['num_params'])} parameters; "
             f"{_humanize(self._device_memory)}B memory per GPU; "
-            f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.direction})"
+            f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
         )
         estimates = self._estimates(info)
         if not self._worker:
@@ -319,16 +319,13 @@ class Tuning:
             tuners[stage] = tuner
         if not arms:
             return
-        maximize = a.direction == "maximize"
-        launched = [0]
+        metric = a.tuned_metric
 
         def on_decision(decision: Decision) -> None:
-            count = sum(1 for _ in decision.proposals) + launched[0]
-            launched[0] = count
-            observer.plan(0 if decision.done else max(1, len(decision.proposals)), maximize=maximize)
+            observer.plan(0 if decision.done else max(1, len(decision.proposals)), metric=metric)
 
         coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, pool=self._pool, stop=self._stop,
-                                  maximize=maximize, log=observer.log, on_decision=on_decision, fast=a.fast,
+                                  metric=metric, log=observer.log, on_decision=on_decision, fast=a.fast,
                                   num_tuning=a.num_tuning_micro_batch_sizes)
         try:
             coordinator.run()
@@ -352,21 +349,21 @@ class Tuning:
         if decision is None or decision.choice is None or not decision.done:
             return
         c = decision.choice
+        metric = self._user.autotuning.tuned_metric
         trials = [t for t in tuners[c.stage].study.get_trials(deepcopy=False)
                   if t.state == TrialState.COMPLETE and t.value is not None
-                  and (o := observation_of(t, stage=c.stage, maximize=self._user.autotuning.direction == "maximize", dead={})) is not None
+                  and (o := observation_of(t, stage=c.stage, metric=metric, dead={})) is not None
                   and o.config == (c.stage, c.offload, c.mbs, c.knobs)]
         if not trials:
             return
         trial = trials[0]
-        maximize = self._user.autotuning.direction == "maximize"
-        self._root.set_user_attr(CHOICE_ATTR, {"stage": c.stage, "trial": trial.number,
-                                               "estimate": c.estimate if maximize else 1.0 / c.estimate})
+        estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
+        self._root.set_user_attr(CHOICE_ATTR, {"stage": c.stage, "trial": trial.number, "estimate": estimate})
         if decision.noise is not None:
             self._root.set_user_attr(NOISE_ATTR, round(decision.noise, 5))
-        self._log(f"chosen: {trial.user_attrs.get('exp_name')} ({self._user.autotuning.metric} estimated {c.estimate if maximize else 1.0 / c.estimate:.4g}"
-                  f" from {len(trials)} run(s); measurement noise about {decision.noise:.1%})" if decision.noise is not None else
-                  f"chosen: {trial.user_attrs.get('exp_name')}")
+        noise = f"; measurement noise about {decision.noise:.1%}" if decision.noise is not None else ""
+        self._log(f"chosen: {ExperimentRecord.from_trial(trial).exp_name} ({metric.name} estimated "
+                  f"{metric.with_unit(estimate)} from {len(trials)} run(s){noise})")
 
 
 def recorded_stages(root: optuna.Study) -> dict[str, dict[str, Any]]:
@@ -411,8 +408,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         match = [t for t in trials[int(choice["stage"])] if t.number == int(choice["trial"]) and t.value is not None]
         chosen = BestExperiment.from_trial(match[0], int(choice["stage"])) if match else None
     return TuningResult(
-        metric=a.metric,
-        direction=a.direction,
+        metric=a.tuned_metric,
         stages=results,
         duration=float(root.user_attrs.get("elapsed", 0.0)),
         model_info=root.user_attrs.get("model_info", {}),

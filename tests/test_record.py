@@ -1,0 +1,131 @@
+"""The record of an experiment on its trial, and the metric every comparison goes through."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optuna_ds.config import Metric
+from optuna_ds.config import parse_autotuning_config
+from optuna_ds.launcher import Experiment
+from optuna_ds.launcher import ExperimentResult
+from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import Phase
+from optuna_ds.storage import ExperimentRecord
+
+_EXPERIMENT = Experiment(
+    name="z1_gas2_tmbspg4", stage=1, phase=Phase.MICRO_BATCH,
+    ds_config={"train_batch_size": 8, "zero_optimization": {"stage": 1}}, result_dir="/results/z1_gas2_tmbspg4",
+    micro_batch_size=4, gradient_accumulation_steps=2,
+)
+_OWNER = {"host": "node1", "pid": 42, "started": "1234"}
+
+
+@pytest.fixture
+def study(tmp_path: Any) -> optuna.Study:
+    return optuna.create_study(storage=f"sqlite:///{tmp_path}/record.db", study_name="s", direction="maximize")
+
+
+def _written(record: ExperimentRecord) -> list[tuple[str, Any]]:
+    writes: list[tuple[str, Any]] = []
+    record.write(lambda key, value: writes.append((key, value)))
+    return writes
+
+
+def test_claim_writes_the_stored_keys_with_exp_name_last() -> None:
+    writes = _written(ExperimentRecord.claim(_EXPERIMENT, slot="localhost:0"))
+    # The keys stored tunings, the report and optuna-dashboard read: they never change.
+    assert writes == [
+        ("phase", "micro_batch"), ("micro_batch_size", 4), ("gradient_accumulation_steps", 2), ("train_batch_size", 8),
+        ("ds_config", _EXPERIMENT.ds_config), ("result_dir", "/results/z1_gas2_tmbspg4"), ("slot", "localhost:0"),
+        ("exp_name", "z1_gas2_tmbspg4"),
+    ]
+    # Whatever else a record holds, exp_name (the claim other processes read) comes last.
+    everything = dataclasses.replace(ExperimentRecord.claim(_EXPERIMENT, slot="localhost:0"), worker=_OWNER, lost=True,
+                                     recovered="why", duplicate_of=3)
+    assert _written(everything)[-1][0] == "exp_name"
+
+
+def test_a_successful_trial_round_trips_through_sqlite(study: optuna.Study) -> None:
+    trial = study.ask()
+    ExperimentRecord(worker=_OWNER).write(trial.set_user_attr)
+    ExperimentRecord.claim(_EXPERIMENT, slot="localhost:0").write(trial.set_user_attr)
+    ExperimentRecord(experiment_process={**_OWNER, "pid": 43}).write(trial.set_user_attr)
+    result = ExperimentResult(name=_EXPERIMENT.name, returncode=0, duration=12.34567, cmd=["deepspeed", "train.py"],
+                              metrics={"throughput": 50.0, "latency": 20.0}, peak_memory=2**30)
+    ExperimentRecord.outcome(result).write(trial.set_user_attr)
+    study.tell(trial, 50.0)
+
+    frozen = study.get_trials()[0]
+    record = ExperimentRecord.from_trial(frozen)
+    assert record == ExperimentRecord(
+        phase=Phase.MICRO_BATCH, micro_batch_size=4, gradient_accumulation_steps=2, train_batch_size=8,
+        ds_config=_EXPERIMENT.ds_config, result_dir=_EXPERIMENT.result_dir, slot="localhost:0", worker=_OWNER,
+        experiment_process={**_OWNER, "pid": 43}, metrics={"throughput": 50.0, "latency": 20.0},
+        cmd=["deepspeed", "train.py"], duration=12.346, returncode=0, peak_gpu_memory=2**30, exp_name=_EXPERIMENT.name,
+    )
+    assert record.claimed and record.launched and record.reason is None
+    # A success stores no failure fields, and nothing it does not know.
+    assert set(frozen.user_attrs) == {
+        "worker", "phase", "micro_batch_size", "gradient_accumulation_steps", "train_batch_size", "ds_config", "result_dir",
+        "slot", "exp_name", "experiment_process", "metrics", "cmd", "duration", "returncode", "peak_gpu_memory",
+    }
+
+
+def test_a_failed_trial_keeps_its_reason_and_stderr(study: optuna.Study) -> None:
+    trial = study.ask()
+    ExperimentRecord.claim(_EXPERIMENT, slot="localhost:1").write(trial.set_user_attr)
+    result = ExperimentResult(name=_EXPERIMENT.name, returncode=1, duration=3.0, cmd=["deepspeed"], reason=FailureReason.OOM,
+                              detail="CUDA out of memory", stderr_tail="...\ntorch.OutOfMemoryError: CUDA out of memory")
+    ExperimentRecord.outcome(result).write(trial.set_user_attr)
+    study.tell(trial, state=TrialState.FAIL)
+
+    frozen = study.get_trials()[0]
+    assert (frozen.user_attrs["reason"], frozen.user_attrs["metrics"]) == ("oom", {})  # stored as plain JSON
+    record = ExperimentRecord.from_trial(frozen)
+    assert record.reason is FailureReason.OOM
+    assert (record.detail, record.stderr_tail) == ("CUDA out of memory", "...\ntorch.OutOfMemoryError: CUDA out of memory")
+    assert "peak_gpu_memory" not in frozen.user_attrs and record.peak_gpu_memory is None
+    assert not record.launched and not record.lost
+
+
+def test_a_trial_stored_with_literal_keys_reads_back(study: optuna.Study) -> None:
+    """Tunings stored before the record existed hold the same keys."""
+    trial = study.ask()
+    for key, value in {"phase": "knobs", "micro_batch_size": 2, "exp_name": "z2_gas1_tmbspg2_ocT", "reason": "interrupted",
+                       "detail": "its process died", "lost": True, "duplicate_of": 0, "early_stopped": True}.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, state=TrialState.FAIL)
+    record = ExperimentRecord.from_trial(study.get_trials()[0])
+    assert (record.phase, record.micro_batch_size, record.exp_name) == (Phase.KNOBS, 2, "z2_gas1_tmbspg2_ocT")
+    assert (record.reason, record.lost, record.duplicate_of, record.early_stopped) == (FailureReason.INTERRUPTED, True, 0, True)
+    study.ask()
+    assert ExperimentRecord.from_trial(study.get_trials()[1]) == ExperimentRecord()  # nothing claimed yet
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "maximize", "better", "worse"),
+    [("throughput", "throughput", True, 20.0, 10.0), ("latency", "latency", False, 10.0, 20.0),
+     ("flops", "FLOPS_per_gpu", True, 2e12, 1e12)],
+)
+def test_metric_compares_in_its_direction(name: str, key: str, maximize: bool, better: float, worse: float) -> None:
+    metric = parse_autotuning_config({"metric": name.upper() if name == "flops" else name}).tuned_metric
+    assert metric == Metric.named(name)
+    assert (metric.name, metric.key, metric.maximize) == (name, key, maximize)
+    assert metric.direction == ("maximize" if maximize else "minimize")
+    assert metric.better(better, worse) and not metric.better(worse, better) and not metric.better(better, better)
+    assert metric.oriented(better) > metric.oriented(worse)
+    assert metric.best([worse, better, worse], key=float) == better
+    assert metric.best([], key=float) is None
+    assert metric.label.startswith(f"{name} (") and metric.unit in metric.with_unit(better)
+
+
+def test_metric_best_keeps_the_first_of_equals_and_refuses_an_unknown_direction() -> None:
+    metric = Metric.named("latency")
+    assert metric.best([("a", 1.0), ("b", 1.0), ("c", 2.0)], key=lambda item: item[1]) == ("a", 1.0)
+    with pytest.raises(ValueError, match="direction"):
+        Metric(name="speed", key="speed", direction="up")
