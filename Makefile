@@ -18,8 +18,10 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
+# The planner alone, in-process, on the six hand-made and 200 generated jobs.
+PLANNER_ARGS ?= --random 200
 
-.PHONY: venv example test bench bench-parallel bench-launch clean
+.PHONY: venv example test bench bench-planner bench-parallel bench-launch clean
 
 venv: $(VENV)/.installed
 
@@ -43,6 +45,9 @@ clean:
 
 bench: venv
 	$(BIN)/python benchmarks/search.py $(BENCH_ARGS)
+
+bench-planner: venv
+	$(BIN)/python benchmarks/planner.py $(PLANNER_ARGS)
 
 bench-parallel: venv
 	$(BIN)/python benchmarks/parallel.py

@@ -32,8 +32,10 @@ from optuna_ds.studies._stage import KnobSearch
 from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._stage import Step
 from optuna_ds.studies._stage import Stopped
+from optuna_ds.studies._observer import TuningObserver
 
 KNOB_MARGIN = 0.05
+_REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
 
 
@@ -76,14 +78,15 @@ class Coordinator:
     """
 
     def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], pool: SlotPool, stop: threading.Event, metric: Metric,
-                 log: Callable[[str], None], on_decision: Callable[[Decision], None], fast: bool, num_tuning: int) -> None:
+                 observer: TuningObserver, fast: bool, num_tuning: int) -> None:
         self._problem = problem
         self._tuners = tuners
         self._pool = pool
         self._stop = stop
         self._metric = metric
-        self._log = log
-        self._on_decision = on_decision
+        self._observer = observer
+        self._log = observer.log
+        self._remaining: int | None = None
         self._fast = fast
         self._num_tuning = num_tuning
         self._lock = threading.Lock()
@@ -103,6 +106,15 @@ class Coordinator:
             seen += [o for t in trials if (o := observation_of(t, stage=stage, metric=self._metric, dead=dead)) is not None]
         return seen
 
+    def _progress(self, decision: Decision, observations: list[Observation]) -> None:
+        """The progress display's estimate of the experiments left: a few more while any arm is
+        unexplored or anything is proposed, none once the planner is done."""
+        explored = {o.arm for o in observations}
+        left = 0 if decision.done else _REFINEMENTS + sum(1 for a in self._problem.arms if a.key not in explored and not a.offload)
+        if left != self._remaining:
+            self._remaining = left
+            self._observer.plan(left, metric=self._metric)
+
     def _decide(self) -> Decision:
         start = time.perf_counter()
         observations = self.observations()
@@ -112,6 +124,7 @@ class Coordinator:
         decision = plan(self._problem, observations + pending, free_slots=1)
         self.decision_seconds.append(time.perf_counter() - start)
         self.decision = decision
+        self._progress(decision, observations)
         return decision
 
     def _next(self) -> _Work | None:
@@ -121,7 +134,6 @@ class Coordinator:
             if self._phase_done:
                 return None
             decision = self._decide()
-            self._on_decision(decision)
             if decision.proposals:
                 proposal = decision.proposals[0]
                 self._handed.append(proposal)
@@ -144,8 +156,7 @@ class Coordinator:
             self._knob_search()
         self.decision = None
         with self._lock:
-            decision = self._decide()
-        self._on_decision(decision)
+            self._decide()
 
     def _slots(self, target: Callable[[], None]) -> None:
         errors: list[BaseException] = []

@@ -17,7 +17,6 @@ from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import gpu_memory_support
 from optuna_ds.launcher import Resources
 from optuna_ds.planner import Arm
-from optuna_ds.planner import Decision
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
 from optuna_ds.space import MemoryEstimate
@@ -319,13 +318,8 @@ class Tuning:
             tuners[stage] = tuner
         if not arms:
             return
-        metric = a.tuned_metric
-
-        def on_decision(decision: Decision) -> None:
-            observer.plan(0 if decision.done else max(1, len(decision.proposals)), metric=metric)
-
         coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, pool=self._pool, stop=self._stop,
-                                  metric=metric, log=observer.log, on_decision=on_decision, fast=a.fast,
+                                  metric=a.tuned_metric, observer=observer, fast=a.fast,
                                   num_tuning=a.num_tuning_micro_batch_sizes)
         try:
             coordinator.run()
