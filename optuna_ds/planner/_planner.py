@@ -29,9 +29,8 @@ BRACKET_SEEN = 1.3
 REMEASURE_MARGIN = 0.01
 REMEASURE_PROBABILITY = 0.25  # ...with at least this probability,
 MAX_REMEASURES = 3  # and at most this many times in a tuning.
-_BROKEN_PRIOR = 0.2  # an arm that fails for reasons other than memory may fail at every size
-_CRASHED_ABOVE = 0.8  # else a size at or above a failed one likely fails too
-_CRASHED_BELOW = 0.3  # and a smaller one may
+_BROKEN_PRIOR = 0.2  # a stage that fails for reasons other than memory may fail at every size
+_SIZE_FAILS = 0.3  # else, once one size failed, another may
 _GROWTH = 1.04  # candidate sizes above 64 step by 4%
 
 
@@ -49,21 +48,15 @@ def _candidate_sizes(problem: Problem, arm: Arm) -> list[int]:
 
 
 def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation]) -> np.ndarray:
-    """The probability that each size fails for a reason other than memory, from the arm's
-    failures: either the arm is broken at every size (likelier with each failure while nothing
-    ran), or failures belong to sizes (a size above a failed one likely fails too, a smaller one
-    less so)."""
-    failed = [o.mbs for o in finished if o.arm == arm.key and o.status is Status.FAILED and not o.knobs]
-    ran = [o.mbs for o in finished if o.arm == arm.key and o.status is Status.OK and not o.knobs]
+    """The probability that each size fails for a reason other than memory: the stage is broken
+    at every size (likelier with each failure while nothing ran), or a size fails on its own."""
+    # Offload changes memory, not what crashes: every variant of a stage shares its failures.
+    failed = [o.mbs for o in finished if o.stage == arm.stage and o.status is Status.FAILED and not o.knobs]
+    ran = any(o.stage == arm.stage and o.status is Status.OK and not o.knobs for o in finished)
     if not failed:
         return np.zeros(len(sizes))
-    broken = 0.0
-    if not ran:
-        broken = _BROKEN_PRIOR / (_BROKEN_PRIOR + (1 - _BROKEN_PRIOR) * _CRASHED_BELOW ** len(failed))
-    by_size = np.where(sizes >= min(failed), _CRASHED_ABOVE, _CRASHED_BELOW)
-    if ran:
-        by_size = np.where(sizes <= max(ran), 0.0, by_size)
-    return broken + (1.0 - broken) * by_size
+    broken = 0.0 if ran else _BROKEN_PRIOR / (_BROKEN_PRIOR + (1 - _BROKEN_PRIOR) * _SIZE_FAILS ** len(failed))
+    return np.full(len(sizes), broken + (1.0 - broken) * _SIZE_FAILS)
 
 
 def _median(values: list[float], default: float) -> float:
@@ -231,6 +224,13 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
         fresh = [i for i, (a, _, _) in enumerate(rows) if a.key not in explored and a.offload == ""]
         if fresh:
             return _best_run([rows[i] for i in fresh], p_run[fresh], model, "a stage you listed")
+    if problem.sizes:
+        # Sizes the user listed are each measured at every stage explored, as DeepSpeed does.
+        listed = [i for i, (a, _, _) in enumerate(rows) if a.key in explored and not a.offload]
+        if listed:
+            i = min(listed, key=lambda i: (rows[i][0].stage, problem.sizes.index(rows[i][1]) if rows[i][1] in problem.sizes else 0))
+            a, m, k = rows[i]
+            return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why="a size you listed")
     if not state.ok and not state.running and not taken:
         # DeepSpeed's order: the lowest stage that runs communicates least.
         lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
