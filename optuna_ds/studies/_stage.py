@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import json
 import random
 import threading
 import os
@@ -47,6 +48,8 @@ _POLL_SECONDS = 0.2
 _REAP_SECONDS = 2.0
 _CLAIM_WAIT_SECONDS = 10.0
 _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
+_DECISION_LOG_VAR = "OPTUNA_DS_DECISION_LOG"
+_decision = threading.local()  # when this driver thread entered StageTuner.step
 
 
 class Step(enum.Enum):
@@ -128,6 +131,18 @@ def record_result(trial: optuna.Trial, experiment: Experiment, result: Experimen
         attrs["stderr_tail"] = result.stderr_tail
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+
+
+def _log_decision(*, stage: int, number: int, name: str) -> None:
+    """With ``OPTUNA_DS_DECISION_LOG=<path>``, append how long this driver took from entering
+    :meth:`StageTuner.step` to launching: the planner's cost that `make bench-parallel` reports."""
+    path = os.environ.get(_DECISION_LOG_VAR)
+    start = getattr(_decision, "start", None)
+    if not path or start is None:
+        return
+    entry = {"pid": os.getpid(), "stage": stage, "trial": number, "name": name, "seconds": round(time.monotonic() - start, 6)}
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 class StageTuner:
@@ -286,6 +301,7 @@ class StageTuner:
             if phase is Phase.KNOBS and pruner is not None and pruner.exhausted(self.study, before=trial.number):
                 trial.set_user_attr("early_stopped", True)
                 raise optuna.TrialPruned("the knob search is over")
+            _log_decision(stage=self._stage, number=trial.number, name=experiment.name)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
             port = ctx.runner.port(lease.index)
             ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(ctx.runner.command(experiment, experiment.files.ds_config, slot=lease.slot, port=port))}")
@@ -329,6 +345,7 @@ class StageTuner:
 
     def step(self, lease: Lease) -> Step:
         """Run the next experiment this stage needs on ``lease``, or say why there is none."""
+        _decision.start = time.monotonic()
         self._reap()
         local = self._ctx.local
         with local.lock:
