@@ -29,6 +29,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,6 +47,8 @@ LAUNCHER = ROOT / "tests" / "fake_deepspeed.py"
 STORAGE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TICK = os.sysconf("SC_CLK_TCK")
 # Bucket sizes as the knob grid: n x n knob settings at each of the 2 best micro-batch sizes.
+# A micro-batch experiment's name: no knob suffix.
+MICRO_BATCH_NAME = re.compile(r"z\d+_gas\d+_tmbspg\d+")
 BUCKETS = [5e7, 1e8, 2e8, 3e8, 5e8, 7e8, 1e9, 2e9]
 
 
@@ -93,34 +97,40 @@ def scenarios(duration: float | None, quick: bool) -> dict[str, Scenario]:
 
 
 class CpuSampler:
-    """CPU seconds of given processes and of PostgreSQL's, read from /proc twice a second (the
-    last reading before a process exits is kept), and of the whole machine."""
+    """CPU seconds of given processes, of the PostgreSQL backends serving them (found by their
+    ``application_name``) and of the whole machine, read from /proc four times a second."""
 
-    def __init__(self, pids: list[int]) -> None:
+    def __init__(self, pids: list[int], *, storage: str, app: str) -> None:
         self._pids = pids
-        self.cpu: dict[int, float] = {}
-        self._postgres_start = self._postgres()
-        self._postgres_last: dict[int, float] = dict(self._postgres_start)
+        self.timeline: dict[int, list[tuple[float, float]]] = {pid: [] for pid in pids}  # (time.time(), CPU s)
+        self._backends: dict[int, tuple[float, float]] = {}  # pid: (first, last) CPU s read
+        self._conn = self._connect(storage)
+        self._app = app
         self._machine_start = self._machine()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     @staticmethod
-    def _stat(pid: int) -> tuple[str, float] | None:
+    def _connect(storage: str) -> Any:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(storage)
+        if not url.drivername.startswith("postgresql"):
+            return None
+        import psycopg
+
+        return psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password, dbname=url.database,
+                               autocommit=True, application_name="optuna-ds-bench-sampler")
+
+    @staticmethod
+    def _cpu(pid: int) -> float | None:
         try:
             text = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
-        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-        return comm, (int(rest[11]) + int(rest[12])) / TICK  # utime + stime: this process's threads only
-
-    def _postgres(self) -> dict[int, float]:
-        out = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and (stat := self._stat(int(entry))) and stat[0].startswith("postgres"):
-                out[int(entry)] = stat[1]
-        return out
+        fields = text[text.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime: this process's threads only
 
     @staticmethod
     def _machine() -> float:
@@ -128,21 +138,48 @@ class CpuSampler:
         return (sum(fields[:8]) - fields[3] - fields[4]) / TICK  # all but idle and iowait
 
     def _sample(self) -> None:
+        now = time.time()
         for pid in self._pids:
-            if (stat := self._stat(pid)) is not None:
-                self.cpu[pid] = stat[1]
-        self._postgres_last.update(self._postgres())
+            if (cpu := self._cpu(pid)) is not None:
+                self.timeline[pid].append((now, cpu))
+        if self._conn is not None:
+            rows = self._conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self._app,)).fetchall()
+            for (pid,) in rows:
+                if (cpu := self._cpu(pid)) is not None:
+                    self._backends[pid] = (self._backends.get(pid, (cpu, cpu))[0], cpu)
 
     def _loop(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(0.25):
             self._sample()
 
-    def finish(self) -> tuple[float, float]:
-        """Stop; the CPU seconds PostgreSQL and the machine spent meanwhile."""
+    def finish(self) -> tuple[float | None, float]:
+        """Stop; the CPU seconds the PostgreSQL backends (``None`` without PostgreSQL) and the
+        machine spent meanwhile."""
         self._stop.set()
         self._thread.join()
-        postgres = sum(cpu - self._postgres_start.get(pid, 0.0) for pid, cpu in self._postgres_last.items())
-        return postgres, self._machine() - self._machine_start
+        machine = self._machine() - self._machine_start
+        if self._conn is None:
+            return None, machine
+        self._conn.close()
+        # A backend's CPU before its first reading (its connection's start) is missed: a few ms.
+        return sum(last - first for first, last in self._backends.values()), machine
+
+    def total(self, pid: int) -> float:
+        return self.timeline[pid][-1][1] if self.timeline[pid] else 0.0
+
+    def rate(self, pid: int, start: float, end: float) -> float | None:
+        """CPU s/s of ``pid`` between two times (linear between readings)."""
+        points = self.timeline[pid]
+        if end - start < 0.5 or not points or points[0][0] > start or points[-1][0] < end:
+            return None
+
+        def at(t: float) -> float:
+            for (t0, c0), (t1, c1) in zip(points, points[1:]):
+                if t0 <= t <= t1:
+                    return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+            return points[-1][1]
+
+        return (at(end) - at(start)) / (end - start)
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -177,14 +214,14 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
             for i in range(run.processes):
                 env = dict(os.environ, DS_ACCELERATOR="cpu", LOCAL_SIZE=str(run.slots), FAKE_DS_LOG=str(log), FAKE_DS_NODE=f"node{i}",
                            FAKE_DS_SURFACE=json.dumps(surface), OPTUNA_DS_LOCK_DIR=str(work / f"locks{i}"),
-                           OPTUNA_DS_DECISION_LOG=str(decisions), PYTHONPATH=str(ROOT))
+                           OPTUNA_DS_DECISION_LOG=str(decisions), PYTHONPATH=str(ROOT), PGAPPNAME=name)
                 args = (["tune", "--deepspeed-bin", str(LAUNCHER), "--num_gpus", "1", *common, "train.py", "--deepspeed_config", "ds_config.json"]
                         if i == 0 else ["worker", *common])
                 err = open(work / f"stderr{i}", "w+")
                 errs.append(err)
                 procs.append(subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=work, env=env, stdout=subprocess.DEVNULL,
                                               stderr=err, text=True, start_new_session=True))
-            sampler = CpuSampler([p.pid for p in procs])
+            sampler = CpuSampler([p.pid for p in procs], storage=storage, app=name)
             deadline = start + timeout
             for p in procs:
                 try:
@@ -224,13 +261,22 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
             gaps.append(b["start"] - a["end"])
     first, last = min(l["start"] for l in experiments), max(l["end"] for l in experiments)
     busy = sum(l["end"] - l["start"] for l in experiments) / (last - first)
-    per_process = [sampler.cpu.get(p.pid, 0.0) / wall for p in procs]
+    per_process = [sampler.total(p.pid) / wall for p in procs]
+    # While the micro-batch sizes run (all started, none ended) there is nothing to decide: every
+    # process only waits, the time that should cost no CPU.
+    sizes = [l for l in experiments if MICRO_BATCH_NAME.fullmatch(l["name"])]
+    window = (max(l["start"] for l in sizes) + 0.1, min(l["end"] for l in sizes) - 0.05)
+    waiting = [sampler.rate(p.pid, *window) for p in procs]
     launched = collections.Counter(l["node"] for l in experiments)
     return {"run": run, "wall": wall, "experiments": len(experiments), "distinct": len(counts),
             "duplicates": sum(c - 1 for c in counts.values()), "overlaps": overlaps, "busy": busy,
-            "gaps": _quantiles(gaps), "decisions": _quantiles(decided), "cpu": per_process,
+            "gaps": _quantiles(gaps), "decisions": _quantiles(decided), "cpu": per_process, "waiting": waiting, "window": window[1] - window[0],
             "launched": [launched.get(f"node{i}", 0) for i in range(run.processes)],
-            "postgres": postgres_cpu / wall, "machine": machine_cpu / wall}
+            "postgres": None if postgres_cpu is None else postgres_cpu / wall, "machine": machine_cpu / wall}
+
+
+def _rate(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def report(scenario: Scenario, rows: list[dict]) -> None:
@@ -239,19 +285,23 @@ def report(scenario: Scenario, rows: list[dict]) -> None:
     print(f"simulated experiment {scenario.duration:g} s; knob grid {scenario.grid} x {scenario.grid} x 2 micro-batch sizes "
           f"+ 4 micro-batch runs = {base['distinct']} experiments; target speed-up >= {scenario.target:g}x\n")
     print("| slots | wall s | speed-up | launched | duplicates | GPU overlaps | mean busy slots | gap p50 / p95 / max s "
-          "| decision p50 / p95 / max ms | CPU s/s per process (mean / max) | PostgreSQL CPU s/s | machine CPU s/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: |")
+          "| decision p50 / p95 / max ms | CPU s/s per process, run (mean / max) | CPU s/s per process, waiting (mean / max; window s) "
+          "| PostgreSQL CPU s/s | machine CPU s/s (all users) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: | ---: |")
     for r in rows:
         g, d = r["gaps"], [x * 1000 for x in r["decisions"]]
+        waiting = [w for w in r["waiting"] if w is not None]
+        idle = f"{statistics.mean(waiting):.3f} / {max(waiting):.3f}; {r['window']:.1f}" if waiting else "n/a (no window)"
         print(f"| {r['run'].label} | {r['wall']:.1f} | {base['wall'] / r['wall']:.2f} | {r['experiments']} | {r['duplicates']} "
               f"| {r['overlaps']} | {r['busy']:.1f} | {g[0]:.2f} / {g[1]:.2f} / {g[2]:.2f} | {d[0]:.0f} / {d[1]:.0f} / {d[2]:.0f} "
-              f"| {statistics.mean(r['cpu']):.3f} / {max(r['cpu']):.3f} | {r['postgres']:.2f} | {r['machine']:.2f} |")
+              f"| {statistics.mean(r['cpu']):.3f} / {max(r['cpu']):.3f} | {idle} | {_rate(r['postgres'], 2)} | {r['machine']:.2f} |")
     widest = rows[-1]
     if widest["run"].processes > 1:
-        print("\n| process | experiments launched | CPU s/s |")
-        print("| --- | ---: | ---: |")
-        for i, (n, cpu) in enumerate(zip(widest["launched"], widest["cpu"])):
-            print(f"| {'tune' if i == 0 else f'worker {i}'} | {n} | {cpu:.3f} |")
+        print(f"\n{widest['run'].label} slots, by process:\n")
+        print("| process | experiments launched | CPU s/s, run | CPU s/s, waiting |")
+        print("| --- | ---: | ---: | ---: |")
+        for i, (n, cpu, waiting) in enumerate(zip(widest["launched"], widest["cpu"], widest["waiting"])):
+            print(f"| {'tune' if i == 0 else f'worker {i}'} | {n} | {cpu:.3f} | {_rate(waiting)} |")
 
 
 def main() -> None:
