@@ -18,6 +18,8 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
+# `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
+PARALLEL_ARGS ?=
 
 .PHONY: venv example test bench bench-parallel bench-launch clean
 
@@ -45,7 +47,7 @@ bench: venv
 	$(BIN)/python benchmarks/search.py $(BENCH_ARGS)
 
 bench-parallel: venv
-	$(BIN)/python benchmarks/parallel.py
+	$(BIN)/python benchmarks/parallel.py $(PARALLEL_ARGS)
 
 bench-launch: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/launch.py $(BENCH_ARGS)

@@ -14,7 +14,10 @@ of the simulated launcher (tests/fake_deepspeed.py, which sleeps ``--duration`` 
 The tuning is a knob grid search (``"fast": false``) over a fixed micro-batch list, with enough
 configs to keep every slot busy.
 
-Per run: experiments launched; duplicates (launches of an experiment already launched); GPU overlaps
+Per run: the wall time from starting the processes to the last one's exit (the speed-up is the
+first run's over it; on this one machine the 8 processes' start-ups share its cores, as 8 nodes'
+would not); the span from the first experiment's start to the last one's end, and when the first
+started; experiments launched; duplicates (launches of an experiment already launched); GPU overlaps
 (two experiments on one (node, GPU) at once); mean busy slots over the experiments' span; the
 slot-free -> next-start gap on each (node, GPU) (it includes storing the result, the decision, and
 the simulated launcher's Python start-up); the decision time (from entering StageTuner.step to
@@ -199,6 +202,8 @@ def _delete_studies(storage: str, name: str) -> None:
 
 
 def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) -> dict:
+    """Run one tuning, every process started at once (the workers wait for the tune's plan), and
+    measure it from the launch and decision logs and the CPU readings."""
     name = f"bench-par-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix=f"bench-parallel-{run.total}-") as tmp:
         work = Path(tmp)
@@ -209,7 +214,7 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
         common = ["--storage", storage, "--study-name", name, "-q"]
         procs: list[subprocess.Popen[str]] = []
         errs = []
-        start = time.monotonic()
+        start, started_at = time.monotonic(), time.time()
         try:
             for i in range(run.processes):
                 env = dict(os.environ, DS_ACCELERATOR="cpu", LOCAL_SIZE=str(run.slots), FAKE_DS_LOG=str(log), FAKE_DS_NODE=f"node{i}",
@@ -268,11 +273,14 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
     window = (max(l["start"] for l in sizes) + 0.1, min(l["end"] for l in sizes) - 0.05)
     waiting = [sampler.rate(p.pid, *window) for p in procs]
     launched = collections.Counter(l["node"] for l in experiments)
-    return {"run": run, "wall": wall, "experiments": len(experiments), "distinct": len(counts),
-            "duplicates": sum(c - 1 for c in counts.values()), "overlaps": overlaps, "busy": busy,
-            "gaps": _quantiles(gaps), "decisions": _quantiles(decided), "cpu": per_process, "waiting": waiting, "window": window[1] - window[0],
-            "launched": [launched.get(f"node{i}", 0) for i in range(run.processes)],
-            "postgres": None if postgres_cpu is None else postgres_cpu / wall, "machine": machine_cpu / wall}
+    return {
+        "run": run, "wall": wall, "span": last - first, "first": first - started_at,
+        "experiments": len(experiments), "distinct": len(counts), "duplicates": sum(c - 1 for c in counts.values()),
+        "overlaps": overlaps, "busy": busy, "gaps": _quantiles(gaps), "decisions": _quantiles(decided),
+        "cpu": per_process, "waiting": waiting, "window": window[1] - window[0],
+        "launched": [launched.get(f"node{i}", 0) for i in range(run.processes)],
+        "postgres": None if postgres_cpu is None else postgres_cpu / wall, "machine": machine_cpu / wall,
+    }
 
 
 def _rate(value: float | None, digits: int = 3) -> str:
@@ -284,15 +292,15 @@ def report(scenario: Scenario, rows: list[dict]) -> None:
     print(f"\n### {scenario.title}\n")
     print(f"simulated experiment {scenario.duration:g} s; knob grid {scenario.grid} x {scenario.grid} x 2 micro-batch sizes "
           f"+ 4 micro-batch runs = {base['distinct']} experiments; target speed-up >= {scenario.target:g}x\n")
-    print("| slots | wall s | speed-up | launched | duplicates | GPU overlaps | mean busy slots | gap p50 / p95 / max s "
+    print("| slots | wall s | speed-up | experiments span s (from start s) | launched | duplicates | GPU overlaps | mean busy slots | gap p50 / p95 / max s "
           "| decision p50 / p95 / max ms | CPU s/s per process, run (mean / max) | CPU s/s per process, waiting (mean / max; window s) "
           "| PostgreSQL CPU s/s | machine CPU s/s (all users) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: | ---: |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: | ---: |")
     for r in rows:
         g, d = r["gaps"], [x * 1000 for x in r["decisions"]]
         waiting = [w for w in r["waiting"] if w is not None]
         idle = f"{statistics.mean(waiting):.3f} / {max(waiting):.3f}; {r['window']:.1f}" if waiting else "n/a (no window)"
-        print(f"| {r['run'].label} | {r['wall']:.1f} | {base['wall'] / r['wall']:.2f} | {r['experiments']} | {r['duplicates']} "
+        print(f"| {r['run'].label} | {r['wall']:.1f} | {base['wall'] / r['wall']:.2f} | {r['span']:.1f} ({r['first']:.1f}) | {r['experiments']} | {r['duplicates']} "
               f"| {r['overlaps']} | {r['busy']:.1f} | {g[0]:.2f} / {g[1]:.2f} / {g[2]:.2f} | {d[0]:.0f} / {d[1]:.0f} / {d[2]:.0f} "
               f"| {statistics.mean(r['cpu']):.3f} / {max(r['cpu']):.3f} | {idle} | {_rate(r['postgres'], 2)} | {r['machine']:.2f} |")
     widest = rows[-1]
