@@ -80,6 +80,10 @@ class Run:
         return f"{self.total} ({self.processes} x {self.slots})" if self.processes > 1 else str(self.total)
 
 
+class RunFailed(Exception):
+    """A process of the tuning failed or it did not finish: reported in its row."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     name: str
@@ -107,6 +111,7 @@ class CpuSampler:
         self._pids = pids
         self.timeline: dict[int, list[tuple[float, float]]] = {pid: [] for pid in pids}  # (time.time(), CPU s)
         self._backends: dict[int, tuple[float, float]] = {}  # pid: (first, last) CPU s read
+        self.connections = 0  # the most backends serving the processes at once
         self._conn = self._connect(storage)
         self._app = app
         self._machine_start = self._machine()
@@ -147,6 +152,7 @@ class CpuSampler:
                 self.timeline[pid].append((now, cpu))
         if self._conn is not None:
             rows = self._conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self._app,)).fetchall()
+            self.connections = max(self.connections, len(rows))
             for (pid,) in rows:
                 if (cpu := self._cpu(pid)) is not None:
                     self._backends[pid] = (self._backends.get(pid, (cpu, cpu))[0], cpu)
@@ -232,13 +238,14 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
                 try:
                     p.wait(timeout=max(1.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    raise SystemExit(f"{run.label} slots: the tuning did not finish in {timeout:.0f} s") from None
+                    raise RunFailed(f"did not finish in {timeout:.0f} s") from None
             wall = time.monotonic() - start
             postgres_cpu, machine_cpu = sampler.finish()
             for i, (p, err) in enumerate(zip(procs, errs)):
                 if p.returncode != 0:
                     err.seek(0)
-                    raise SystemExit(f"{run.label} slots: process {i} exited {p.returncode}:\n{err.read()[-3000:]}")
+                    lines = [line for line in err.read().splitlines() if line.strip()]
+                    raise RunFailed(f"process {i} exited {p.returncode}: {lines[-1] if lines else ''}")
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -280,6 +287,7 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
         "cpu": per_process, "waiting": waiting, "window": window[1] - window[0],
         "launched": [launched.get(f"node{i}", 0) for i in range(run.processes)],
         "postgres": None if postgres_cpu is None else postgres_cpu / wall, "machine": machine_cpu / wall,
+        "connections": sampler.connections,
     }
 
 
@@ -291,25 +299,37 @@ def report(scenario: Scenario, rows: list[dict]) -> None:
     base = rows[0]
     print(f"\n### {scenario.title}\n")
     print(f"simulated experiment {scenario.duration:g} s; knob grid {scenario.grid} x {scenario.grid} x 2 micro-batch sizes "
-          f"+ 4 micro-batch runs = {base['distinct']} experiments; target speed-up >= {scenario.target:g}x\n")
-    print("| slots | wall s | speed-up | experiments span s (from start s) | launched | duplicates | GPU overlaps | mean busy slots | gap p50 / p95 / max s "
-          "| decision p50 / p95 / max ms | CPU s/s per process, run (mean / max) | CPU s/s per process, waiting (mean / max; window s) "
-          "| PostgreSQL CPU s/s | machine CPU s/s (all users) |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: | ---: |")
+          f"+ 4 micro-batch runs = {2 * scenario.grid**2 + 4} experiments; target speed-up >= {scenario.target:g}x\n")
+    print("| slots | wall s | speed-up | experiments span s (from start s) | launched | duplicates | GPU overlaps | mean busy slots "
+          "| gap p50 / p95 / max s | decision p50 / p95 / max ms | CPU s/s per process, run (mean / max) "
+          "| CPU s/s per process, waiting (mean / max; window s) | PostgreSQL CPU s/s (connections) | machine CPU s/s (all users) |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: |")
     for r in rows:
+        if "failed" in r:
+            print(f"| {r['run'].label} | failed: {r['failed']} |" + " |" * 12)
+            continue
         g, d = r["gaps"], [x * 1000 for x in r["decisions"]]
+        speedup = f"{base['wall'] / r['wall']:.2f}" if "wall" in base else "n/a"
         waiting = [w for w in r["waiting"] if w is not None]
         idle = f"{statistics.mean(waiting):.3f} / {max(waiting):.3f}; {r['window']:.1f}" if waiting else "n/a (no window)"
-        print(f"| {r['run'].label} | {r['wall']:.1f} | {base['wall'] / r['wall']:.2f} | {r['span']:.1f} ({r['first']:.1f}) | {r['experiments']} | {r['duplicates']} "
+        postgres = "n/a" if r["postgres"] is None else f"{r['postgres']:.2f} ({r['connections']})"
+        print(f"| {r['run'].label} | {r['wall']:.1f} | {speedup} | {r['span']:.1f} ({r['first']:.1f}) | {r['experiments']} | {r['duplicates']} "
               f"| {r['overlaps']} | {r['busy']:.1f} | {g[0]:.2f} / {g[1]:.2f} / {g[2]:.2f} | {d[0]:.0f} / {d[1]:.0f} / {d[2]:.0f} "
-              f"| {statistics.mean(r['cpu']):.3f} / {max(r['cpu']):.3f} | {idle} | {_rate(r['postgres'], 2)} | {r['machine']:.2f} |")
+              f"| {statistics.mean(r['cpu']):.3f} / {max(r['cpu']):.3f} | {idle} | {postgres} | {r['machine']:.2f} |")
     widest = rows[-1]
-    if widest["run"].processes > 1:
+    if widest["run"].processes > 1 and "failed" not in widest:
         print(f"\n{widest['run'].label} slots, by process:\n")
         print("| process | experiments launched | CPU s/s, run | CPU s/s, waiting |")
         print("| --- | ---: | ---: | ---: |")
         for i, (n, cpu, waiting) in enumerate(zip(widest["launched"], widest["cpu"], widest["waiting"])):
             print(f"| {'tune' if i == 0 else f'worker {i}'} | {n} | {cpu:.3f} | {_rate(waiting)} |")
+
+
+def _run_or_failure(scenario: Scenario, run: Run, *, storage: str, timeout: float) -> dict:
+    try:
+        return run_tuning(scenario, run, storage=storage, timeout=timeout)
+    except RunFailed as e:
+        return {"run": run, "failed": str(e)}
 
 
 def main() -> None:
@@ -322,12 +342,22 @@ def main() -> None:
     args = parser.parse_args()
     from optuna_ds._redact import redact_url
 
+    import optuna
+
+    try:
+        optuna.study.get_all_study_names(args.storage)
+    except Exception as e:  # noqa: BLE001 - any failure to reach it, said in one line
+        raise SystemExit(f"cannot use the storage {redact_url(args.storage)}: {str(e).splitlines()[0]}") from None
     print(f"storage {redact_url(args.storage)}; {os.cpu_count()} CPU core(s)")
+    failed = False
     for key in args.scenarios:
         scenario = scenarios(args.duration, args.quick)[key]
         rounds = 1 + -(-2 * scenario.grid**2 // scenario.runs[0].total)
         timeout = 120 + 10 * rounds * scenario.duration
-        report(scenario, [run_tuning(scenario, run, storage=args.storage, timeout=timeout) for run in scenario.runs])
+        rows = [_run_or_failure(scenario, run, storage=args.storage, timeout=timeout) for run in scenario.runs]
+        report(scenario, rows)
+        failed = failed or any("failed" in r for r in rows)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
