@@ -4,7 +4,7 @@ Two scenarios, each a Markdown table (``--scenarios`` picks some):
 
 ``4``   1 slot in one process, then 4 slots: ``tune`` and one ``worker``, 2 slots each. Target
         (reported, not asserted): 4 slots >= 3.5x faster than 1.
-``64``  8 slots in one process, then 64 slots: ``tune`` and 7 ``worker`` s, 8 slots each.
+``64``  8 slots in one process, then 64 slots: ``tune`` and 7 workers, 8 slots each.
         Target: 64 slots >= 4x faster than 8.
 
 Every process shares one PostgreSQL storage (``--storage``; a study name of its own, deleted
@@ -22,8 +22,11 @@ started; experiments launched; duplicates (launches of an experiment already lau
 slot-free -> next-start gap on each (node, GPU) (it includes storing the result, the decision, and
 the simulated launcher's Python start-up); the decision time (from entering StageTuner.step to
 launching, logged through ``OPTUNA_DS_DECISION_LOG``); and CPU per wall second of each optuna-ds
-process (its own threads, not the experiments it launches), of PostgreSQL's processes and of the
-machine. The experiments only sleep, so an optuna-ds process's CPU is the cost of waiting.
+process (its own threads, not the experiments it launches), over the run and while every process
+only waits (the micro-batch sizes running, nothing to decide), of the PostgreSQL backends serving
+them (and their peak number) and of the machine; and the trials by how they ended (a trial that
+stood down lost its experiment's claim to another driver). The experiments only sleep, so an
+optuna-ds process's CPU is the cost of orchestrating and waiting.
 """
 from __future__ import annotations
 
@@ -198,13 +201,19 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), values[min(len(values) - 1, int(0.95 * len(values)))], values[-1]
 
 
-def _delete_studies(storage: str, name: str) -> None:
+def _delete_studies(storage: str, name: str) -> collections.Counter[str]:
+    """Delete the tuning's studies; how many of their trials ended in each state, a trial that
+    stood down for another's experiment counted as ``STOOD_DOWN``."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    states: collections.Counter[str] = collections.Counter()
     for study in optuna.study.get_all_study_names(storage):
         if study == name or study.startswith(name + "-"):
+            for t in optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False):
+                states["STOOD_DOWN" if "duplicate_of" in t.user_attrs else t.state.name] += 1
             optuna.delete_study(study_name=study, storage=storage)
+    return states
 
 
 def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) -> dict:
@@ -253,7 +262,7 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
                     p.wait()
             for err in errs:
                 err.close()
-            _delete_studies(storage, name)
+            trials = _delete_studies(storage, name)
         launches = [json.loads(line) for line in log.read_text().splitlines()]
         decided = [json.loads(line)["seconds"] for line in decisions.read_text().splitlines()] if decisions.exists() else []
     experiments = [l for l in launches if not l.get("profile") and not l.get("training")]
@@ -287,7 +296,7 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
         "cpu": per_process, "waiting": waiting, "window": window[1] - window[0],
         "launched": [launched.get(f"node{i}", 0) for i in range(run.processes)],
         "postgres": None if postgres_cpu is None else postgres_cpu / wall, "machine": machine_cpu / wall,
-        "connections": sampler.connections,
+        "connections": sampler.connections, "trials": trials,
     }
 
 
@@ -302,20 +311,22 @@ def report(scenario: Scenario, rows: list[dict]) -> None:
           f"+ 4 micro-batch runs = {2 * scenario.grid**2 + 4} experiments; target speed-up >= {scenario.target:g}x\n")
     print("| slots | wall s | speed-up | experiments span s (from start s) | launched | duplicates | GPU overlaps | mean busy slots "
           "| gap p50 / p95 / max s | decision p50 / p95 / max ms | CPU s/s per process, run (mean / max) "
-          "| CPU s/s per process, waiting (mean / max; window s) | PostgreSQL CPU s/s (connections) | machine CPU s/s (all users) |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: |")
+          "| CPU s/s per process, waiting (mean / max; window s) | PostgreSQL CPU s/s (connections) | machine CPU s/s (all users) "
+          "| trials: complete / failed / stood down |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: | --- |")
     for r in rows:
         if "failed" in r:
-            print(f"| {r['run'].label} | failed: {r['failed']} |" + " |" * 12)
+            print(f"| {r['run'].label} | failed: {r['failed']} |" + " |" * 13)
             continue
-        g, d = r["gaps"], [x * 1000 for x in r["decisions"]]
+        g, d, t = r["gaps"], [x * 1000 for x in r["decisions"]], r["trials"]
         speedup = f"{base['wall'] / r['wall']:.2f}" if "wall" in base else "n/a"
         waiting = [w for w in r["waiting"] if w is not None]
         idle = f"{statistics.mean(waiting):.3f} / {max(waiting):.3f}; {r['window']:.1f}" if waiting else "n/a (no window)"
         postgres = "n/a" if r["postgres"] is None else f"{r['postgres']:.2f} ({r['connections']})"
         print(f"| {r['run'].label} | {r['wall']:.1f} | {speedup} | {r['span']:.1f} ({r['first']:.1f}) | {r['experiments']} | {r['duplicates']} "
               f"| {r['overlaps']} | {r['busy']:.1f} | {g[0]:.2f} / {g[1]:.2f} / {g[2]:.2f} | {d[0]:.0f} / {d[1]:.0f} / {d[2]:.0f} "
-              f"| {statistics.mean(r['cpu']):.3f} / {max(r['cpu']):.3f} | {idle} | {postgres} | {r['machine']:.2f} |")
+              f"| {statistics.mean(r['cpu']):.3f} / {max(r['cpu']):.3f} | {idle} | {postgres} | {r['machine']:.2f} "
+              f"| {t['COMPLETE']} / {t['FAIL']} / {t['STOOD_DOWN']} |")
     widest = rows[-1]
     if widest["run"].processes > 1 and "failed" not in widest:
         print(f"\n{widest['run'].label} slots, by process:\n")
