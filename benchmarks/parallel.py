@@ -23,7 +23,7 @@ slot-free -> next-start gap on each (node, GPU) (it includes storing the result,
 the simulated launcher's Python start-up); the decision time (from entering StageTuner.step to
 launching, logged through ``OPTUNA_DS_DECISION_LOG``); and CPU per wall second of each optuna-ds
 process (its own threads, not the experiments it launches), over the run and while every process
-only waits (the micro-batch sizes running, nothing to decide), of the PostgreSQL backends serving
+only waits (the micro-batch sizes running, nothing to decide; from when the process is started up), of the PostgreSQL backends serving
 them (and their peak number) and of the machine; and the trials by how they ended (a trial that
 stood down lost its experiment's claim to another driver). The experiments only sleep, so an
 optuna-ds process's CPU is the cost of orchestrating and waiting.
@@ -216,6 +216,15 @@ def _delete_studies(storage: str, name: str) -> collections.Counter[str]:
     return states
 
 
+def _watch_ready(proc: subprocess.Popen[str], index: int, ready: dict[int, float]) -> None:
+    """Note when the process's drivers start, from the line that it prints then ("... N at once;
+    metric ..."), and drain its output."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if index not in ready and " at once; metric " in line:
+            ready[index] = time.time() + 0.5  # past the drivers' first steps
+
+
 def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) -> dict:
     """Run one tuning, every process started at once (the workers wait for the tune's plan), and
     measure it from the launch and decision logs and the CPU readings."""
@@ -226,9 +235,11 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
         (work / "ds_config.json").write_text(json.dumps(config(scenario.grid)))
         log, decisions = work / "launches.jsonl", work / "decisions.jsonl"
         surface = {"duration": scenario.duration, "peak": 24, "knob_gain": {"reduce_bucket_size": {"500000000": 1.05}}}
-        common = ["--storage", storage, "--study-name", name, "-q"]
+        common = ["--storage", storage, "--study-name", name]
         procs: list[subprocess.Popen[str]] = []
         errs = []
+        ready: dict[int, float] = {}  # process index: when its drivers started (its start-up done)
+        readers = []
         start, started_at = time.monotonic(), time.time()
         try:
             for i in range(run.processes):
@@ -239,8 +250,10 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
                         if i == 0 else ["worker", *common])
                 err = open(work / f"stderr{i}", "w+")
                 errs.append(err)
-                procs.append(subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=work, env=env, stdout=subprocess.DEVNULL,
+                procs.append(subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=work, env=env, stdout=subprocess.PIPE,
                                               stderr=err, text=True, start_new_session=True))
+                readers.append(threading.Thread(target=_watch_ready, args=(procs[-1], i, ready), daemon=True))
+                readers[-1].start()
             sampler = CpuSampler([p.pid for p in procs], storage=storage, app=name)
             deadline = start + timeout
             for p in procs:
@@ -249,6 +262,8 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
                 except subprocess.TimeoutExpired:
                     raise RunFailed(f"did not finish in {timeout:.0f} s") from None
             wall = time.monotonic() - start
+            for reader in readers:
+                reader.join()
             postgres_cpu, machine_cpu = sampler.finish()
             for i, (p, err) in enumerate(zip(procs, errs)):
                 if p.returncode != 0:
@@ -287,7 +302,7 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
     # process only waits, the time that should cost no CPU.
     sizes = [l for l in experiments if MICRO_BATCH_NAME.fullmatch(l["name"])]
     window = (max(l["start"] for l in sizes) + 0.1, min(l["end"] for l in sizes) - 0.05)
-    waiting = [sampler.rate(p.pid, *window) for p in procs]
+    waiting = [sampler.rate(p.pid, max(window[0], ready.get(i, window[1])), window[1]) for i, p in enumerate(procs)]
     launched = collections.Counter(l["node"] for l in experiments)
     return {
         "run": run, "wall": wall, "span": last - first, "first": first - started_at,
