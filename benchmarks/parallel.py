@@ -52,13 +52,14 @@ sys.path.insert(0, str(ROOT))
 LAUNCHER = ROOT / "tests" / "fake_deepspeed.py"
 STORAGE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TICK = os.sysconf("SC_CLK_TCK")
-# Bucket sizes as the knob grid: n x n knob settings at each of the 2 best micro-batch sizes.
 # A micro-batch experiment's name: no knob suffix.
 MICRO_BATCH_NAME = re.compile(r"z\d+_gas\d+_tmbspg\d+")
+# Bucket sizes as the knob grid: n x n knob settings at each of the 2 best micro-batch sizes.
 BUCKETS = [5e7, 1e8, 2e8, 3e8, 5e8, 7e8, 1e9, 2e9]
 
 
 def config(grid: int) -> dict:
+    """A knob grid search over a fixed micro-batch list: the same experiments however many slots."""
     return {
         "train_micro_batch_size_per_gpu": [8, 16, 24, 32],
         "zero_optimization": {"stage": 1, "reduce_bucket_size": BUCKETS[:grid], "allgather_bucket_size": BUCKETS[:grid]},
