@@ -20,6 +20,8 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?= --random 100
 # The planner alone, in-process, on the six hand-made and 200 generated jobs.
 PLANNER_ARGS ?= --random 200
+# `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
+PARALLEL_ARGS ?=
 
 .PHONY: venv example test bench bench-planner bench-parallel bench-launch clean
 
@@ -50,7 +52,7 @@ bench-planner: venv
 	$(BIN)/python benchmarks/planner.py $(PLANNER_ARGS)
 
 bench-parallel: venv
-	$(BIN)/python benchmarks/parallel.py
+	$(BIN)/python benchmarks/parallel.py $(PARALLEL_ARGS)
 
 bench-launch: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/launch.py $(BENCH_ARGS)

@@ -20,7 +20,8 @@ file for an experiment. The performance surface and the faults come from the JSO
     duration, duration_at {mbs: seconds}             how long an experiment takes
 
 A config without an ``autotuning`` section is a training run: it prints and exits with
-``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times.
+``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times
+and the ``FAKE_DS_NODE`` label (one machine posing as several nodes: their GPU ids repeat).
 """
 
 import json
@@ -90,7 +91,7 @@ def main():
     start = time.time()
     entry = {"start": start, "include": launcher.get("--include"), "master_port": launcher.get("--master_port"),
              "stage": stage, "mbs": mbs, "gas": gas, "args": args, "pid": os.getpid(), "launcher": launcher,
-             "argv": sys.argv[1:]}
+             "argv": sys.argv[1:], "node": os.environ.get("FAKE_DS_NODE")}
     print(f"[INFO] fake deepspeed launching {script} pid {os.getpid()}", flush=True)
     # A harmless warning that mentions "Error": it must not fail the run.
     print("UserWarning: torch.distributed ErrorHandler is deprecated", file=sys.stderr, flush=True)

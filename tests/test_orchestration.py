@@ -79,6 +79,18 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert "scale the learning rate by sqrt(" in summary  # batch 2 -> the best batch
 
 
+def test_decision_log_has_one_line_per_launch(ws: Workspace) -> None:
+    # `make bench-parallel` reads it: the time from a driver's step to its launch.
+    ws.config(FAST)
+    log = ws.root / "decisions.jsonl"
+    p = ws.tune(env=ws.env({"peak": 24}, OPTUNA_DS_DECISION_LOG=str(log)))
+    assert p.returncode == 0, p.stderr + p.stdout
+    decisions = [json.loads(line) for line in log.read_text().splitlines()]
+    names = sorted(l["args"][l["args"].index("--deepspeed_config") + 1].split("/")[-2] for l in _launched(ws))
+    assert sorted(d["name"] for d in decisions) == names
+    assert all(0 <= d["seconds"] < 60 for d in decisions)
+
+
 def test_rerun_launches_nothing_and_overwrite_starts_afresh(ws: Workspace) -> None:
     ws.config(FAST)
     assert ws.tune().returncode == 0

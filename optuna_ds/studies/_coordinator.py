@@ -32,6 +32,7 @@ from optuna_ds.studies._stage import KnobSearch
 from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._stage import Step
 from optuna_ds.studies._stage import Stopped
+from optuna_ds.studies._stage import decision_started
 from optuna_ds.studies._observer import TuningObserver
 
 KNOB_MARGIN = 0.05
@@ -130,6 +131,7 @@ class Coordinator:
     def _next(self) -> _Work | None:
         """The next experiment for a free slot; ``None`` when there is none now. Sets
         ``_phase_done`` once the planner is done."""
+        decision_started()
         with self._lock:
             if self._phase_done:
                 return None

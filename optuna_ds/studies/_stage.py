@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import json
 import threading
 import os
 import shlex
@@ -41,6 +42,8 @@ _MAX_CONSECUTIVE_DUPLICATES = 50
 _SAMPLER_DUPLICATES = 3
 _REAP_SECONDS = 2.0
 _CLAIM_WAIT_SECONDS = 10.0
+_DECISION_LOG_VAR = "OPTUNA_DS_DECISION_LOG"
+_decision = threading.local()  # when this slot became free: the decision's start
 
 
 class Step(enum.Enum):
@@ -92,6 +95,23 @@ class StageContext:
     timeout: float | None
     observer: TuningObserver
     seed: int | None = None
+
+
+def _log_decision(*, stage: int, number: int, name: str) -> None:
+    """With ``OPTUNA_DS_DECISION_LOG=<path>``, append how long this slot took from becoming free
+    (:func:`decision_started`) to launching: the decision's cost that `make bench-parallel` reports."""
+    path = os.environ.get(_DECISION_LOG_VAR)
+    start = getattr(_decision, "start", None)
+    if not path or start is None:
+        return
+    entry = {"pid": os.getpid(), "stage": stage, "trial": number, "name": name, "seconds": round(time.monotonic() - start, 6)}
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def decision_started() -> None:
+    """Mark the start of a decision on this slot's thread, for :func:`_log_decision`."""
+    _decision.start = time.monotonic()
 
 
 class StageTuner:
@@ -229,6 +249,7 @@ class StageTuner:
                 ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
                 self._early_stopped = True
                 raise optuna.TrialPruned("the knob search is over")
+            _log_decision(stage=self._stage, number=trial.number, name=experiment.name)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
             port = ctx.runner.port(lease.index)
             ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(ctx.runner.command(experiment, experiment.files.ds_config, slot=lease.slot, port=port))}")
@@ -286,6 +307,7 @@ class StageTuner:
 
     def step_knobs(self, lease: Lease) -> Step:
         """Run the knob search's next trial on ``lease``, or say why there is none."""
+        decision_started()
         self._reap()
         ctx = self._ctx
         trials = self._trials()
