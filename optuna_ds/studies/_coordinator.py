@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +38,8 @@ from optuna_ds.studies._observer import TuningObserver
 
 KNOB_MARGIN = 0.05
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
-_WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
+_WAIT_SECONDS = 2.0
+_FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval  # a slot with nothing to start looks again after this (or when one of ours ends)
 
 
 def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
@@ -118,7 +120,8 @@ class Coordinator:
 
     def _decide(self) -> Decision:
         start = time.perf_counter()
-        observations = self.observations()
+        # The knob search's running trials are the knob search's: they hold no planner decision up.
+        observations = [o for o in self.observations() if not (o.knobs and o.status is Status.RUNNING)]
         running = {(o.config, ) for o in observations if o.status is Status.RUNNING}
         pending = [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING)
                    for p in self._handed if (p.config, ) not in running]
@@ -216,6 +219,13 @@ class Coordinator:
                     if self._phase_done:
                         return
                     self._changed.wait(_WAIT_SECONDS)
+            else:
+                self._yield_slot()
+
+    def _yield_slot(self) -> None:
+        """Locks are not fair: after an experiment, give the slots of other processes waiting
+        for these GPUs a turn."""
+        self._stop.wait(random.uniform(0.0, _FAIRNESS_PAUSE))
 
     def _run(self, work: _Work, lease: Lease) -> None:
         p = work.proposal
@@ -273,3 +283,5 @@ class Coordinator:
                 raise Stopped
             if step is Step.WAIT:
                 self._stop.wait(0.2)
+            else:
+                self._yield_slot()
