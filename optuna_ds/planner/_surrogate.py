@@ -26,7 +26,7 @@ _KNOB_SD = 0.03
 # keep the data-parallel communication volume (reduce-scatter + all-gather is an all-reduce),
 # so they run within a few percent of stage 0; ZeRO-3 also gathers the parameters each step;
 # offloading moves the optimizer step (and the parameters) to the CPU.
-_STAGE_STEP = {1: (-0.01, 0.025), 2: (-0.02, 0.035), 3: (-0.12, 0.07)}
+_STAGE_STEP = {1: (-0.007, 0.03), 2: (-0.015, 0.04), 3: (-0.08, 0.09)}
 _OFFLOAD_STEP = (-0.6, 0.15)
 _KEEP = 1e-3  # mixture components below this weight are dropped
 # What the shape misses (a curve that peaks far from the memory edge, a size the kernels like):
