@@ -25,9 +25,8 @@ HOPELESS_OOM = 0.98  # sizes this likely to run out are not candidates
 # second factor) before the search ends.
 BRACKET = 1.6
 BRACKET_SEEN = 1.3
-# A finalist is measured again while the runner-up may beat it by more than this...
-REMEASURE_MARGIN = 0.01
-REMEASURE_PROBABILITY = 0.25  # ...with at least this probability,
+# A measured config is measured again while choosing the best estimate over it is expected to
+# lose MIN_GAIN (the value of knowing which of the two is better),
 MAX_REMEASURES = 3  # and at most this many times in a tuning.
 _BROKEN_PRIOR = 0.2  # an arm that fails for reasons other than memory may fail at every size
 _CRASHED_ABOVE = 0.8  # else a size at or above a failed one likely fails too
@@ -122,20 +121,16 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
 
 def _remeasure(model: ThroughputModel, state: _State, ranked: list[tuple[tuple, float, float, int]],
                repeats_so_far: int) -> Proposal | None:
-    """A finalist to measure again when the choice between the two best is a coin toss that
-    could cost more than ``REMEASURE_MARGIN``."""
+    """A finalist to measure again while the choice is expected to lose ``MIN_GAIN`` against
+    some other measured config: of the two, the one measured fewer times."""
     if len(ranked) < 2 or repeats_so_far >= MAX_REMEASURES:
         return None
-    (c1, mu1, _, n1), (c2, mu2, _, n2) = ranked[0], ranked[1]
-    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in (c1, c2)]
-    w, means, sds = model.predict(rows)  # type: ignore[arg-type]
-    diff = means[:, 1] - means[:, 0]
-    spread = np.sqrt(sds[:, 0] ** 2 + sds[:, 1] ** 2)
-    from scipy.special import ndtr
-
-    p_better = float(np.sum(w * ndtr((diff - REMEASURE_MARGIN) / spread)))
-    if p_better < REMEASURE_PROBABILITY:
+    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c, _, _, _ in ranked]
+    loss = model.expected_loss(rows[1:], rows[0])  # type: ignore[arg-type]
+    i = int(np.argmax(loss))
+    if loss[i] < MIN_GAIN:
         return None
+    (c1, _, _, n1), (c2, _, _, n2) = ranked[0], ranked[i + 1]
     c, n = (c1, n1) if n1 <= n2 else (c2, n2)
     if any(o.config == c for o in state.running):
         return None

@@ -203,6 +203,28 @@ class ThroughputModel:
             sds.append(np.broadcast_to(np.sqrt(np.maximum(var, 1e-12)), base.shape))
         return np.concatenate(weights), np.concatenate(means), np.concatenate(sds)
 
+    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
+        """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over
+        the row is expected to lose, from their joint posterior (sizes of one arm share its
+        scale, so their difference is surer than either)."""
+        every = list(rows) + [chosen]
+        z = self._design([(a, kn) for a, _, kn in every])
+        log_m = np.log(np.array([m for _, m, _ in every], dtype=float))
+        cross = z @ self._s0 @ self._x.T + _residual(log_m, self._log_m)  # (rows + 1, n)
+        prior = z @ self._s0 @ z.T + _residual(log_m, log_m)
+        w, means, _ = self.predict(every)
+        sds = []
+        for (_, kinv), active in zip(self._fits, self._active):
+            if not len(active):
+                continue
+            cov = prior - cross @ kinv @ cross.T if self.n else prior
+            var = np.diag(cov)[:-1] + cov[-1, -1] - 2.0 * cov[:-1, -1]
+            sds.append(np.broadcast_to(np.sqrt(np.maximum(var, 1e-12)), (len(active), len(rows))))
+        sd = np.concatenate(sds)
+        diff = means[:, :-1] - means[:, -1:]
+        z_score = diff / sd
+        return w @ (diff * _norm_cdf(z_score) + sd * _norm_pdf(z_score))
+
     def mean(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> np.ndarray:
         w, means, _ = self.predict(rows)
         return w @ means
