@@ -165,6 +165,9 @@ def test_a_coin_toss_between_stages_is_measured_again_and_a_clear_choice_is_not(
     # Choosing a config over itself loses nothing; over a stage measured once, as high, it may.
     assert model.expected_loss([(z0, 24, ())], (z0, 24, ()))[0] < 1e-4
     assert model.expected_loss([(z1, 24, ())], (z0, 24, ()))[0] > 0.002
+    # Measuring the stage seen once again tells more than measuring the one seen at three sizes.
+    of_z1, of_z0 = model.remeasure_value([(z1, 24, ())], (z0, 24, ()))
+    assert of_z1[0] > of_z0[0] > 0.0
     tied = plan(problem, seen(85.5))
     clear = plan(problem, seen(70.0))
     assert any(p.repeat for p in tied.proposals) or not tied.done

@@ -25,8 +25,7 @@ HOPELESS_OOM = 0.98  # sizes this likely to run out are not candidates
 # second factor) before the search ends.
 BRACKET = 1.6
 BRACKET_SEEN = 1.3
-# A measured config is measured again while choosing the best estimate over it is expected to
-# lose MIN_GAIN (the value of knowing which of the two is better),
+# A finalist is measured again while that is expected to improve the choice by MIN_GAIN,
 MAX_REMEASURES = 3  # and at most this many times in a tuning.
 _BROKEN_PRIOR = 0.2  # an arm that fails for reasons other than memory may fail at every size
 _CRASHED_ABOVE = 0.8  # else a size at or above a failed one likely fails too
@@ -121,17 +120,17 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
 
 def _remeasure(model: ThroughputModel, state: _State, ranked: list[tuple[tuple, float, float, int]],
                repeats_so_far: int) -> Proposal | None:
-    """A finalist to measure again while the choice is expected to lose ``MIN_GAIN`` against
-    some other measured config: of the two, the one measured fewer times."""
+    """A finalist to measure again while that is expected to improve the choice by ``MIN_GAIN``:
+    the chosen config, or the measured config it is most likely to lose to, whichever
+    measurement is worth more."""
     if len(ranked) < 2 or repeats_so_far >= MAX_REMEASURES:
         return None
     rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c, _, _, _ in ranked]
-    loss = model.expected_loss(rows[1:], rows[0])  # type: ignore[arg-type]
-    i = int(np.argmax(loss))
-    if loss[i] < MIN_GAIN:
+    i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))  # type: ignore[arg-type]
+    of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))  # type: ignore[arg-type]
+    if max(of_rival, of_chosen) < MIN_GAIN:
         return None
-    (c1, _, _, n1), (c2, _, _, n2) = ranked[0], ranked[i + 1]
-    c, n = (c1, n1) if n1 <= n2 else (c2, n2)
+    (c, _, _, n) = ranked[i + 1] if of_rival > of_chosen else ranked[0]
     if any(o.config == c for o in state.running):
         return None
     return Proposal(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], repeat=n, why="re-measure a finalist")

@@ -205,27 +205,44 @@ class ThroughputModel:
             sds.append(np.broadcast_to(np.sqrt(np.maximum(var, 1e-12)), base.shape))
         return np.concatenate(weights), np.concatenate(means), np.concatenate(sds)
 
-    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
-        """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over
-        the row is expected to lose, from their joint posterior (sizes of one arm share its
-        scale, so their difference is surer than either)."""
+    def _versus(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, ...]:
+        """The joint posterior of each row with ``chosen``, per mixture component: weights
+        ``(K,)``, the mean of ``log y_row - log y_chosen`` ``(K, rows)``, the variances of the
+        row, of ``chosen`` and their covariance ``(K, rows)``, and the noise ``(K,)``."""
         every = list(rows) + [chosen]
         z = self._design([(a, kn) for a, _, kn in every])
         log_m = np.log(np.array([m for _, m, _ in every], dtype=float))
         cross = z @ self._s0 @ self._x.T + _residual(log_m, self._log_m)  # (rows + 1, n)
         prior = z @ self._s0 @ z.T + _residual(log_m, log_m)
         w, means, _ = self.predict(every)
-        sds = []
-        for (_, kinv), active in zip(self._fits, self._active):
+        var_r, var_c, cov, noise = [], [], [], []
+        for (_, kinv), active, sigma in zip(self._fits, self._active, _SIGMA):
             if not len(active):
                 continue
-            cov = prior - cross @ kinv @ cross.T if self.n else prior
-            var = np.diag(cov)[:-1] + cov[-1, -1] - 2.0 * cov[:-1, -1]
-            sds.append(np.broadcast_to(np.sqrt(np.maximum(var, 1e-12)), (len(active), len(rows))))
-        sd = np.concatenate(sds)
-        diff = means[:, :-1] - means[:, -1:]
-        z_score = diff / sd
-        return w @ (diff * _norm_cdf(z_score) + sd * _norm_pdf(z_score))
+            post = prior - cross @ kinv @ cross.T if self.n else prior
+            for out, value in ((var_r, np.diag(post)[:-1]), (var_c, np.full(len(rows), post[-1, -1])), (cov, post[:-1, -1])):
+                out.append(np.broadcast_to(value, (len(active), len(rows))))
+            noise.append(np.full(len(active), sigma))
+        return (w, means[:, :-1] - means[:, -1:], np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
+                np.concatenate(noise))
+
+    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
+        """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over
+        the row is expected to lose, from their joint posterior (sizes of one arm share its
+        scale, so their difference is surer than either)."""
+        w, diff, var_r, var_c, cov, _ = self._versus(rows, chosen)
+        return w @ _gain(diff, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
+
+    def remeasure_value(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, np.ndarray]:
+        """What one more measurement of each row, or of ``chosen``, is expected to gain by the
+        choice between the two made after it (a knowledge gradient): the difference's estimate
+        moves by the share of its variance that one noisy measurement explains, and the choice
+        changes only where it crosses zero. ``(of the row, of chosen)``."""
+        w, diff, var_r, var_c, cov, noise = self._versus(rows, chosen)
+        n2 = noise[:, None] ** 2
+        of_row = (var_r - cov) / np.sqrt(var_r + n2)  # sd of the move of the difference's mean
+        of_chosen = (var_c - cov) / np.sqrt(var_c + n2)
+        return w @ _gain(diff, np.maximum(np.abs(of_row), 1e-12)), w @ _gain(diff, np.maximum(np.abs(of_chosen), 1e-12))
 
     def mean(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> np.ndarray:
         w, means, _ = self.predict(rows)
@@ -236,6 +253,12 @@ class ThroughputModel:
         w, means, sds = self.predict(rows)
         z = (means - threshold) / sds
         return w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z))
+
+
+def _gain(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """``E[max(0, x)]`` for ``x ~ N(mean, sd^2)``."""
+    z = mean / sd
+    return mean * _norm_cdf(z) + sd * _norm_pdf(z)
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:
