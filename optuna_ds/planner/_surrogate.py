@@ -213,25 +213,31 @@ class ThroughputModel:
         z = self._design([(a, kn) for a, _, kn in every])
         log_m = np.log(np.array([m for _, m, _ in every], dtype=float))
         cross = z @ self._s0 @ self._x.T + _residual(log_m, self._log_m)  # (rows + 1, n)
-        prior = z @ self._s0 @ z.T + _residual(log_m, log_m)
+        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z) + _RESIDUAL_SD**2
+        prior_cov = z[:-1] @ self._s0 @ z[-1] + _residual(log_m[:-1], log_m[-1:])[:, 0]
         w, means, _ = self.predict(every)
         var_r, var_c, cov, noise = [], [], [], []
         for (_, kinv), active, sigma in zip(self._fits, self._active, _SIGMA):
             if not len(active):
                 continue
-            post = prior - cross @ kinv @ cross.T if self.n else prior
-            for out, value in ((var_r, np.diag(post)[:-1]), (var_c, np.full(len(rows), post[-1, -1])), (cov, post[:-1, -1])):
+            var, covariance = prior_var, prior_cov
+            if self.n:
+                explained = cross @ kinv  # (rows + 1, n)
+                var = prior_var - np.einsum("rn,rn->r", explained, cross)
+                covariance = prior_cov - explained[:-1] @ cross[-1]
+            for out, value in ((var_r, var[:-1]), (var_c, np.full(len(rows), var[-1])), (cov, covariance)):
                 out.append(np.broadcast_to(value, (len(active), len(rows))))
             noise.append(np.full(len(active), sigma))
         return (w, means[:, :-1] - means[:, -1:], np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
                 np.concatenate(noise))
 
-    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
-        """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over
-        the row is expected to lose, from their joint posterior (sizes of one arm share its
-        scale, so their difference is surer than either)."""
+    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs],
+                      margin: float = 0.0) -> np.ndarray:
+        """``E[max(0, log y_row - log y_chosen - margin)]`` for each row: what choosing
+        ``chosen`` over the row is expected to lose, from their joint posterior (sizes of one arm
+        share its scale, so their difference is surer than either)."""
         w, diff, var_r, var_c, cov, _ = self._versus(rows, chosen)
-        return w @ _gain(diff, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
+        return w @ _gain(diff - margin, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
 
     def remeasure_value(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, np.ndarray]:
         """What one more measurement of each row, or of ``chosen``, is expected to gain by the
