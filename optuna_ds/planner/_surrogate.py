@@ -27,7 +27,8 @@ _KNOB_SD = 0.03
 # How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 and 2
 # keep the data-parallel communication volume (reduce-scatter + all-gather is an all-reduce),
 # so they run within a few percent of stage 0; ZeRO-3 also gathers the parameters each step;
-# offloading moves the optimizer step (and the parameters) to the CPU.
+# offloading moves the optimizer step (and the parameters) to the CPU. Each stage also has its
+# own knob defaults (overlap_comm is on at stage 3 only), worth a few percent either way.
 _STAGE_STEP = {1: (-0.007, 0.03), 2: (-0.015, 0.04), 3: (-0.08, 0.09)}
 _OFFLOAD_STEP = (-0.6, 0.15)
 _KEEP = 1e-3  # mixture components below this weight are dropped
@@ -231,19 +232,19 @@ class ThroughputModel:
         return (w, means[:, :-1] - means[:, -1:], np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
                 np.concatenate(noise))
 
-    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs],
-                      margin: float = 0.0) -> np.ndarray:
-        """``E[max(0, log y_row - log y_chosen - margin)]`` for each row: what choosing
-        ``chosen`` over the row is expected to lose, from their joint posterior (sizes of one arm
-        share its scale, so their difference is surer than either)."""
+    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
+        """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over
+        the row is expected to lose, from their joint posterior (sizes of one arm share its
+        scale, so their difference is surer than either)."""
         w, diff, var_r, var_c, cov, _ = self._versus(rows, chosen)
-        return w @ _gain(diff - margin, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
+        return w @ _gain(diff, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
 
     def remeasure_value(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, np.ndarray]:
         """What one more measurement of each row, or of ``chosen``, is expected to gain by the
         choice between the two made after it (a knowledge gradient): the difference's estimate
         moves by the share of its variance that one noisy measurement explains, and the choice
-        changes only where it crosses zero. ``(of the row, of chosen)``."""
+        changes only where it crosses zero. Taken per component of the mixture, as though the
+        run also told which shape holds: an upper bound. ``(of the row, of chosen)``."""
         w, diff, var_r, var_c, cov, noise = self._versus(rows, chosen)
         n2 = noise[:, None] ** 2
         of_row = (var_r - cov) / np.sqrt(var_r + n2)  # sd of the move of the difference's mean
