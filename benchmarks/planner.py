@@ -108,12 +108,13 @@ def _percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--random", type=int, default=200, metavar="N")
+    parser.add_argument("--first", type=int, default=0, metavar="SEED", help="the first random job's seed")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
     args = parser.parse_args()
-    names = args.jobs or [s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.random)]
+    names = args.jobs or [s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
     cache = json.loads((HERE / "deepspeed_figures.json").read_text())
     ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == "fast"}
     rows = []
@@ -128,16 +129,25 @@ def main() -> None:
         if args.verbose or share < 0.99:
             print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
                   f"chose {r['chosen']} optimum {best}", flush=True)
+    hand = {s.name for s in surfaces.SURFACES}
+    for label, group in (("hand-made", [r for r in rows if r[0] in hand]), ("random", [r for r in rows if r[0] not in hand])):
+        if group:
+            _summary(label, group, ds, args.slots)
+
+
+def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int) -> None:
     shares = [s for _, s, _ in rows]
     both = [(n, r) for n, _, r in rows if n in ds and ds[n].get("chosen")]
-    launches = sum(r["launches"] for _, r in both) / sum(ds[n]["launches"] for n, _ in both)
-    hours = sum(r["gpu_hours"] for _, r in both) / sum(ds[n]["gpu_hours"] for n, _ in both)
+    versus = ""
+    if both:
+        launches = sum(r["launches"] for _, r in both) / sum(ds[n]["launches"] for n, _ in both)
+        hours = sum(r["gpu_hours"] for _, r in both) / sum(ds[n]["gpu_hours"] for n, _ in both)
+        versus = f" = {launches:.2f}x, GPU-h {hours:.2f}x of DeepSpeed ({len(both)} jobs)"
     times = [t for _, _, r in rows for t in r["decision_s"]]
-    print(f"jobs {len(rows)} slots {args.slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
+    print(f"{label} jobs {len(rows)} slots {slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
           f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "
-          f"launches {launches:.2f}x GPU-h {hours:.2f}x of DeepSpeed ({len(both)} jobs); "
+          f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job{versus}; "
           f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
-
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,7 @@ from optuna_ds.planner import FeasibilityModel
 from optuna_ds.planner import Observation
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
+from optuna_ds.planner import ThroughputModel
 from optuna_ds.planner import plan
 
 GB = 1e9
@@ -149,3 +150,25 @@ def test_noise_is_estimated_and_a_lucky_measurement_does_not_decide() -> None:
     assert decision.noise is not None and 0.005 <= decision.noise <= 0.08
     # The choice is the model's estimate, not the highest single measurement.
     assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.97 * _optimum(surface)
+
+
+def test_a_coin_toss_between_stages_is_measured_again_and_a_clear_choice_is_not() -> None:
+    problem, _ = _job()
+    z0, z1 = problem.arms[0], problem.arms[1]
+
+    def seen(score_z1: float) -> list[Observation]:
+        runs = [(0, 8, 66.0), (0, 16, 80.0), (0, 24, 85.0), (1, 24, score_z1)]
+        return [Observation(stage=s, mbs=m, status=Status.OK, score=v, seconds=60.0) for s, m, v in runs]
+
+    model = ThroughputModel(problem, FeasibilityModel(problem, seen(85.5)), [(z0, 8, (), 66.0), (z0, 16, (), 80.0),
+                                                                               (z0, 24, (), 85.0), (z1, 24, (), 85.5)])
+    # Choosing a config over itself loses nothing; over a stage measured once, as high, it may.
+    assert model.expected_loss([(z0, 24, ())], (z0, 24, ()))[0] < 1e-4
+    assert model.expected_loss([(z1, 24, ())], (z0, 24, ()))[0] > 0.002
+    # Measuring the stage seen once again tells more than measuring the one seen at three sizes.
+    of_z1, of_z0 = model.remeasure_value([(z1, 24, ())], (z0, 24, ()))
+    assert of_z1[0] > of_z0[0] > 0.0
+    tied = plan(problem, seen(85.5))
+    clear = plan(problem, seen(70.0))
+    assert any(p.repeat for p in tied.proposals) or not tied.done
+    assert not any(p.repeat for p in clear.proposals)

@@ -25,9 +25,7 @@ HOPELESS_OOM = 0.98  # sizes this likely to run out are not candidates
 # second factor) before the search ends.
 BRACKET = 1.6
 BRACKET_SEEN = 1.3
-# A finalist is measured again while the runner-up may beat it by more than this...
-REMEASURE_MARGIN = 0.01
-REMEASURE_PROBABILITY = 0.25  # ...with at least this probability,
+# A finalist is measured again while that is expected to improve the choice by MIN_GAIN,
 MAX_REMEASURES = 3  # and at most this many times in a tuning.
 _BROKEN_PRIOR = 0.2  # a stage that fails for reasons other than memory may fail at every size
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
@@ -117,21 +115,17 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
 
 def _remeasure(model: ThroughputModel, state: _State, ranked: list[tuple[tuple, float, float, int]],
                repeats_so_far: int) -> Proposal | None:
-    """A finalist to measure again when the choice between the two best is a coin toss that
-    could cost more than ``REMEASURE_MARGIN``."""
+    """A finalist to measure again while that is expected to improve the choice by ``MIN_GAIN``:
+    the chosen config, or the measured config it is most likely to lose to, whichever
+    measurement is worth more."""
     if len(ranked) < 2 or repeats_so_far >= MAX_REMEASURES:
         return None
-    (c1, _, _, n1), (c2, _, _, n2) = ranked[0], ranked[1]
-    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in (c1, c2)]
-    w, means, sds = model.predict(rows)  # type: ignore[arg-type]
-    diff = means[:, 1] - means[:, 0]
-    spread = np.sqrt(sds[:, 0] ** 2 + sds[:, 1] ** 2)
-    from scipy.special import ndtr
-
-    p_better = float(np.sum(w * ndtr((diff - REMEASURE_MARGIN) / spread)))
-    if p_better < REMEASURE_PROBABILITY:
+    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c, _, _, _ in ranked]
+    i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))  # type: ignore[arg-type]
+    of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))  # type: ignore[arg-type]
+    if max(of_rival, of_chosen) < MIN_GAIN:
         return None
-    c, n = (c1, n1) if n1 <= n2 else (c2, n2)
+    (c, _, _, n) = ranked[i + 1] if of_rival > of_chosen else ranked[0]
     if any(o.config == c for o in state.running):
         return None
     return Proposal(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], repeat=n, why="re-measure a finalist")

@@ -14,8 +14,10 @@ from optuna_ds.planner._problem import Problem
 # per step amortised over the batch: h is the size at half efficiency), times a loss growing
 # linearly from ``theta`` of the device memory in use to ``loss`` when it is full (allocator
 # retries, smaller fused kernels). Every arm shares the shape; each has its own scale.
-_H = np.geomspace(0.25, 512.0, 23)
-_THETA = np.linspace(0.5, 0.98, 9)
+# The optimum often sits where the loss starts, so theta steps by 3% of the device (an error of
+# a step there costs about loss / (1 - theta) times it); h, smooth in its effect, steps by 65%.
+_H = np.geomspace(0.25, 512.0, 16)
+_THETA = np.linspace(0.5, 0.98, 17)
 _LOSS = np.array([0.05, 0.1, 0.2, 0.35, 0.5, 0.7])
 _NO_PRESSURE_PRIOR = 0.4
 _SIGMA = np.array([0.005, 0.01, 0.02, 0.035, 0.06])  # relative noise of one measurement
@@ -25,8 +27,9 @@ _KNOB_SD = 0.03
 # How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 and 2
 # keep the data-parallel communication volume (reduce-scatter + all-gather is an all-reduce),
 # so they run within a few percent of stage 0; ZeRO-3 also gathers the parameters each step;
-# offloading moves the optimizer step (and the parameters) to the CPU.
-_STAGE_STEP = {1: (-0.01, 0.025), 2: (-0.02, 0.035), 3: (-0.12, 0.07)}
+# offloading moves the optimizer step (and the parameters) to the CPU. Each stage also has its
+# own knob defaults (overlap_comm is on at stage 3 only), worth a few percent either way.
+_STAGE_STEP = {1: (-0.007, 0.03), 2: (-0.015, 0.04), 3: (-0.08, 0.09)}
 _OFFLOAD_STEP = (-0.6, 0.15)
 _KEEP = 1e-3  # mixture components below this weight are dropped
 # What the shape misses (a curve that peaks far from the memory edge, a size the kernels like):
@@ -203,6 +206,51 @@ class ThroughputModel:
             sds.append(np.broadcast_to(np.sqrt(np.maximum(var, 1e-12)), base.shape))
         return np.concatenate(weights), np.concatenate(means), np.concatenate(sds)
 
+    def _versus(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, ...]:
+        """The joint posterior of each row with ``chosen``, per mixture component: weights
+        ``(K,)``, the mean of ``log y_row - log y_chosen`` ``(K, rows)``, the variances of the
+        row, of ``chosen`` and their covariance ``(K, rows)``, and the noise ``(K,)``."""
+        every = list(rows) + [chosen]
+        z = self._design([(a, kn) for a, _, kn in every])
+        log_m = np.log(np.array([m for _, m, _ in every], dtype=float))
+        cross = z @ self._s0 @ self._x.T + _residual(log_m, self._log_m)  # (rows + 1, n)
+        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z) + _RESIDUAL_SD**2
+        prior_cov = z[:-1] @ self._s0 @ z[-1] + _residual(log_m[:-1], log_m[-1:])[:, 0]
+        w, means, _ = self.predict(every)
+        var_r, var_c, cov, noise = [], [], [], []
+        for (_, kinv), active, sigma in zip(self._fits, self._active, _SIGMA):
+            if not len(active):
+                continue
+            var, covariance = prior_var, prior_cov
+            if self.n:
+                explained = cross @ kinv  # (rows + 1, n)
+                var = prior_var - np.einsum("rn,rn->r", explained, cross)
+                covariance = prior_cov - explained[:-1] @ cross[-1]
+            for out, value in ((var_r, var[:-1]), (var_c, np.full(len(rows), var[-1])), (cov, covariance)):
+                out.append(np.broadcast_to(value, (len(active), len(rows))))
+            noise.append(np.full(len(active), sigma))
+        return (w, means[:, :-1] - means[:, -1:], np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
+                np.concatenate(noise))
+
+    def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
+        """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over
+        the row is expected to lose, from their joint posterior (sizes of one arm share its
+        scale, so their difference is surer than either)."""
+        w, diff, var_r, var_c, cov, _ = self._versus(rows, chosen)
+        return w @ _gain(diff, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
+
+    def remeasure_value(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, np.ndarray]:
+        """What one more measurement of each row, or of ``chosen``, is expected to gain by the
+        choice between the two made after it (a knowledge gradient): the difference's estimate
+        moves by the share of its variance that one noisy measurement explains, and the choice
+        changes only where it crosses zero. Taken per component of the mixture, as though the
+        run also told which shape holds: an upper bound. ``(of the row, of chosen)``."""
+        w, diff, var_r, var_c, cov, noise = self._versus(rows, chosen)
+        n2 = noise[:, None] ** 2
+        of_row = (var_r - cov) / np.sqrt(var_r + n2)  # sd of the move of the difference's mean
+        of_chosen = (var_c - cov) / np.sqrt(var_c + n2)
+        return w @ _gain(diff, np.maximum(np.abs(of_row), 1e-12)), w @ _gain(diff, np.maximum(np.abs(of_chosen), 1e-12))
+
     def mean(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> np.ndarray:
         w, means, _ = self.predict(rows)
         return w @ means
@@ -212,6 +260,12 @@ class ThroughputModel:
         w, means, sds = self.predict(rows)
         z = (means - threshold) / sds
         return w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z))
+
+
+def _gain(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """``E[max(0, x)]`` for ``x ~ N(mean, sd^2)``."""
+    z = mean / sd
+    return mean * _norm_cdf(z) + sd * _norm_pdf(z)
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:
