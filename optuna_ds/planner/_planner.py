@@ -217,7 +217,7 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
         # The stages the user listed are each measured once: at the size expected to run fastest.
         fresh = [i for i, (a, _, _) in enumerate(rows) if a.key not in explored and a.offload == ""]
         if fresh:
-            return _best_run([rows[i] for i in fresh], p_run[fresh], model, "a stage you listed")
+            return _best_run([rows[i] for i in fresh], p_run[fresh], model, "a stage you listed", problem.sizes)
     if problem.sizes:
         # Sizes the user listed are each measured at every stage explored, as DeepSpeed does.
         listed = [i for i, (a, _, _) in enumerate(rows) if a.key in explored and not a.offload]
@@ -229,7 +229,7 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
         # DeepSpeed's order: the lowest stage that runs communicates least.
         lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
         first = [i for i, (a, _, _) in enumerate(rows) if a.key == lowest] or list(range(len(rows)))
-        return _best_run([rows[i] for i in first], p_run[first], model, "the size expected to run fastest")
+        return _best_run([rows[i] for i in first], p_run[first], model, "the size expected to run fastest", problem.sizes)
     if not state.ok:
         # Waiting for the first result: the best guess of an arm not tried yet, else a smaller size.
         busy = {(o.stage, o.offload) for o in state.running} | {(p[0], p[1]) for p in taken}
@@ -251,8 +251,14 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
     return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=f"expected gain {gain[i]:.1%}")
 
 
-def _best_run(rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str) -> Proposal:
-    value = p_run * np.exp(model.mean(rows))
-    i = int(np.argmax(value))
+def _best_run(rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str,
+              sizes: tuple[int, ...] | None = None) -> Proposal:
+    """The run expected to measure fastest; with the user's list of ``sizes``, the first listed
+    that is likely to run, in the user's order as DeepSpeed does."""
+    likely = [i for i, (_, m, _) in enumerate(rows) if p_run[i] >= 0.5]
+    if sizes and likely:
+        i = min(likely, key=lambda i: sizes.index(rows[i][1]) if rows[i][1] in sizes else len(sizes))
+    else:
+        i = int(np.argmax(p_run * np.exp(model.mean(rows))))
     a, m, k = rows[i]
     return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=why)
