@@ -51,6 +51,8 @@ def test_headline_compares_the_users_config_with_the_optimum_and_counts_gpu_hour
     assert summary[1].startswith(f"Optimum ({best.user_attrs['exp_name']}): {best.value:.4g} samples/s, "
                                  f"{best.value / mine[0].value:.3g}x faster")
     assert "run-to-run noise about" in summary[1]
+    # The chosen stage's row of DeepSpeed's table agrees with the headline.
+    assert any(line.startswith("| z1 ") and f" {best.user_attrs['exp_name']} " in line for line in summary)
     # GPU time from the launcher's own record of every launch, the profile run included, times
     # the 2 GPUs of each experiment.
     launches = [entry for entry in ws.launches() if not entry.get("training")]

@@ -22,12 +22,14 @@ def _format_value(value: float) -> str:
 
 
 def summary_table(result: TuningResult) -> str:
-    """DeepSpeed's summary table: one row per tuning space, then the global best."""
+    """DeepSpeed's summary table: one row per tuning space, then the global best. The chosen
+    stage's row shows the planner's choice, as the global row does, not its highest single
+    measurement."""
     rows = [("tuning_space", "num_experiments", "best_metric_val", "best_exp_name")]
     for stage in result.stages:
         if stage.status != "tuned":
             continue
-        best = stage.best
+        best = result.chosen if result.chosen is not None and result.chosen.stage == stage.stage else stage.best
         rows.append((stage.name, str(stage.num_experiments), _format_value(best.value) if best else "-", best.name if best else "-"))
     best = result.best
     rows.append(("global", str(result.num_experiments), _format_value(best.value) if best else "-", best.name if best else "-"))
