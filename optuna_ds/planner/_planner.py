@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Sequence
 
@@ -79,8 +80,10 @@ class _State:
     def points(self) -> list[tuple[Arm, int, Knobs, float]]:
         return [(self.problem.arm(o.arm), o.mbs, o.knobs, float(o.score)) for o in self.ok]  # type: ignore[misc]
 
+    @functools.cached_property
     def candidates(self) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
-        """Untried default-knob configs of every arm, with their probability to run."""
+        """Untried default-knob configs of every arm, with their probability to run: the same for
+        every proposal of a batch."""
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
         for arm in self.problem.arms:
@@ -156,11 +159,11 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     first = problem.arms[0] if problem.arms else None
     if baseline is not None and first is not None and (first.stage, first.offload, baseline, ()) not in state.tried:
         proposals.append(Proposal(stage=first.stage, offload=first.offload, mbs=baseline, why="your micro-batch size"))
-    fantasy = list(state.points()) + _fantasies(model, state)
+    fantasy = list(state.points()) + _fantasies(model, [(problem.arm(o.arm), o.mbs, o.knobs) for o in state.running])
     while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
         if proposals:
-            pending = [(problem.arm((p.stage, p.offload)), p.mbs, p.knobs) for p in proposals]
-            fantasy += [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(pending, model.mean(pending))]  # type: ignore[misc]
+            fantasy += _fantasies(model, [(problem.arm((proposals[-1].stage, proposals[-1].offload)), proposals[-1].mbs,
+                                           proposals[-1].knobs)])
         step_model = ThroughputModel(problem, state.memory, fantasy) if len(fantasy) > len(state.ok) else model
         taken = {p.config for p in proposals}
         nxt = _next(problem, state, step_model, taken)
@@ -198,15 +201,16 @@ def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None
     return Proposal(stage=arm.stage, offload=arm.offload, mbs=mbs, why="a smaller size, to bracket the optimum")
 
 
-def _fantasies(model: ThroughputModel, state: _State) -> list[tuple[Arm, int, Knobs, float]]:
-    rows = [(state.problem.arm(o.arm), o.mbs, o.knobs) for o in state.running]
+def _fantasies(model: ThroughputModel, rows: list) -> list[tuple[Arm, int, Knobs, float]]:
+    """Experiments not measured yet (running, or proposed in this batch), as measured at the
+    model's mean: the next proposal of a batch goes elsewhere."""
     if not rows:
         return []
-    return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]  # type: ignore[misc]
+    return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]
 
 
 def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -> Proposal | None:
-    rows, p_run = state.candidates()
+    rows, p_run = state.candidates
     keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
     rows = [rows[i] for i in keep]
     p_run = p_run[keep] if len(keep) else np.zeros(0)

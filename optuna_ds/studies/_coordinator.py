@@ -1,9 +1,7 @@
 from __future__ import annotations
 
-import dataclasses
 import random
 import threading
-import time
 from collections.abc import Callable
 
 from optuna.trial import FrozenTrial
@@ -14,9 +12,7 @@ from optuna_ds.config import Metric
 from optuna_ds.config import MBS_KEY
 from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import Lease
 from optuna_ds.launcher import Phase
-from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.planner import Choice
 from optuna_ds.planner import Decision
@@ -30,16 +26,16 @@ from optuna_ds.storage import ExperimentRecord
 from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import given_up
 from optuna_ds.studies._stage import KnobSearch
+from optuna_ds.studies._stage import StageContext
 from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._stage import Step
 from optuna_ds.studies._stage import Stopped
 from optuna_ds.studies._stage import decision_started
-from optuna_ds.studies._observer import TuningObserver
 
 KNOB_MARGIN = 0.05
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
-_WAIT_SECONDS = 2.0
-_FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval  # a slot with nothing to start looks again after this (or when one of ours ends)
+_WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
+_FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
 
 
 def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
@@ -62,12 +58,6 @@ def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict
     return None
 
 
-@dataclasses.dataclass
-class _Work:
-    tuner: StageTuner
-    proposal: Proposal
-
-
 class Coordinator:
     """One per process: asks the planner for the next experiment whenever a slot of this process
     is free and hands it to that slot.
@@ -80,24 +70,19 @@ class Coordinator:
     study.
     """
 
-    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], pool: SlotPool, stop: threading.Event, metric: Metric,
-                 observer: TuningObserver, fast: bool, num_tuning: int) -> None:
+    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], ctx: StageContext) -> None:
         self._problem = problem
         self._tuners = tuners
-        self._pool = pool
-        self._stop = stop
-        self._metric = metric
-        self._observer = observer
-        self._log = observer.log
+        self._ctx = ctx
+        self._pool = ctx.pool
+        self._stop = ctx.stop
+        self._log = ctx.observer.log
         self._remaining: int | None = None
-        self._fast = fast
-        self._num_tuning = num_tuning
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._handed: list[Proposal] = []
         self._phase_done = False
         self.decision: Decision | None = None
-        self.decision_seconds: list[float] = []
 
     # -- the storage, as the planner sees it ------------------------------------------------------
 
@@ -106,7 +91,7 @@ class Coordinator:
         for stage, tuner in self._tuners.items():
             trials = tuner.study.get_trials(deepcopy=False)
             dead = given_up(trials)
-            seen += [o for t in trials if (o := observation_of(t, stage=stage, metric=self._metric, dead=dead)) is not None]
+            seen += [o for t in trials if (o := observation_of(t, stage=stage, metric=self._ctx.metric, dead=dead)) is not None]
         return seen
 
     def _progress(self, decision: Decision, observations: list[Observation]) -> None:
@@ -116,22 +101,20 @@ class Coordinator:
         left = 0 if decision.done else _REFINEMENTS + sum(1 for a in self._problem.arms if a.key not in explored and not a.offload)
         if left != self._remaining:
             self._remaining = left
-            self._observer.plan(left, metric=self._metric)
+            self._ctx.observer.plan(left, metric=self._ctx.metric)
 
     def _decide(self) -> Decision:
-        start = time.perf_counter()
         # The knob search's running trials are the knob search's: they hold no planner decision up.
         observations = [o for o in self.observations() if not (o.knobs and o.status is Status.RUNNING)]
-        running = {(o.config, ) for o in observations if o.status is Status.RUNNING}
+        running = {o.config for o in observations if o.status is Status.RUNNING}
         pending = [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING)
-                   for p in self._handed if (p.config, ) not in running]
+                   for p in self._handed if p.config not in running]
         decision = plan(self._problem, observations + pending, free_slots=1)
-        self.decision_seconds.append(time.perf_counter() - start)
         self.decision = decision
         self._progress(decision, observations)
         return decision
 
-    def _next(self) -> _Work | None:
+    def _next(self) -> Proposal | None:
         """The next experiment for a free slot; ``None`` when there is none now. Sets
         ``_phase_done`` once the planner is done."""
         decision_started()
@@ -142,7 +125,7 @@ class Coordinator:
             if decision.proposals:
                 proposal = decision.proposals[0]
                 self._handed.append(proposal)
-                return _Work(tuner=self._tuners[proposal.stage], proposal=proposal)
+                return proposal
             if decision.done:
                 self._phase_done = True
                 self._changed.notify_all()
@@ -157,7 +140,7 @@ class Coordinator:
         self._slots(self._plan_slot)
         if self._stop.is_set():
             raise Stopped
-        if not self._fast:
+        if not self._ctx.fast:
             self._knob_search()
         self.decision = None
         with self._lock:
@@ -203,18 +186,19 @@ class Coordinator:
             lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
                 raise Stopped
-            work = None
+            proposal = None
             try:
-                work = self._next()
-                if work is not None:
-                    self._run(work, lease)
+                proposal = self._next()
+                if proposal is not None:
+                    self._tuners[proposal.stage].run_micro_batch(proposal.mbs, lease, offload=proposal.offload,
+                                                                 repeat=proposal.repeat, why=proposal.why)
             finally:
                 self._pool.release(lease)
-                if work is not None:
+                if proposal is not None:
                     with self._lock:
-                        self._handed.remove(work.proposal)
+                        self._handed.remove(proposal)
                         self._changed.notify_all()
-            if work is None:
+            if proposal is None:
                 with self._lock:
                     if self._phase_done:
                         return
@@ -226,10 +210,6 @@ class Coordinator:
         """Locks are not fair: after an experiment, give the slots of other processes waiting
         for these GPUs a turn."""
         self._stop.wait(random.uniform(0.0, _FAIRNESS_PAUSE))
-
-    def _run(self, work: _Work, lease: Lease) -> None:
-        p = work.proposal
-        work.tuner.run_micro_batch(p.mbs, lease, offload=p.offload, repeat=p.repeat, why=p.why)
 
     # -- the knob search --------------------------------------------------------------------------
 
@@ -264,7 +244,7 @@ class Coordinator:
                 scores.setdefault(o.mbs, []).append(float(o.score or 0.0))
         ranked = sorted(scores, key=lambda m: -sum(scores[m]) / len(scores[m]))
         sizes = [choice.mbs] + [m for m in ranked if m != choice.mbs]
-        return self._tuners[choice.stage].with_knobs(KnobSearch.FULL, sizes=tuple(sizes[: max(1, self._num_tuning)]),
+        return self._tuners[choice.stage].with_knobs(KnobSearch.FULL, sizes=tuple(sizes[: max(1, self._ctx.num_tuning)]),
                                                      offload=choice.offload)
 
     def _knob_slot(self, tuner: StageTuner) -> None:

@@ -304,8 +304,7 @@ class Tuning:
         if not self._worker:
             self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
         arms = self._arms(info, estimates)
-        observer = LockedObserver(self._observer)
-        ctx = self._context(observer)
+        ctx = self._context(LockedObserver(self._observer))
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
@@ -318,9 +317,7 @@ class Tuning:
             tuners[stage] = tuner
         if not arms:
             return
-        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, pool=self._pool, stop=self._stop,
-                                  metric=a.tuned_metric, observer=observer, fast=a.fast,
-                                  num_tuning=a.num_tuning_micro_batch_sizes)
+        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx)
         try:
             coordinator.run()
         finally:
