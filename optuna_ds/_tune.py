@@ -53,6 +53,7 @@ from optuna_ds.storage import default_storage_url
 from optuna_ds.storage import delete_tuning
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import redact_url
+from optuna_ds.storage import storage_failures
 from optuna_ds.storage import tuning_study_names
 from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
@@ -215,35 +216,40 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
 
     url = options.storage or default_storage_url(results_dir)
     storage = create_storage(url)
-    if overwrite:
-        _remove_previous_outputs(storage, options.study_name, results_dir, exps_dir)
-    plan = TuningPlan(
-        study_name=options.study_name,
-        script=os.path.abspath(options.script),
-        script_args=list(options.script_args),
-        cwd=os.getcwd(),
-        config_path=user.path,
-        user_config=user.raw,
-        deepspeed_bin=deepspeed_bin,
-        launcher_options=dataclasses.asdict(options.launcher_options),
-        results_dir=results_dir,
-        exps_dir=exps_dir,
-        trial_timeout=options.trial_timeout,
-    )
-    runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
-    log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
-    tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
-    try:
-        with _sigterm_raises():
-            result = tuning.run()
-    except KeyboardInterrupt:
-        # Write what finished, then let the interrupt end the process (130 or 143).
-        with deferred_signals():
-            outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
-            log(outcome.summary.rstrip())
-            log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
-        raise
-    return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
+    with storage_failures(url, advice=_RESUME):
+        if overwrite:
+            _remove_previous_outputs(storage, options.study_name, results_dir, exps_dir)
+        plan = TuningPlan(
+            study_name=options.study_name,
+            script=os.path.abspath(options.script),
+            script_args=list(options.script_args),
+            cwd=os.getcwd(),
+            config_path=user.path,
+            user_config=user.raw,
+            deepspeed_bin=deepspeed_bin,
+            launcher_options=dataclasses.asdict(options.launcher_options),
+            results_dir=results_dir,
+            exps_dir=exps_dir,
+            trial_timeout=options.trial_timeout,
+        )
+        runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
+        log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
+        tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
+        try:
+            with _sigterm_raises():
+                result = tuning.run()
+        except KeyboardInterrupt:
+            # Write what finished, then let the interrupt end the process (130 or 143).
+            with deferred_signals():
+                outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
+                log(outcome.summary.rstrip())
+                log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
+            raise
+        return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
+
+
+# What a user whose database failed mid-tuning is told.
+_RESUME = "the experiments that finished are kept in it: run the same command again to resume"
 
 
 class TuningInterrupted(KeyboardInterrupt):
@@ -312,32 +318,33 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
     observer = observer or PrintObserver()
     check_study_name(options.study_name)
     storage = create_storage(options.storage)
-    plan = _wait_for_plan(storage, options, observer.log)
-    user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
-    for path, what in ((plan.cwd, "working directory"), (plan.script, "training script")):
-        if not os.path.exists(path):
-            raise ConfigError(
-                f"the tuning's {what} {path} does not exist on this node: share it (NFS) or copy it to the same path"
-            )
-    os.chdir(plan.cwd)
-    deepspeed_bin = resolve_deepspeed_bin(options.deepspeed_bin) if options.deepspeed_bin else plan.deepspeed_bin
-    if not os.path.exists(deepspeed_bin[-1]):
-        deepspeed_bin = resolve_deepspeed_bin(None)
-    launcher_options = worker_launcher_options(mine=options.launcher_options, planned=LauncherOptions(**plan.launcher_options))
-    resources = discover_resources(launcher_options)
-    if resources.multi_node and resources.nodes_per_experiment == 1:
-        resources = resources.restricted_to(local_host_names())
-    check_gpus(user, total_gpus=resources.total_gpus)
-    runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
-    observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
-    tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
-                    seed=options.seed, worker=True)
-    try:
-        with _sigterm_raises():
-            return tuning.run()
-    except KeyboardInterrupt:
-        observer.log("interrupted: this worker's experiments were ended and will run again elsewhere")
-        raise
+    with storage_failures(options.storage, advice=_RESUME):
+        plan = _wait_for_plan(storage, options, observer.log)
+        user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
+        for path, what in ((plan.cwd, "working directory"), (plan.script, "training script")):
+            if not os.path.exists(path):
+                raise ConfigError(
+                    f"the tuning's {what} {path} does not exist on this node: share it (NFS) or copy it to the same path"
+                )
+        os.chdir(plan.cwd)
+        deepspeed_bin = resolve_deepspeed_bin(options.deepspeed_bin) if options.deepspeed_bin else plan.deepspeed_bin
+        if not os.path.exists(deepspeed_bin[-1]):
+            deepspeed_bin = resolve_deepspeed_bin(None)
+        launcher_options = worker_launcher_options(mine=options.launcher_options, planned=LauncherOptions(**plan.launcher_options))
+        resources = discover_resources(launcher_options)
+        if resources.multi_node and resources.nodes_per_experiment == 1:
+            resources = resources.restricted_to(local_host_names())
+        check_gpus(user, total_gpus=resources.total_gpus)
+        runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
+        observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
+        tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
+                        seed=options.seed, worker=True)
+        try:
+            with _sigterm_raises():
+                return tuning.run()
+        except KeyboardInterrupt:
+            observer.log("interrupted: this worker's experiments were ended and will run again elsewhere")
+            raise
 
 
 def _write_outputs(
@@ -386,18 +393,19 @@ def report(*, storage: str, study_name: str, output: str) -> str:
     if not os.path.isdir(folder):
         raise ConfigError(f"cannot write the report {output}: folder {folder} does not exist")
     store = create_storage(storage, create=False)
-    plan = load_plan(store, study_name)
-    if plan is None:
-        raise ConfigError(f"storage {redact_url(storage)} holds no tuning named '{study_name}'")
-    user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
-    result = load_result(store, plan, user)
-    summary = summary_text(result, advice=None)
-    data = load_report(store, study_name, result=result)
-    try:
-        write_report(data, output, summary=summary)
-    except OSError as e:
-        raise ConfigError(f"cannot write the report {output}: {e.strerror or e}") from None
-    return summary
+    with storage_failures(storage, advice="run the same command again once it accepts connections"):
+        plan = load_plan(store, study_name)
+        if plan is None:
+            raise ConfigError(f"storage {redact_url(storage)} holds no tuning named '{study_name}'")
+        user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
+        result = load_result(store, plan, user)
+        summary = summary_text(result, advice=None)
+        data = load_report(store, study_name, result=result)
+        try:
+            write_report(data, output, summary=summary)
+        except OSError as e:
+            raise ConfigError(f"cannot write the report {output}: {e.strerror or e}") from None
+        return summary
 
 
 def run_training(command: Sequence[str]) -> int:

@@ -5,14 +5,23 @@ servers exist and the test must run.
 """
 from __future__ import annotations
 
+import collections
 import os
 import socket
+import subprocess
+import sys
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import FAKE_LAUNCHER
+from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 
 SERVERS = {
@@ -62,3 +71,183 @@ def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None
                 optuna.delete_study(study_name=name + suffix, storage=url)
             except KeyError:
                 pass
+
+
+# -- a server that refuses connections ------------------------------------------------------------
+
+FAST = {**CONFIG, "zero_optimization": {"stage": 1}, "autotuning": {**CONFIG["autotuning"], "fast": True}}
+
+
+class LimitedRole:
+    """A PostgreSQL role of its own, owning a database of its own, whose connections the test
+    limits or refuses; dropped at the end. Its name is unique: test runs may share the server."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.name = f"optuna_ds_limited_{uuid.uuid4().hex[:8]}"
+        self.url = f"postgresql+psycopg://{self.name}:S3cretRole@127.0.0.1:5432/{self.name}"  # trust auth: unused
+        self._admin = psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", autocommit=True)
+        self._admin.execute(f"CREATE ROLE {self.name} LOGIN CONNECTION LIMIT 1")
+        self._admin.execute(f"CREATE DATABASE {self.name} OWNER {self.name}")
+
+    def limit(self, connections: int) -> None:
+        self._admin.execute(f"ALTER ROLE {self.name} CONNECTION LIMIT {connections}")
+
+    def refuse(self) -> None:
+        """The server turns the role away and drops every connection it has."""
+        self._admin.execute(f"ALTER ROLE {self.name} NOLOGIN")
+        self._admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (self.name,))
+
+    def admit(self) -> None:
+        self._admin.execute(f"ALTER ROLE {self.name} LOGIN")
+
+    def connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(f"host=127.0.0.1 port=5432 user={self.name} dbname={self.name}")
+
+    def drop(self) -> None:
+        self._admin.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+        self._admin.execute(f"DROP ROLE IF EXISTS {self.name}")
+        self._admin.close()
+
+
+@pytest.fixture
+def role() -> Iterator[LimitedRole]:
+    if not _reachable(5432):
+        if os.environ.get("CI") == "true":
+            pytest.fail("postgresql is not reachable at 127.0.0.1:5432 in CI")
+        pytest.skip("postgresql is not reachable at 127.0.0.1:5432")
+    role = LimitedRole()
+    try:
+        yield role
+    finally:
+        role.drop()
+
+
+def _one_line_error(p: subprocess.CompletedProcess[str] | tuple[int, str, str], *words: str) -> str:
+    code, out, err = (p.returncode, p.stdout, p.stderr) if isinstance(p, subprocess.CompletedProcess) else p
+    assert code == 2, (code, out[-2000:], err[-2000:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("optuna-ds: error"), err[-3000:]
+    assert "Traceback" not in out + err and "S3cretRole" not in out + err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_role_at_its_connection_limit_is_one_line_and_exit_2(ws: Workspace, role: LimitedRole) -> None:
+    """Opening Optuna's storage takes two connections at once: with one allowed, `tune`, `worker`
+    and `report` each say why in one line, after waiting in case others' connections close."""
+    ws.config(FAST)
+    env = ws.env()
+    args = {"tune": ["tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "--storage", role.url, "train.py", "--deepspeed_config", "ds_config.json"],
+            "worker": ["worker", "--storage", role.url],
+            "report": ["report", "--storage", role.url, "-o", str(ws.root / "r.html")]}
+    procs = {k: subprocess.Popen([sys.executable, "-m", "optuna_ds", *a], cwd=ws.root, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k, a in args.items()}
+    for command, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        line = _one_line_error((proc.returncode, out, err), "too many connections for role", "connection limit")
+        assert role.name in line and "127.0.0.1:5432" in line, (command, line)
+    assert not ws.launches()
+
+
+def test_a_tuning_of_8_slots_needs_no_more_than_its_pool_of_connections(ws: Workspace, role: LimitedRole) -> None:
+    """Eight slots and their heartbeats share the process's few connections: a role allowed
+    only those tunes to the end (SQLAlchemy's default pool opened 11 and the server refused)."""
+    role.limit(4)  # optuna-ds's pool: storage.POOL_SIZE + storage.POOL_OVERFLOW
+    (ws.root / "hostfile").write_text("localhost slots=8\n")
+    ws.config({**FAST, "train_micro_batch_size_per_gpu": [2, 4, 8, 12, 16, 24, 32, 48]})
+    p = ws.tune("ds_config.json", "--hostfile", "hostfile", "--num_gpus", "1", "--storage", role.url,
+                surface={"oom_above": {"1": 40}, "peak": 24, "duration": 0.5})
+    assert p.returncode == 0, p.stderr[-3000:]
+    launches = [l for l in ws.launches() if not l.get("profile")]
+    assert len(launches) >= 8 and len({l["include"] for l in launches}) >= 4  # slots ran side by side
+    trials = optuna.load_study(study_name="optuna-ds-z1", storage=role.url).get_trials()
+    assert trials and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
+
+
+def test_a_burst_of_refused_connections_is_waited_out(role: LimitedRole) -> None:
+    """Other clients hold every connection the role may have: opening the storage waits for
+    them to close instead of failing."""
+    from optuna_ds.storage import create_storage
+
+    role.limit(4)
+    held = [role.connect() for _ in range(4)]
+    timer = threading.Timer(3.0, lambda: [c.close() for c in held])
+    start = time.monotonic()
+    timer.start()
+    try:
+        storage = create_storage(role.url)
+    finally:
+        timer.join()
+    assert time.monotonic() - start >= 3.0
+    study = optuna.create_study(storage=storage, study_name="burst")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert len(study.trials) == 2
+    storage.engine.dispose()
+
+
+def test_a_trial_whose_storage_fails_at_its_end_raises_the_storage_error(role: LimitedRole) -> None:
+    """The server refuses the role while a trial runs: Optuna, failing to record the trial and
+    then to read it back, raises UnboundLocalError (optuna/optuna#5280); the database's error it is."""
+    from optuna_ds.storage import create_storage
+    from optuna_ds.storage import database_error
+    from optuna_ds.studies._stage import run_trial
+
+    role.limit(10)
+    storage = create_storage(role.url)
+    study = optuna.create_study(storage=storage, study_name="refused")
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.suggest_float("x", 0.0, 1.0)
+        role.refuse()
+        return 1.0
+
+    with pytest.raises(Exception) as raised:
+        run_trial(study, objective, catch=())
+    assert not isinstance(raised.value, UnboundLocalError)
+    assert f'role "{role.name}" is not permitted to log in' in (database_error(raised.value) or ""), raised.value
+    role.admit()
+    storage.engine.dispose()
+
+
+def test_a_database_lost_mid_tuning_keeps_the_finished_experiments(ws: Workspace, role: LimitedRole) -> None:
+    """The server drops the tuning's connections and refuses new ones after a few experiments:
+    one line says so and how to resume; rerun, the tuning resumes and runs no finished
+    experiment again."""
+    role.limit(50)
+    (ws.root / "hostfile").write_text("localhost slots=4\n")
+    ws.config({**FAST, "train_micro_batch_size_per_gpu": [2, 4, 8, 12, 16, 24, 32, 48]})
+    surface = {"oom_above": {"1": 40}, "peak": 24, "duration": 1.5}
+    env = ws.env(surface)
+    args = [sys.executable, "-m", "optuna_ds", "tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "--hostfile", "hostfile", "--num_gpus", "1",
+            "--storage", role.url, "train.py", "--deepspeed_config", "ds_config.json"]
+    proc = subprocess.Popen(args, cwd=ws.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finished: dict[int, float] = {}
+    deadline = time.monotonic() + 120
+    while len(finished) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+        try:
+            trials = optuna.load_study(study_name="optuna-ds-z1", storage=role.url).get_trials()
+        except KeyError:  # not created yet
+            continue
+        finished = {t.number: t.value for t in trials if t.state == TrialState.COMPLETE}
+    assert len(finished) >= 2, proc.communicate()
+    role.refuse()
+    out, err = proc.communicate(timeout=120)
+    _one_line_error((proc.returncode, out, err), "lost the storage", "run the same command again to resume")
+
+    role.admit()
+    names = {t.user_attrs["exp_name"]: t.number for t in optuna.load_study(study_name="optuna-ds-z1", storage=role.url).get_trials()
+             if t.number in finished}
+    p = subprocess.run(args, cwd=ws.root, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    trials = {t.number: t for t in optuna.load_study(study_name="optuna-ds-z1", storage=role.url).get_trials()}
+    assert all(trials[n].state == TrialState.COMPLETE and trials[n].value == v for n, v in finished.items())
+    launched = collections.Counter(l["args"][l["args"].index("--deepspeed_config") + 1].split("/")[-2]
+                                   for l in ws.launches() if not l.get("profile") and not l.get("training"))
+    assert all(launched[name] == 1 for name in names), launched
+    assert (ws.results / "ds_config_optimal.json").exists()

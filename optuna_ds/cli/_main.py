@@ -3,6 +3,7 @@ from __future__ import annotations
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 import warnings
 from collections.abc import Callable
@@ -272,6 +273,7 @@ def _error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: bad input is one line on stderr and exit status 2, never a traceback."""
+    threading.excepthook = _thread_failed
     try:
         cli.main(args=argv, prog_name="optuna-ds", standalone_mode=False)
     except click.exceptions.UsageError as e:
@@ -291,11 +293,25 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as e:
         _interrupted(e)
     except Exception as e:  # a bug of ours: one line, and the traceback kept for the report
-        from optuna_ds._redact import redact_text
-
-        with tempfile.NamedTemporaryFile("w", prefix="optuna-ds-crash-", suffix=".log", delete=False) as f:
-            f.write(redact_text(traceback.format_exc()))
-        _error(f"optuna-ds: internal error: {type(e).__name__}: {e} (traceback in {f.name})")
+        _crashed(e)
         sys.exit(1)
     sys.exit(0)
+
+
+def _crashed(e: BaseException, *, where: str = "") -> None:
+    from optuna_ds._redact import redact_text
+
+    with tempfile.NamedTemporaryFile("w", prefix="optuna-ds-crash-", suffix=".log", delete=False) as f:
+        f.write(redact_text("".join(traceback.format_exception(e))))
+    _error(f"optuna-ds: internal error{where}: {type(e).__name__}: {e} (traceback in {f.name})")
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A helper thread's failure (Optuna's heartbeat thread): a failure of the storage is left to
+    the main thread, which meets the same storage and says it once; anything else is one line."""
+    from optuna_ds.storage import database_error
+
+    if args.exc_value is None or isinstance(args.exc_value, SystemExit) or database_error(args.exc_value) is not None:
+        return
+    _crashed(args.exc_value, where=f" in thread {args.thread.name if args.thread else '?'}")
 

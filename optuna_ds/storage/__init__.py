@@ -12,7 +12,9 @@ from optuna_ds.storage._plan import tuning_study_names
 from optuna_ds.storage._record import ExperimentRecord
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
+from optuna_ds.storage._storage import database_error
 from optuna_ds.storage._storage import default_storage_url
+from optuna_ds.storage._storage import storage_failures
 from optuna_ds._redact import redact_url
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "check_study_name",
     "claim_stage_study",
     "create_storage",
+    "database_error",
     "default_storage_url",
     "delete_tuning",
     "load_plan",
@@ -29,5 +32,6 @@ __all__ = [
     "redact_url",
     "stage_of",
     "stage_study_name",
+    "storage_failures",
     "tuning_study_names",
 ]

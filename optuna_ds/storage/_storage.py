@@ -3,6 +3,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -10,13 +12,26 @@ from typing import Any
 import optuna
 
 from optuna_ds._errors import OptunaDSError
-from optuna_ds._redact import HIDDEN
 from optuna_ds._redact import redact_text
 from optuna_ds._redact import redact_url
+from optuna_ds._redact import url_password
+from optuna_ds._redact import url_secrets
 
 DB_FILENAME = "optuna-ds.db"
 HEARTBEAT_INTERVAL = 10
 GRACE_PERIOD = 60
+# A database server's connections per process. Every slot thread and every running trial's
+# heartbeat thread borrows one for each query and gives it back at once, so a few are enough;
+# SQLAlchemy's default pool (5 kept open, up to 15) had a process of 8 slots hold 11, and 8
+# such processes exhaust PostgreSQL's default 100. A thread waits its turn instead.
+POOL_SIZE = 2
+POOL_OVERFLOW = 2
+_POOL_WAIT = 600.0
+# A server or role at its connection limit refuses a new one; others' close within moments, so
+# a refused connection is tried again for this long before the process gives up.
+_CONNECT_PATIENCE = 20.0
+_refused_since: float | None = None  # when this process's connections began to be refused, until one is accepted
+_FULL = re.compile(r"(?i)too many (clients|connections)|remaining connection slots|max_user_connections")
 
 
 class StorageError(OptunaDSError):
@@ -39,17 +54,6 @@ def _sqlite_wal(path: str) -> None:
         raise StorageError(f"cannot open SQLite database {path}: {e}") from None
 
 
-def _password_in_userinfo(url: str) -> str | None:
-    """The password as the user wrote it: everything between the first ``:`` and the last
-    ``@`` of the user info (``None`` if there is none)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or rest.startswith("/"):
-        return None
-    head = rest.split("?", 1)[0].split("#", 1)[0]
-    userinfo = head[: head.rfind("@")] if "@" in head else ""
-    return userinfo.partition(":")[2] or None
-
-
 def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStorage:
     """Open the RDB storage that holds the plan and every study of a tuning.
 
@@ -65,7 +69,7 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
         parsed = make_url(url)
     except (ArgumentError, ValueError):
         raise StorageError(f"invalid storage URL {redact_url(url)!s}: expected e.g. sqlite:///path.db or postgresql+psycopg://user@host/db") from None
-    password = _password_in_userinfo(url)
+    password = url_password(url)
     if password is not None and ("@" in password or "/" in password):
         # The URL parser would cut the password there and take its tail for the host.
         raise StorageError(f"storage {redact_url(url)}: its password holds '@' or '/'; percent-encode them as %40 and %2F")
@@ -78,7 +82,7 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
                 raise StorageError(f"no SQLite database at {sqlite_path}")
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
-        engine_kwargs["pool_pre_ping"] = True
+        engine_kwargs.update(pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW, pool_timeout=_POOL_WAIT)
     try:
         if sqlite_path and create:
             os.makedirs(os.path.dirname(sqlite_path), exist_ok=True)
@@ -117,8 +121,92 @@ def _creation_lock(sqlite_path: str | None) -> Iterator[None]:
         yield
 
 
+def _patient_connections(dialect: type) -> None:
+    """Connections of ``dialect`` refused because the server or the role is at its connection
+    limit are tried again for ``_CONNECT_PATIENCE`` seconds: a burst of other clients must not
+    end a tuning. Installed on the dialect, not on one engine: Optuna's storage connects while it
+    is being created, before its engine is ours to configure."""
+    from sqlalchemy import event
+
+    if not event.contains(dialect, "do_connect", _connect_patiently):
+        event.listen(dialect, "do_connect", _connect_patiently)
+
+
+def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+    """The patience is the process's, not each connection's: once the server has refused it for
+    ``_CONNECT_PATIENCE`` seconds, every thread gives up at once and the process ends soon."""
+    global _refused_since
+    delay = 0.1
+    while True:
+        try:
+            connection = dialect.connect(*cargs, **cparams)
+        except Exception as e:
+            if not _FULL.search(str(e)):
+                raise
+            now = time.monotonic()
+            _refused_since = _refused_since or now
+            if now + delay > _refused_since + _CONNECT_PATIENCE:
+                raise
+        else:
+            _refused_since = None
+            return connection
+        time.sleep(delay * random.uniform(0.5, 1.0))  # jittered: refused processes do not all retry in step
+        delay = min(2.0, delay * 2)
+
+
+def database_error(error: BaseException) -> str | None:
+    """The database's own one-line account of ``error`` if the storage's database failed
+    somewhere in its chain (Optuna hides the driver's error behind "An exception is raised
+    during the commit ..."); ``None`` if it is no database failure."""
+    from sqlalchemy import exc
+
+    seen: set[int] = set()
+    found: str | None = None
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, exc.DBAPIError) and e.orig is not None:
+            return _one_line(str(e.orig)) or type(e.orig).__name__
+        if isinstance(e, exc.TimeoutError):
+            return f"no free connection to it in {_POOL_WAIT:.0f} s"
+        if found is None and isinstance(e, (exc.SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+            found = _one_line(str(e)) or type(e).__name__
+        e = e.__cause__ or e.__context__
+    return found
+
+
+def _one_line(message: str) -> str:
+    lines = [" ".join(line.split()) for line in message.strip().splitlines()]
+    return next((line for line in lines if line), "")
+
+
+def _explain(url: str, cause: str) -> str:
+    """``cause`` with every secret of ``url`` hidden, and what to do where the server is full."""
+    cause = redact_text(cause, secrets=url_secrets(url))
+    if _FULL.search(cause):
+        cause += (f" (each optuna-ds process uses up to {POOL_SIZE + POOL_OVERFLOW} connections: raise the server's "
+                  "max_connections or the role's connection limit, or run fewer processes)")
+    return cause
+
+
+@contextlib.contextmanager
+def storage_failures(url: str, *, advice: str) -> Iterator[None]:
+    """A failure of the storage's database inside the block becomes one :class:`StorageError`
+    naming it and saying ``advice`` (how to resume), whatever raised it: a slot's thread, the
+    coordinator, the summary's writer."""
+    try:
+        yield
+    except Exception as e:
+        cause = database_error(e)
+        if cause is None:
+            raise
+        raise StorageError(f"lost the storage {redact_url(url)}: {_explain(url, cause)}; {advice}") from None
+
+
 def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStorage:
     try:
+        if parsed.get_backend_name() != "sqlite":
+            _patient_connections(parsed.get_dialect())
         for attempt in range(5):
             try:
                 return optuna.storages.RDBStorage(
@@ -136,7 +224,5 @@ def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStor
     except ImportError as e:
         raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or optuna-ds[mysql]") from None
     except Exception as e:
-        cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        for secret in {parsed.password, _password_in_userinfo(url)} - {None, ""}:
-            cause = cause.replace(str(secret), HIDDEN)
-        raise StorageError(f"cannot open storage {redact_url(url)}: {redact_text(cause)}") from None
+        cause = database_error(e) or _one_line(str(e)) or type(e).__name__
+        raise StorageError(f"cannot open storage {redact_url(url)}: {_explain(url, cause)}") from None

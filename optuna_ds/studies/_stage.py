@@ -30,6 +30,7 @@ from optuna_ds.samplers import create_sampler
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import recommended_knobs
 from optuna_ds.storage import ExperimentRecord
+from optuna_ds.storage import database_error
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import fail_orphaned_trials
@@ -112,6 +113,19 @@ def _log_decision(*, stage: int, number: int, name: str) -> None:
 def decision_started() -> None:
     """Mark the start of a decision on this slot's thread, for :func:`_log_decision`."""
     _decision.start = time.monotonic()
+
+
+def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], *, catch: tuple[type[Exception], ...]) -> None:
+    """One trial of ``objective`` with Optuna's heartbeat. When the storage fails both to record
+    the trial and to read it back, Optuna's ``_run_trial`` raises ``UnboundLocalError`` from its
+    ``finally`` (optuna/optuna#5280): the storage's error is raised instead, so that the user
+    is told the database failed, not shown a bug."""
+    try:
+        study.optimize(objective, n_trials=1, catch=catch, gc_after_trial=False)
+    except UnboundLocalError as e:
+        if e.__context__ is None or database_error(e.__context__) is None:
+            raise
+        raise e.__context__  # noqa: B904 - with its own cause, the driver's error
 
 
 class StageTuner:
@@ -284,10 +298,7 @@ class StageTuner:
     def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *,
                       space: KnobSpace | None = None, repeat: int = 0) -> None:
         self._stood_down = False
-        study.optimize(
-            self._objective(phase, tuning_list, lease, space=space, repeat=repeat), n_trials=1, catch=(ExperimentFailed,),
-            gc_after_trial=False,
-        )
+        run_trial(study, self._objective(phase, tuning_list, lease, space=space, repeat=repeat), catch=(ExperimentFailed,))
         self._duplicates = self._duplicates + 1 if self._stood_down else 0
 
     # -- one step ---------------------------------------------------------------------------

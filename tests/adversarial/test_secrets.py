@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import urllib.parse
 import uuid
 
 import optuna
@@ -19,6 +20,8 @@ from invariants import base_config
 from invariants import hws  # noqa: F401
 from optuna_ds._redact import redact_text
 from optuna_ds._redact import redact_url
+from optuna_ds._redact import url_password
+from optuna_ds._redact import url_secrets
 
 _PASSWORD = st.text(alphabet="abcXYZ019@/:?&#%!$=+;", min_size=4, max_size=20)
 
@@ -34,6 +37,54 @@ def test_no_url_form_shows_its_password(password: str, form: str) -> None:
     assume(len(secret) >= 4 and secret not in url.replace(secret, "", 1))
     for shown in (redact_url(url), redact_text(f"cannot open storage {url}: refused")):
         assert secret not in shown, shown
+
+
+@settings(max_examples=200, deadline=None)
+@given(password=_PASSWORD, form=st.sampled_from(["userinfo", "query"]))
+def test_a_percent_encoded_password_is_hidden_in_both_forms(password: str, form: str) -> None:
+    """A driver's error may echo the password decoded: that form is hidden too."""
+    encoded = urllib.parse.quote(password, safe="")
+    url = (f"postgresql+psycopg://user:{encoded}@db.example:5432/tuning" if form == "userinfo"
+           else f"postgresql+psycopg://user@db.example:5432/tuning?sslmode=require&password={encoded}")
+    assume(len(password) >= 4 and password not in "postgresql+psycopg://user@db.example:5432/tuning?sslmode=require&password=")
+    shown = redact_text(f"cannot open storage {url}: password {password!s} refused; again {encoded}", secrets=url_secrets(url))
+    assert password not in shown and encoded not in shown, shown
+
+
+@pytest.mark.parametrize(("url", "password"), [
+    ("postgresql+psycopg://u:p@ss/w0rd@h:5432/db", "p@ss/w0rd"),
+    ("postgresql+psycopg://u:pa?ss#x@h/db?sslmode=require", "pa?ss#x"),
+    ("postgresql+psycopg://u:a:b@h/db", "a:b"),
+    ("postgresql+psycopg://u:p%40ss@h/db", "p%40ss"),
+    ("postgresql+psycopg://u@h/db?password=q@x", None),  # a query password is no user info
+    ("postgresql+psycopg://u:@h/db", ""),
+    ("postgresql+psycopg://h/db", None),
+    ("sqlite:////tmp/a:b@c.db", None),
+    ("not a url", None),
+])
+def test_the_user_info_password_is_read_whole(url: str, password: str | None) -> None:
+    """The one reading of a URL's password: what ``create_storage`` checks for '@' and '/' and
+    what ``redact_url`` hides."""
+    assert url_password(url) == password
+    if password:
+        assert password not in redact_url(url).replace("postgresql+psycopg://u:", ""), redact_url(url)
+        assert redact_url(url).startswith("postgresql+psycopg://u:***@")
+
+
+def test_url_secrets_are_every_password_as_written_and_decoded() -> None:
+    url = "postgresql+psycopg://u:p%40ss%2Fw@h/db?sslpassword=s%26t&token=tok+en&sslmode=require"
+    assert {"p%40ss%2Fw", "p@ss/w", "s%26t", "s&t", "tok+en", "tok en"} <= url_secrets(url)
+    assert "require" not in url_secrets(url) and "u" not in url_secrets(url)
+    assert url_secrets("sqlite:///tmp/x.db") == set()
+
+
+def test_a_password_the_url_parser_would_cut_is_refused_without_showing_it() -> None:
+    from optuna_ds.storage import StorageError
+    from optuna_ds.storage import create_storage
+
+    with pytest.raises(StorageError, match="percent-encode") as raised:
+        create_storage("postgresql+psycopg://u:S3cret@pw@127.0.0.1:1/db")
+    assert "S3cret" not in str(raised.value)
 
 
 def _unused_port() -> int:
