@@ -77,6 +77,10 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert "| z1 " in summary and "| global " in summary and name in summary
     assert "Total number of experiments: %d." % len(trials) in summary
     assert "scale the learning rate by sqrt(" in summary  # batch 2 -> the best batch
+    # Why the search ended, said once, before the outcome.
+    stopped = [line for line in p.stdout.splitlines() if line.startswith("the planner stopped: ")]
+    assert stopped == ["the planner stopped: no experiment left is expected to pay"], p.stdout
+    assert p.stdout.index(stopped[0]) < p.stdout.index("| global ")
 
 
 def test_decision_log_has_one_line_per_launch(ws: Workspace) -> None:

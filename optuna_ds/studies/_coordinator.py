@@ -128,6 +128,7 @@ class Coordinator:
                 return proposal
             if decision.done:
                 self._phase_done = True
+                self._log(f"the planner stopped: {decision.reason}")
                 self._changed.notify_all()
             return None
 
