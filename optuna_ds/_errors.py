@@ -10,6 +10,11 @@ class OptunaDSError(Exception):
 
     exit_code = 2
 
+    def __init__(self, message: str = "", *args: object) -> None:
+        # A message quotes the user's keys and values: a newline or control character in one
+        # would break the promised single line, so such characters are shown escaped.
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)), *args)
+
 
 class ConfigError(OptunaDSError):
     """The DeepSpeed config, its ``autotuning`` section or the script arguments are invalid."""

@@ -8,6 +8,8 @@ import math
 import os
 import string
 
+import pytest
+
 from hypothesis import HealthCheck
 from hypothesis import given
 from hypothesis import settings
@@ -88,3 +90,10 @@ def test_experiment_names_are_safe_identities(a: dict, b: dict) -> None:
     if name_a == name_b:
         # The same name must mean the same config (as the names show values, up to their format).
         assert sorted(a) == sorted(b)
+
+
+def test_a_control_character_in_a_key_is_shown_escaped_on_one_line() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_user_config({"autotuning": {"\n\x1b[2J": 1}}, path="ds_config.json", script_args=[])
+    assert "\n" not in str(error.value) and "\x1b" not in str(error.value)
+    assert "autotuning.\\n\\x1b[2J" in str(error.value)
