@@ -30,6 +30,7 @@ from optuna_ds.planner import Observation  # noqa: E402
 from optuna_ds.planner import Problem  # noqa: E402
 from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
+from optuna_ds.planner import _planner as planner_module  # noqa: E402
 from optuna_ds.space import estimate_memory  # noqa: E402
 
 GB = surfaces.GB
@@ -63,10 +64,14 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False) -> dict:
     running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
     nonce = 0
+    curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     while True:
         t0 = time.perf_counter()
         decision = plan(problem, observations + [r[2] for r in running_view(running)], free_slots=slots - len(running))
         decisions.append(time.perf_counter() - t0)
+        if decision.choice is not None:
+            c = decision.choice
+            curve.append((launches, surface.evaluate(config_of(c.stage, c.offload, c.mbs)).throughput))
         for p in decision.proposals:
             config = config_of(p.stage, p.offload, p.mbs)
             outcome = surface.evaluate(config)
@@ -90,7 +95,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False) -> dict:
     chosen = config_of(choice.stage, choice.offload, choice.mbs) if choice else None
     return {"launches": launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
-            "noise": decision.noise, "decision_s": decisions}
+            "noise": decision.noise, "decision_s": decisions, "curve": curve}
 
 
 def running_view(running: list[tuple[float, int, Observation]]) -> list[tuple[float, int, Observation]]:
@@ -113,7 +118,16 @@ def main() -> None:
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a constant of optuna_ds.planner._planner (MIN_GAIN, MARGIN, ...) for a what-if")
+    parser.add_argument("--curve", action="store_true",
+                        help="the share of the optimum after each number of launches (with --set MIN_GAIN=0: never stopping)")
     args = parser.parse_args()
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not hasattr(planner_module, name):
+            parser.error(f"--set: optuna_ds.planner._planner has no {name}")
+        setattr(planner_module, name, type(getattr(planner_module, name))(value))
     names = args.jobs or [s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
     cache = json.loads((HERE / "deepspeed_figures.json").read_text())
     ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == "fast"}
@@ -129,10 +143,25 @@ def main() -> None:
         if args.verbose or share < 0.99:
             print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
                   f"chose {r['chosen']} optimum {best}", flush=True)
+    if args.curve:
+        _curve([(r, surfaces.by_name(n).optimum(fast=True, offload=True)[1]) for n, _, r in rows if n.startswith("random")])
     hand = {s.name for s in surfaces.SURFACES}
     for label, group in (("hand-made", [r for r in rows if r[0] in hand]), ("random", [r for r in rows if r[0] not in hand])):
         if group:
             _summary(label, group, ds, args.slots)
+
+
+def _curve(runs: list[tuple[dict, float]]) -> None:
+    """What a launch budget buys: for each number of launches (the profile run counted), the
+    share of the optimum of the choice made by then, over the generated jobs."""
+    longest = max((r["launches"] for r, _ in runs), default=0)
+    for k in range(2, longest + 1):
+        shares = []
+        for r, optimum in runs:
+            before = [t for n, t in r["curve"] if n <= k]
+            shares.append(before[-1] / optimum if before else 0.0)
+        print(f"after {k:2d} launches: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
+              f"within 1% {sum(s >= 0.99 for s in shares) / len(shares):.0%}")
 
 
 def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int) -> None:
