@@ -199,6 +199,10 @@ def test_knob_search_with_each_sampler(ws: Workspace, tuner: str) -> None:
         assert len(knob) == 6
     best = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert best["zero_optimization"]["overlap_comm"] is True
+    # The planner's choice is recorded once the knob search is over, whatever it would still try.
+    choice = _study(ws, "optuna-ds").user_attrs["choice"]
+    assert choice["stage"] == 2 and _study(ws, "optuna-ds-z2").trials[choice["trial"]].params.get("overlap_comm") is True
+    assert "chosen: " in p.stdout + p.stderr
 
 
 def test_early_stopping_ends_the_knob_search(ws: Workspace) -> None:

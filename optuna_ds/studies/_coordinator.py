@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from collections.abc import Callable
@@ -145,7 +146,11 @@ class Coordinator:
             self._knob_search()
         self.decision = None
         with self._lock:
-            self._decide()
+            decision = self._decide()
+        if not decision.done and not self._ctx.fast and not any(o.status is Status.RUNNING for o in self.observations()):
+            # The knob search ended the tuning: what its results would make the planner try next
+            # is not run, and the choice stands.
+            self.decision = dataclasses.replace(decision, proposals=(), done=True, reason="the knob search is over")
 
     def _slots(self, target: Callable[[], None]) -> None:
         errors: list[BaseException] = []
