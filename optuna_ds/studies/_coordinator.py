@@ -227,13 +227,15 @@ class Coordinator:
         close = [(arm, mbs) for arm, (score, mbs) in sorted(best.items())
                  if score >= (1.0 - KNOB_MARGIN) * choice.measured and recommended_knobs(self._tuners[arm[0]].space) is not None]
         for (stage, offload), mbs in close:
-            self._slots(lambda: self._knob_slot(self._tuners[stage].with_knobs(KnobSearch.RECOMMENDED, sizes=(mbs,), offload=offload)))
+            recommended = self._tuners[stage].with_knobs(KnobSearch.RECOMMENDED, sizes=(mbs,), offload=offload)
+            self._slots(lambda: self._knob_slot(recommended))
             if self._stop.is_set():
                 raise Stopped
         with self._lock:
             choice = self._decide().choice
         if choice is not None and self._tuners[choice.stage].space.tuned:
-            self._slots(lambda: self._knob_slot(self._knob_tuner(choice)))
+            search = self._knob_tuner(choice)
+            self._slots(lambda: self._knob_slot(search))
 
     def _knob_tuner(self, choice: Choice) -> StageTuner:
         """The chosen arm's tuner for the sampler's search, at the choice's size and the arm's
@@ -248,7 +250,9 @@ class Coordinator:
                                                      offload=choice.offload)
 
     def _knob_slot(self, tuner: StageTuner) -> None:
-        """One slot's knob search; each slot has its own tuner (it counts its stand-downs)."""
+        """One slot's knob search. The slots share ``tuner``, which has them decide one at a
+        time; a slot with nothing to start waits until one of ours ends (or a while, for those
+        running elsewhere)."""
         while True:
             lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
@@ -262,6 +266,9 @@ class Coordinator:
             if self._stop.is_set():
                 raise Stopped
             if step is Step.WAIT:
-                self._stop.wait(0.2)
+                with self._lock:
+                    self._changed.wait(_WAIT_SECONDS)
             else:
+                with self._lock:
+                    self._changed.notify_all()
                 self._yield_slot()
