@@ -39,12 +39,32 @@ class TrialCache(_CachedStorage):
         super()._read_trials_from_remote_storage(study_id)
 
     def set_trial_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
-        """Store several user attrs in one transaction: a claim is a dozen attrs, one round trip
+        """Store several user attrs in one statement: a claim is a dozen attrs, one round trip
         instead of a dozen, and the others see it whole or not at all."""
+        import json
+
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
 
         backend = self._backend
+        table = models.TrialUserAttributeModel
+        rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
         with _create_scoped_session(backend.scoped_session, True) as session:
-            for key, value in attrs.items():
-                backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+            backend.check_trial_is_updatable(trial_id, trial.state)
+            dialect = backend.engine.name
+            if dialect in ("postgresql", "sqlite"):
+                from sqlalchemy.dialects import postgresql
+                from sqlalchemy.dialects import sqlite
+
+                insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(rows)
+                session.execute(insert.on_conflict_do_update(index_elements=[table.trial_id, table.key],
+                                                             set_={"value_json": insert.excluded.value_json}))
+            elif dialect == "mysql":
+                from sqlalchemy.dialects import mysql
+
+                upsert = mysql.insert(table).values(rows)
+                session.execute(upsert.on_duplicate_key_update(value_json=upsert.inserted.value_json))
+            else:
+                for key, value in attrs.items():
+                    backend._set_trial_attr_without_commit(session, table, trial_id, key, value)

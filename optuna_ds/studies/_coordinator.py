@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 
 from optuna.trial import FrozenTrial
@@ -36,6 +37,7 @@ KNOB_MARGIN = 0.05
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
 _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
+_IDLE_SECONDS = 1.0  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
 
 
 def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
@@ -82,6 +84,7 @@ class Coordinator:
         self._changed = threading.Condition(self._lock)
         self._handed: list[Proposal] = []
         self._phase_done = False
+        self._idle_until = 0.0
         self.decision: Decision | None = None
 
     # -- the storage, as the planner sees it ------------------------------------------------------
@@ -119,8 +122,8 @@ class Coordinator:
         ``_phase_done`` once the planner is done."""
         decision_started()
         with self._lock:
-            if self._phase_done:
-                return None
+            if self._phase_done or time.monotonic() < self._idle_until:
+                return None  # nothing changed here since a slot found nothing to start
             decision = self._decide()
             if decision.proposals:
                 proposal = decision.proposals[0]
@@ -129,6 +132,7 @@ class Coordinator:
             if decision.done:
                 self._phase_done = True
                 self._changed.notify_all()
+            self._idle_until = time.monotonic() + _IDLE_SECONDS
             return None
 
     # -- the slots --------------------------------------------------------------------------------
@@ -197,6 +201,7 @@ class Coordinator:
                 if proposal is not None:
                     with self._lock:
                         self._handed.remove(proposal)
+                        self._idle_until = 0.0
                         self._changed.notify_all()
             if proposal is None:
                 with self._lock:

@@ -80,16 +80,21 @@ class _Attempt:
 
 
 class _Turn:
-    """A process's turn at the knob decision: held from reading the study until the trial's
-    claim is published (or the decision ends without one), released once. Meanwhile this
-    thread reads the study once (:meth:`TrialCache.freeze`)."""
+    """A process's turn at the knob decision: held until the trial's claim is published (or
+    the decision ends without one), released once. After :meth:`read`, this thread reads the
+    study once (:meth:`TrialCache.freeze`) until then."""
 
     def __init__(self, lock: threading.Lock, study: optuna.Study) -> None:
         lock.acquire()
         self._lock: threading.Lock | None = lock
+        self._study = study
         self._cache = study._storage if isinstance(study._storage, TrialCache) else None
+
+    def read(self) -> list[FrozenTrial]:
+        """The study's trials, read now; what the rest of the turn reads."""
         if self._cache is not None:
-            self._cache.freeze(study._study_id)
+            self._cache.freeze(self._study._study_id)
+        return self._study.get_trials(deepcopy=False)
 
     def release(self) -> None:
         lock, self._lock = self._lock, None
@@ -373,7 +378,7 @@ class StageTuner:
         decision_started()
         turn = _Turn(self._deciding, self.study)
         try:
-            study = self._next_knob_study()
+            study = self._next_knob_study(turn)
             if isinstance(study, Step):
                 return study
             self._optimize_one(study, Phase.KNOBS, sorted(self._sizes), lease, claimed=turn.release)
@@ -382,27 +387,29 @@ class StageTuner:
         self._idle_until = 0.0  # one of ours ended: whatever waits may start now
         return Step.RAN
 
-    def _next_knob_study(self) -> optuna.Study | Step:
+    def _next_knob_study(self, turn: _Turn) -> optuna.Study | Step:
         """The study, with the sampler and pruner for the next knob trial; or the step to take
-        when there is none. Called on the process's turn."""
+        when there is none."""
         ctx = self._ctx
         if ctx.fast or self._knobs is KnobSearch.NONE or not self._space.tuned or not self._sizes:
             return Step.DONE
         if time.monotonic() < self._idle_until:
             return Step.WAIT  # nothing has ended here since a slot found nothing to start
         self._reap()
-        trials = self._trials()
+        trials = turn.read()
         tuning_list = sorted(self._sizes)
         running = self._running(trials, Phase.KNOBS)
         size = self._space.size * len(tuning_list)
         dead = given_up(trials)
         taken = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS
                  and (is_finished_experiment(t) or t in running or r.exp_name in dead)} - {None}
+        # Trials still being asked for (here or by a worker elsewhere) take a config each soon.
+        asking = sum(1 for t in trials if t.state == TrialState.RUNNING and not ExperimentRecord.from_trial(t).claimed)
         first = recommended_knobs(self._space)
         over = (self._knobs is KnobSearch.RECOMMENDED and (first is None or bool(taken))) or len(taken) >= size \
             or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
-        if over:
-            if not running:
+        if over or len(taken) + asking >= size:
+            if over and not running:
                 return Step.DONE
             self._idle_until = time.monotonic() + _IDLE_SECONDS
             return Step.WAIT
