@@ -41,11 +41,10 @@ class _GridSampler(optuna.samplers.GridSampler):
         self._points: dict[int, int] = {}  # trial id: grid id
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        # As Optuna's: the point of the trial's number while there is one, then an unvisited one.
-        if 0 <= trial.number < self._n_min_trials:
-            grid_id = trial.number
-        else:
-            grid_id = int(self._rng.rng.choice(self._get_unvisited_grid_ids(study) or list(range(self._n_min_trials))))
+        # As Optuna's: the point of the trial's number (every worker numbers the points alike, so
+        # they do not collide) unless a fixed trial took it, else an unvisited one at random.
+        unvisited = self._get_unvisited_grid_ids(study) or list(range(self._n_min_trials))
+        grid_id = trial.number if trial.number in unvisited else int(self._rng.rng.choice(unvisited))
         self.take(study, trial, grid_id)
 
     def take(self, study: Study, trial: FrozenTrial, grid_id: int) -> None:

@@ -37,7 +37,8 @@ KNOB_MARGIN = 0.05
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
 _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
-_IDLE_SECONDS = 1.0  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
+_IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
+_KNOB_WAIT_SECONDS = 0.2  # a knob slot with nothing to start looks again after this (the tuner reads at most every 0.5 s)
 
 
 def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
@@ -272,7 +273,7 @@ class Coordinator:
                 raise Stopped
             if step is Step.WAIT:
                 with self._lock:
-                    self._changed.wait(_WAIT_SECONDS)
+                    self._changed.wait(_KNOB_WAIT_SECONDS)
             else:
                 with self._lock:
                     self._changed.notify_all()

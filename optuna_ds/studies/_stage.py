@@ -45,7 +45,7 @@ _MAX_CONSECUTIVE_DUPLICATES = 50
 _SAMPLER_DUPLICATES = 3
 _REAP_SECONDS = 2.0
 _CLAIM_WAIT_SECONDS = 10.0
-_IDLE_SECONDS = 1.0  # a knob search with nothing to start reads the storage again after this (or when one of ours ends)
+_IDLE_SECONDS = 0.5  # a knob search with nothing to start reads the storage again after this (or when one of ours ends)
 _DECISION_LOG_VAR = "OPTUNA_DS_DECISION_LOG"
 _decision = threading.local()  # when this slot became free: the decision's start
 
