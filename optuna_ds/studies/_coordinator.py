@@ -3,7 +3,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
-import time
 from collections.abc import Callable
 
 from optuna.trial import FrozenTrial
@@ -38,8 +37,6 @@ KNOB_MARGIN = 0.05
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
 _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
-_IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
-_KNOB_WAIT_SECONDS = 0.2  # a knob slot with nothing to start looks again after this (the tuner reads at most every 0.5 s)
 
 
 def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
@@ -86,7 +83,6 @@ class Coordinator:
         self._changed = threading.Condition(self._lock)
         self._handed: list[Proposal] = []
         self._phase_done = False
-        self._idle_until = 0.0
         self.decision: Decision | None = None
 
     # -- the storage, as the planner sees it ------------------------------------------------------
@@ -124,8 +120,8 @@ class Coordinator:
         ``_phase_done`` once the planner is done."""
         decision_started()
         with self._lock:
-            if self._phase_done or time.monotonic() < self._idle_until:
-                return None  # nothing changed here since a slot found nothing to start
+            if self._phase_done:
+                return None
             decision = self._decide()
             if decision.proposals:
                 proposal = decision.proposals[0]
@@ -135,7 +131,6 @@ class Coordinator:
                 self._phase_done = True
                 self._log(f"the planner stopped: {decision.reason}")
                 self._changed.notify_all()
-            self._idle_until = time.monotonic() + _IDLE_SECONDS
             return None
 
     # -- the slots --------------------------------------------------------------------------------
@@ -208,7 +203,6 @@ class Coordinator:
                 if proposal is not None:
                     with self._lock:
                         self._handed.remove(proposal)
-                        self._idle_until = 0.0
                         self._changed.notify_all()
             if proposal is None:
                 with self._lock:
@@ -239,15 +233,13 @@ class Coordinator:
         close = [(arm, mbs) for arm, (score, mbs) in sorted(best.items())
                  if score >= (1.0 - KNOB_MARGIN) * choice.measured and recommended_knobs(self._tuners[arm[0]].space) is not None]
         for (stage, offload), mbs in close:
-            recommended = self._tuners[stage].with_knobs(KnobSearch.RECOMMENDED, sizes=(mbs,), offload=offload)
-            self._slots(lambda: self._knob_slot(recommended))
+            self._slots(lambda: self._knob_slot(self._tuners[stage].with_knobs(KnobSearch.RECOMMENDED, sizes=(mbs,), offload=offload)))
             if self._stop.is_set():
                 raise Stopped
         with self._lock:
             choice = self._decide().choice
         if choice is not None and self._tuners[choice.stage].space.tuned:
-            search = self._knob_tuner(choice)
-            self._slots(lambda: self._knob_slot(search))
+            self._slots(lambda: self._knob_slot(self._knob_tuner(choice)))
 
     def _knob_tuner(self, choice: Choice) -> StageTuner:
         """The chosen arm's tuner for the sampler's search, at the choice's size and the arm's
@@ -262,9 +254,7 @@ class Coordinator:
                                                      offload=choice.offload)
 
     def _knob_slot(self, tuner: StageTuner) -> None:
-        """One slot's knob search. The slots share ``tuner``, which has them decide one at a
-        time; a slot with nothing to start waits until one of ours ends (or a while, for those
-        running elsewhere)."""
+        """One slot's knob search; each slot has its own tuner (it counts its stand-downs)."""
         while True:
             lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
@@ -278,9 +268,6 @@ class Coordinator:
             if self._stop.is_set():
                 raise Stopped
             if step is Step.WAIT:
-                with self._lock:
-                    self._changed.wait(_KNOB_WAIT_SECONDS)
+                self._stop.wait(0.2)
             else:
-                with self._lock:
-                    self._changed.notify_all()
                 self._yield_slot()
