@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 from collections.abc import Iterable
+from typing import NamedTuple
 
 # The one place that finds and hides secrets in URLs: every URL printed, logged or put in an error
 # goes through here, and the CLI passes every message it prints through ``redact_text``.
@@ -12,9 +13,16 @@ _SECRET_PARAM = re.compile(r"(?i)([?&;][\w.-]*(?:pass|pwd|secret|token|key)[\w.-
 HIDDEN = "***"
 
 
-def _split(url: str) -> tuple[str, str | None, str | None, str, list[str]] | None:
-    """``url`` as ``scheme://``, user, password (``None`` where there is none), the rest from
-    the ``@`` on with its query secrets hidden, and those query secrets; ``None`` if it is no URL.
+class _Parts(NamedTuple):
+    scheme: str  # "scheme://"
+    user: str | None  # None: no user info
+    password: str | None  # None: no password
+    rest: str  # from the "@" on, its query secrets hidden
+    query_secrets: list[str]
+
+
+def _split(url: str) -> _Parts | None:
+    """``url`` in its parts; ``None`` if it is no URL.
 
     Everything up to the URL's last ``@`` counts as user info, so a password holding ``@``, ``/``,
     ``?`` or ``#`` is found whole; the query is read first, as its password may hold ``@`` too.
@@ -32,15 +40,15 @@ def _split(url: str) -> tuple[str, str | None, str | None, str, list[str]] | Non
     rest = _SECRET_PARAM.sub(hide, rest)
     at = rest.rfind("@")
     if at < 0 or rest.startswith("/"):  # sqlite:////path@x.db has no user info
-        return scheme, None, None, rest, query_secrets
+        return _Parts(scheme, None, None, rest, query_secrets)
     user, sep, password = rest[:at].partition(":")
-    return scheme, user, password if sep else None, rest[at:], query_secrets
+    return _Parts(scheme, user, password if sep else None, rest[at:], query_secrets)
 
 
 def url_password(url: str) -> str | None:
     """The password of ``url``'s user info as the user wrote it (``None`` if there is none)."""
     parts = _split(url)
-    return parts[2] if parts else None
+    return parts.password if parts else None
 
 
 def url_secrets(url: str) -> set[str]:
@@ -49,7 +57,7 @@ def url_secrets(url: str) -> set[str]:
     parts = _split(url)
     if parts is None:
         return set()
-    written = [s for s in (parts[2], *parts[4]) if s]
+    written = [s for s in (parts.password, *parts.query_secrets) if s]
     return {form for s in written for form in (s, urllib.parse.unquote(s), urllib.parse.unquote_plus(s)) if form}
 
 
@@ -59,10 +67,9 @@ def redact_url(url: str) -> str:
     parts = _split(url)
     if parts is None:
         return url
-    scheme, user, password, rest, _ = parts
-    if user is None:
-        return scheme + rest
-    return scheme + (f"{user}:{HIDDEN}" if password is not None else user) + rest
+    if parts.user is None:
+        return parts.scheme + parts.rest
+    return parts.scheme + (f"{parts.user}:{HIDDEN}" if parts.password is not None else parts.user) + parts.rest
 
 
 def redact_text(text: str, *, secrets: Iterable[str] = ()) -> str:
