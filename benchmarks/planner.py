@@ -138,28 +138,29 @@ def main() -> None:
         if not optimum:
             continue
         r = tune(surface, slots=args.slots, trace=args.trace)
+        r["optimum"] = optimum
         share = r["true"] / optimum
         rows.append((name, share, r))
         if args.verbose or share < 0.99:
             print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
                   f"chose {r['chosen']} optimum {best}", flush=True)
     if args.curve:
-        _curve([(r, surfaces.by_name(n).optimum(fast=True, offload=True)[1]) for n, _, r in rows if n.startswith("random")])
+        _curve([r for n, _, r in rows if n.startswith("random")])
     hand = {s.name for s in surfaces.SURFACES}
     for label, group in (("hand-made", [r for r in rows if r[0] in hand]), ("random", [r for r in rows if r[0] not in hand])):
         if group:
             _summary(label, group, ds, args.slots)
 
 
-def _curve(runs: list[tuple[dict, float]]) -> None:
+def _curve(runs: list[dict]) -> None:
     """What a launch budget buys: for each number of launches (the profile run counted), the
     share of the optimum of the choice made by then, over the generated jobs."""
-    longest = max((r["launches"] for r, _ in runs), default=0)
+    longest = max((r["launches"] for r in runs), default=0)
     for k in range(2, longest + 1):
         shares = []
-        for r, optimum in runs:
+        for r in runs:
             before = [t for n, t in r["curve"] if n <= k]
-            shares.append(before[-1] / optimum if before else 0.0)
+            shares.append(before[-1] / r["optimum"] if before else 0.0)
         print(f"after {k:2d} launches: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
               f"within 1% {sum(s >= 0.99 for s in shares) / len(shares):.0%}")
 
