@@ -32,6 +32,7 @@ from optuna_ds.launcher import Resources
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import end_marked
+from optuna_ds.launcher import import_deepspeed
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.launcher import local_host_names
 from optuna_ds.launcher import new_mark
@@ -248,6 +249,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
 
 
+_PLAN_POLL_SECONDS = 0.2  # a waiting worker reads the plan this often: one small query
 # What a user whose database failed mid-tuning is told.
 _RESUME = "the experiments that finished are kept in it: run the same command again to resume"
 
@@ -288,11 +290,15 @@ class WorkerOptions:
 
 
 def _wait_for_plan(storage: optuna.storages.BaseStorage, options: WorkerOptions, log: Callable[[str], None]) -> TuningPlan:
+    """The tuning's plan, once stored. A worker started first does its slow start-up (importing
+    DeepSpeed) while it waits and looks often: the tuning may have little work left by the time
+    the worker could start any."""
     plan = load_plan(storage, options.study_name)
     if plan is None:
         log(f"waiting for tuning '{options.study_name}' to be started in {redact_url(options.storage)}")
+        import_deepspeed()
     while plan is None:
-        time.sleep(1.0)
+        time.sleep(_PLAN_POLL_SECONDS)
         plan = load_plan(storage, options.study_name)
     return plan
 

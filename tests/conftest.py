@@ -2,12 +2,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# A suite started as a background job of a non-interactive shell inherits SIGINT ignored, and so
+# would every tuning it starts (an ignored signal stays ignored across exec): the Ctrl-C tests
+# need it delivered as a terminal would. A handled signal is reset to the default on exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = Path(__file__).parent
 FAKE_LAUNCHER = str(TESTS / "fake_deepspeed.py")

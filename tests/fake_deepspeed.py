@@ -17,7 +17,10 @@ file for an experiment. The performance surface and the faults come from the JSO
     profile_fail   the profile run crashes
     num_params, activation_mem_per_gpu               the model info written by the profile run
     knob_gain   {knob: {value: factor}}              multiplies throughput
+    knob_gain_at {stage: {knob: {value: factor}}}    ...at one stage only, on top
+    knob_room   {knob: {value: sizes}}               raises oom_above: a smaller buffer leaves room
     duration, duration_at {mbs: seconds}             how long an experiment takes
+    noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ)
 
 A config without an ``autotuning`` section is a training run: it prints and exits with
 ``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times
@@ -26,6 +29,7 @@ and the ``FAKE_DS_NODE`` label (one machine posing as several nodes: their GPU i
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -120,6 +124,9 @@ def main():
             print(f"child pid {child.pid}", flush=True)
             time.sleep(3600)
         oom_above = surface.get("oom_above", {}).get(str(stage))
+        for knob, rooms in surface.get("knob_room", {}).items():
+            if oom_above is not None:
+                oom_above += int({_key(json.loads(v)): n for v, n in rooms.items()}.get(_key(zero.get(knob)), 0))
         if oom_above is not None and mbs > oom_above:
             print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
             if "stderr_text" in surface:
@@ -133,9 +140,12 @@ def main():
         base = float(surface.get("base", {"0": 100, "1": 120, "2": 110, "3": 80}).get(str(stage), 100))
         peak = float(surface.get("peak", 24))
         throughput = base * mbs / (1 + (mbs / peak) ** 2)
-        for knob, gains in surface.get("knob_gain", {}).items():
+        tables = [*surface.get("knob_gain", {}).items(), *surface.get("knob_gain_at", {}).get(str(stage), {}).items()]
+        for knob, gains in tables:
             gains = {_key(json.loads(value)): factor for value, factor in gains.items()}
             throughput *= float(gains.get(_key(zero.get(knob)), 1.0))
+        if surface.get("noise"):
+            throughput *= 1.0 + float(surface["noise"]) * random.Random(os.path.basename(os.path.dirname(auto["metric_path"]))).gauss(0.0, 1.0)
         latency = mbs * gas * 1e6 / throughput
         metrics = {"throughput": throughput, "latency": latency, "FLOPS_per_gpu": throughput * 1e9, "rank": 0}
         time.sleep(float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0))))

@@ -73,14 +73,15 @@ def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> N
     study = optuna.load_study(study_name="optuna-ds-z1", storage=storage)
     trials = study.get_trials()
     assert all(t.state == TrialState.COMPLETE for t in trials), [(t.number, t.user_attrs.get("reason"), t.user_attrs.get("stderr_tail")) for t in trials]
-    phases = [t.user_attrs["phase"] for t in trials]
+    # First runs; the planner may measure close finalists again (``repeat``).
+    phases = [t.user_attrs["phase"] for t in trials if not t.user_attrs.get("repeat")]
     assert phases.count("micro_batch") == 2 and phases.count("knobs") == 2
     for t in trials:
         metrics = t.user_attrs["metrics"]
         assert {"throughput", "latency", "FLOPS_per_gpu"} <= set(metrics)  # written by DeepSpeed's engine
         assert t.value == pytest.approx(metrics["throughput"])
         assert (Path(t.user_attrs["result_dir"]) / "metrics.json").exists()
-    knob_trials = [t for t in trials if t.user_attrs["phase"] == "knobs"]
+    knob_trials = [t for t in trials if t.user_attrs["phase"] == "knobs" and not t.user_attrs.get("repeat")]
     assert sorted(t.params["reduce_bucket_size"] for t in knob_trials) == [5e7, 5e8]
     assert all(t.user_attrs["ds_config"]["zero_optimization"]["allgather_bucket_size"] == 5e8 for t in knob_trials)
     model_info = optuna.load_study(study_name="optuna-ds", storage=storage).user_attrs["model_info"]
@@ -160,12 +161,18 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     best = max((t for t in ran if t.state == TrialState.COMPLETE), key=lambda t: t.value)
     summary = (results / "summary.txt").read_text().splitlines()
     assert summary[0] == f"Your config (z0, micro-batch 4): {mine.value:.4g} samples/s."
-    assert summary[1].startswith(f"Optimum ({best.user_attrs['exp_name']}): {best.value:.4g} samples/s, {best.value / mine.value:.3g}x faster")
+    # The optimum is the planner's choice, one of its runs; by the model's estimate, so not always
+    # the highest measurement, but never one measured below it by more than the noise explains.
+    name = summary[1][len("Optimum (") : summary[1].index(")")]
+    chosen = [t for t in ran if t.state == TrialState.COMPLETE and t.user_attrs["exp_name"] == name]
+    assert any(summary[1].startswith(f"Optimum ({name}): {t.value:.4g} samples/s, {t.value / mine.value:.3g}x faster") for t in chosen), summary
+    assert max(t.value for t in chosen) >= 0.75 * best.value, summary
     for t in ran:
         assert 0 < t.user_attrs["duration"] <= (t.datetime_complete - t.datetime_start).total_seconds()
     seconds = sum(t.user_attrs["duration"] for t in ran)  # no profile run: model_info is given
     assert summary[2] == f"Spent: {len(ran)} experiment(s), {seconds / 3600:.3g} GPU-hours."
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == chosen[0].params["train_micro_batch_size_per_gpu"]
     factor = (optimal["train_batch_size"] / 4) ** 0.5
     assert optimal["optimizer"]["params"]["lr"] == pytest.approx(0.001 * factor)
     # The optimal command, pasted as written, trains with DeepSpeed's own runner.

@@ -166,3 +166,28 @@ def test_rank_logs_of_an_experiment_are_its_own_and_classify_it(tmp_path: Path, 
     monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"error_at": [4], "rank_log_text": "torch.OutOfMemoryError: CUDA out of memory."}))
     result = runner.run(exp, slot=_slot(), timeout=60)
     assert result.reason is FailureReason.OOM, result
+
+
+def test_a_waiting_slot_sleeps_until_its_experiment_ends_or_the_tuning_stops() -> None:
+    import subprocess
+    import threading
+
+    from optuna_ds.launcher import ExperimentInterrupted
+    from optuna_ds.launcher._runner import _wait
+
+    stop = threading.Event()
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(3)"])
+    assert _wait(proc, timeout=None, stop=stop) == 3
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    threading.Timer(0.2, stop.set).start()
+    start = time.monotonic()
+    with pytest.raises(ExperimentInterrupted):
+        _wait(proc, timeout=None, stop=stop)
+    assert time.monotonic() - start < 5
+    proc.kill()
+    proc.wait()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    with pytest.raises(subprocess.TimeoutExpired):
+        _wait(proc, timeout=0.3, stop=threading.Event())
+    proc.kill()
+    proc.wait()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import optuna
 import pytest
 
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
+from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from conftest import Workspace
@@ -187,7 +189,7 @@ def test_knob_search_with_each_sampler(ws: Workspace, tuner: str) -> None:
     p = ws.tune("ds_config.json", "--seed", "1", surface=surface)
     assert p.returncode == 0, p.stderr
     trials = _study(ws, "optuna-ds-z2").get_trials()
-    knob = [t for t in trials if t.user_attrs.get("phase") == "knobs" and t.state != TrialState.PRUNED]
+    knob = [t for t in trials if t.user_attrs.get("phase") == "knobs" and t.state != TrialState.PRUNED and not t.user_attrs.get("repeat")]
     assert 1 <= len(knob) <= 6
     names = [t.user_attrs["exp_name"] for t in knob]
     assert len(names) == len(set(names)), "an experiment ran twice"
@@ -215,7 +217,7 @@ def test_early_stopping_ends_the_knob_search(ws: Workspace) -> None:
     ws.config(config)
     assert ws.tune().returncode == 0
     knob = [t for t in _study(ws, "optuna-ds-z1").get_trials() if t.user_attrs.get("phase") == "knobs"]
-    ran = [t for t in knob if t.state != TrialState.PRUNED]
+    ran = [t for t in knob if t.state != TrialState.PRUNED and not t.user_attrs.get("repeat")]
     assert len(ran) == 2  # the surface ignores these knobs: no improvement over the micro-batch phase
     # The pruner said so when the next trial asked (trial.should_prune()): it launched nothing.
     assert all(t.user_attrs.get("early_stopped") for t in knob if t.state == TrialState.PRUNED)
@@ -291,6 +293,21 @@ def test_the_users_own_offload_sections_are_kept_and_nothing_else_is_tried(ws: W
     assert all("offload_optimizer" not in t.user_attrs["ds_config"]["zero_optimization"] for t in trials)
 
 
+def _tune_on_one_slot(ws: Workspace, surface: dict) -> subprocess.CompletedProcess:
+    p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+               env=ws.env(surface, LOCAL_SIZE="1"))
+    assert p.returncode == 0, p.stderr + p.stdout
+    return p
+
+
+def _knob_trials(ws: Workspace, *, stages: tuple[int, ...]) -> list[tuple[int, FrozenTrial]]:
+    """The knob search's trials of ``stages`` (not the planner's re-measurements), as (stage, trial),
+    in the order they started."""
+    knob = [(s, t) for s in stages for t in _study(ws, f"optuna-ds-z{s}").get_trials()
+            if t.user_attrs.get("phase") == "knobs" and not t.user_attrs.get("repeat")]
+    return sorted(knob, key=lambda st: st[1].datetime_start)
+
+
 def test_full_mode_tries_the_recommended_setting_at_close_stages_then_searches_the_best(ws: Workspace) -> None:
     """After the planner's search: DeepSpeed's recommended setting once at each stage within 5%
     of the choice, then the sampler at the stage chosen after them."""
@@ -302,15 +319,115 @@ def test_full_mode_tries_the_recommended_setting_at_close_stages_then_searches_t
     p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                env=ws.env(surface, LOCAL_SIZE="4"))
     assert p.returncode == 0, p.stderr + p.stdout
-    knob = {s: [t for t in _study(ws, f"optuna-ds-z{s}").get_trials() if t.user_attrs.get("phase") == "knobs"] for s in (1, 2)}
+    knob = {s: [t for t in _study(ws, f"optuna-ds-z{s}").get_trials() if t.user_attrs.get("phase") == "knobs" and not t.user_attrs.get("repeat")]
+            for s in (1, 2)}
     # Stage 1's recommended setting is its default config (already run): no knob experiment there.
     assert knob[1] == []
     first = min(knob[2], key=lambda t: t.number)
     assert first.params["overlap_comm"] is True  # the recommended setting first
     mbs_phase = [t for t in _study(ws, "optuna-ds-z2").get_trials() if t.user_attrs.get("phase") == "micro_batch" and t.value]
     assert first.user_attrs["micro_batch_size"] in {t.user_attrs["micro_batch_size"] for t in mbs_phase}
-    # It wins (overlap pays 10%), so the sampler searches stage 2 until 3 experiments bring nothing.
-    ran = [t for t in knob[2] if t.state != TrialState.PRUNED]
-    assert 1 + 3 <= len(ran) <= 1 + 3 + 2
+    # It wins (overlap pays 10%), so the sampler searches stage 2 until 3 experiments bring nothing:
+    # at most 3 after the last improvement, plus those the 3 other slots had started by then.
+    ran = sorted((t for t in knob[2] if t.state != TrialState.PRUNED), key=lambda t: t.datetime_complete)
+    values = [t.value or 0.0 for t in ran]
+    last_improvement = max(i for i, v in enumerate(values) if v > max(values[:i], default=0.0))
+    assert 1 + 3 <= len(ran) <= last_improvement + 1 + 3 + 3
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["stage"] == 2 and optimal["zero_optimization"]["overlap_comm"] is True
+
+
+def test_full_mode_runs_the_recommended_setting_of_a_close_stage_that_overtakes_the_choice_then_the_choices(ws: Workspace) -> None:
+    """The other close stage's recommended setting runs first; when it overtakes the choice, the
+    former choice's runs too, and the search goes to the better of the two."""
+    # Both stages measured at the sizes listed: stage 1 is chosen, stage 2 within 1% of it.
+    ws.config({"train_micro_batch_size_per_gpu": [8, 12], "zero_optimization": {"stage": [1, 2], "overlap_comm": [False, True]},
+               "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64}})
+    surface = {"base": {"0": 100, "1": 103, "2": 102, "3": 60}, "peak": 12, "num_params": 1_000_000_000,
+               "activation_mem_per_gpu": 200_000_000, "knob_gain": {"overlap_comm": {"true": 1.10}}}
+    p = _tune_on_one_slot(ws, surface)
+    knob = _knob_trials(ws, stages=(1, 2))
+    # Stage 2's recommended setting (overlap) before anything at stage 1, the choice of the size search...
+    assert knob[0][0] == 2 and knob[0][1].params["overlap_comm"] is True, p.stdout
+    # ...overtakes it, so stage 1's runs next; it wins back, and the search goes on at stage 1
+    # (stage 1's best knobs may then be carried over to stage 2, once).
+    assert knob[1][0] == 1 and knob[1][1].params["overlap_comm"] is True, p.stdout
+    assert len(knob) > 2 and knob[2][0] == 1 and sum(s == 2 for s, _ in knob) <= 2, p.stdout
+    assert "[z2] DeepSpeed's recommended knob setting, at micro-batch 12" in p.stdout
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["stage"] == 1 and optimal["zero_optimization"]["overlap_comm"] is True
+
+def test_full_mode_tries_the_chosen_stages_best_knobs_at_a_stage_they_may_put_ahead(ws: Workspace) -> None:
+    """Stage 2 is chosen and its knob search finds 10%; stage 1, 1% behind by default, gets
+    stage 2's best knobs once, gains more there, and its own search follows."""
+    ws.config({"train_micro_batch_size_per_gpu": [8, 12],
+               "zero_optimization": {"stage": [1, 2], "reduce_bucket_size": [5e7, 5e8], "allgather_bucket_size": 5e8,
+                                     "overlap_comm": False, "contiguous_gradients": True, "reduce_scatter": True},
+               "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch"}})
+    surface = {"base": {"0": 100, "1": 101, "2": 102, "3": 60}, "peak": 12, "num_params": 1_000_000_000,
+               "activation_mem_per_gpu": 200_000_000, "knob_gain": {"reduce_bucket_size": {"50000000.0": 1.10}},
+               "knob_gain_at": {"1": {"reduce_bucket_size": {"50000000.0": 1.05}}}}
+    p = _tune_on_one_slot(ws, surface)
+    knob = _knob_trials(ws, stages=(1, 2))
+    first_at_1 = next(i for i, (s, _) in enumerate(knob) if s == 1)
+    assert first_at_1 > 0 and all(s == 2 for s, _ in knob[:first_at_1]), p.stdout  # stage 2's search first
+    assert knob[first_at_1][1].params["reduce_bucket_size"] == 5e7, p.stdout  # its best knobs, at stage 1
+    assert "[z1] the knobs {'reduce_bucket_size': 50000000.0}, at micro-batch 12" in p.stdout
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["stage"] == 1 and optimal["zero_optimization"]["reduce_bucket_size"] == 5e7
+
+
+def test_full_mode_searches_the_knobs_of_a_close_stage_when_the_chosen_one_has_none(ws: Workspace) -> None:
+    """ZeRO-0 has no knobs to tune: stage 1, 2% behind it by default, gets the knob search, and
+    its knobs put it ahead."""
+    # The grid, to the end: the search finds stage 1's best knobs whatever the sampler's luck.
+    ws.config({"train_micro_batch_size_per_gpu": [12], "zero_optimization": {"stage": [0, 1]},
+               "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch", "tuner_early_stopping": 20}})
+    surface = {"base": {"0": 102, "1": 100, "2": 90, "3": 60}, "peak": 12, "num_params": 1_000_000_000,
+               "activation_mem_per_gpu": 200_000_000, "knob_gain": {"reduce_bucket_size": {"50000000.0": 1.10}}}
+    p = _tune_on_one_slot(ws, surface)
+    knob = [t for t in _study(ws, "optuna-ds-z1").get_trials() if t.user_attrs.get("phase") == "knobs"]
+    assert knob and any(t.params["reduce_bucket_size"] == 5e7 for t in knob), p.stdout
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["stage"] == 1 and optimal["zero_optimization"]["reduce_bucket_size"] == 5e7, p.stdout
+
+
+def test_full_mode_tries_the_leanest_knobs_at_the_size_that_ran_out_of_memory(ws: Workspace) -> None:
+    """The choice sits at the memory edge: at the size that ran out with the default knobs, the
+    smallest buffers and no contiguous gradient buffer leave room, and larger sizes win."""
+    ws.config({"zero_optimization": {"stage": 2}, "autotuning": {"enabled": True, "fast": False, "tuner_early_stopping": 2}})
+    surface = {"base": {"2": 100}, "peak": 48, "oom_above": {"2": 10}, "num_params": 100_000_000,
+               "activation_mem_per_gpu": 200_000_000,
+               "knob_room": {"contiguous_gradients": {"false": 2}, "reduce_bucket_size": {"50000000.0": 1}}}
+    p = _tune_on_one_slot(ws, surface)
+    trials = _study(ws, "optuna-ds-z2").get_trials()
+    assert any(t.user_attrs.get("reason") == "oom" and t.params["train_micro_batch_size_per_gpu"] == 11 for t in trials), p.stdout
+    # The lean setting at 11, then at larger sizes while it runs and wins: 13 is its edge.
+    lean = {t.params["train_micro_batch_size_per_gpu"]: t for t in trials
+            if t.user_attrs.get("phase") == "knobs" and t.params["contiguous_gradients"] is False and t.params["reduce_bucket_size"] == 5e7}
+    assert sorted(lean) == [11, 12, 13, 14], p.stdout
+    assert all(lean[m].state == TrialState.COMPLETE for m in (11, 12, 13)) and lean[14].user_attrs["reason"] == "oom"
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == 13 and optimal["zero_optimization"]["contiguous_gradients"] is False
+
+
+def test_full_mode_measures_close_knob_settings_again_and_a_rerun_launches_nothing(ws: Workspace) -> None:
+    """Knob settings within the noise of each other, each measured once: the planner measures a
+    finalist again as a knob experiment before it chooses, and a rerun of the finished tuning
+    launches nothing (it once proposed a knob setting's re-measurement that ran without its knobs,
+    then stood down on that name for ever)."""
+    ws.config({"train_micro_batch_size_per_gpu": [8], "zero_optimization": {"stage": 1, "reduce_bucket_size": [5e7, 2e8, 5e8]},
+               "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch", "num_tuning_micro_batch_sizes": 1}})
+    surface = {"noise": 0.03}
+    assert ws.tune(surface=surface).returncode == 0
+    trials = _study(ws, "optuna-ds-z1").get_trials()
+    again = [t for t in trials if t.user_attrs.get("repeat") and t.user_attrs.get("phase") == "knobs"]
+    assert again, [(t.user_attrs.get("exp_name"), t.value) for t in trials]
+    for t in again:
+        first = [u for u in trials if u.user_attrs.get("exp_name") == t.user_attrs["exp_name"].rsplit("_r", 1)[0]]
+        assert first and first[0].params == t.params
+        assert t.user_attrs["ds_config"]["zero_optimization"]["reduce_bucket_size"] == t.params["reduce_bucket_size"]
+    launched = len(ws.launches())
+    p = ws.tune(surface=surface, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert len(ws.launches()) == launched, "a finished experiment ran again"

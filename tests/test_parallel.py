@@ -159,15 +159,21 @@ def test_a_sigkilled_worker_loses_nothing(ws: Workspace, kind: str) -> None:
     tune = cluster.tune()
     deadline = time.monotonic() + 120
     victim_trial = None
+    # The trial must still be running when the kill lands: not one of a size over the surface's
+    # memory (it fails at once), nor one started before the first trial ended (the first
+    # experiments start, and end, together).
+    fits = SURFACE["oom_above"]["1"]
     while victim_trial is None and time.monotonic() < deadline:
         time.sleep(0.2)
         try:
             trials = cluster.study().get_trials()
         except Exception:  # the storage or the study does not exist yet
             continue
+        ended = [t.datetime_complete for t in trials if t.state == TrialState.COMPLETE]
         running = [t for t in trials if t.state == TrialState.RUNNING and "experiment_process" in t.user_attrs
-                   and t.user_attrs["worker"]["pid"] == victim.pid]
-        if running and any(t.state == TrialState.COMPLETE for t in trials):
+                   and t.user_attrs["worker"]["pid"] == victim.pid and t.user_attrs.get("micro_batch_size", fits + 1) <= fits
+                   and ended and t.datetime_start > min(ended)]
+        if running:
             victim_trial = running[0]
     assert victim_trial is not None, "the worker never ran an experiment"
     finished_before = {t.number: t.value for t in cluster.study().get_trials() if t.state == TrialState.COMPLETE}

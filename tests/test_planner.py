@@ -172,3 +172,17 @@ def test_a_coin_toss_between_stages_is_measured_again_and_a_clear_choice_is_not(
     clear = plan(problem, seen(70.0))
     assert any(p.repeat for p in tied.proposals) or not tied.done
     assert not any(p.repeat for p in clear.proposals)
+
+
+def test_a_size_measured_far_below_another_is_not_chosen_whatever_the_model_expects() -> None:
+    """The model's shape rises with the size; a job measured 80x faster at a smaller size (a
+    timing artefact, or a size the kernels like) contradicts it, and the measurements decide."""
+    problem, _ = _job()
+    runs = [(2, 40.0), (4, 4344.0), (5, 52.97)]
+    observations = [Observation(stage=0, mbs=m, status=Status.OK, score=v, seconds=60.0) for m, v in runs]
+    choice = plan(problem, observations).choice
+    assert choice is not None and choice.mbs == 4
+    # Within the noise, the model's estimate still decides: a lone high measurement does not.
+    close = [(4, 60.0), (5, 59.0), (6, 59.5), (8, 59.8), (8, 60.2), (6, 59.4)]
+    observations = [Observation(stage=0, mbs=m, status=Status.OK, score=v, seconds=60.0) for m, v in close]
+    assert plan(problem, observations).choice.mbs != 4

@@ -11,6 +11,8 @@ from optuna.testing.pytest_samplers import SingleOnlySamplerTestCase
 from optuna.trial import TrialState
 
 from optuna_ds.samplers import XGBoostSampler
+from optuna_ds.samplers import create_sampler
+from optuna_ds.samplers import with_fixed_params
 from optuna_ds.samplers._xgboost import CANDIDATE_ATTR
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -97,6 +99,26 @@ def test_running_candidates_of_other_workers_are_not_proposed() -> None:
     assert len(study.trials) == 4
 
 
+def test_a_candidate_published_by_another_search_of_the_study_is_ignored() -> None:
+    """Two searches of one study at other sizes (the knob search, then one setting at a size
+    that ran out of memory): the first one's finished trials are outside the second's space, and
+    the candidate index they published means nothing there."""
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(direction="maximize", storage=storage, study_name="s")
+    wide = {**SPACE, "train_micro_batch_size_per_gpu": list(range(1, 41))}
+    first = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(wide, seed=0))
+    for _ in range(6):
+        trial = first.ask()
+        p = {k: trial.suggest_categorical(k, v) for k, v in wide.items()}
+        first.tell(trial, float(p["train_micro_batch_size_per_gpu"]))
+    published = [t.system_attrs[CANDIDATE_ATTR] for t in study.trials]
+    narrow = {**SPACE, "train_micro_batch_size_per_gpu": [41]}
+    assert max(published) >= len(XGBoostSampler(narrow).candidates)
+    second = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(narrow, seed=0))
+    trial = second.ask()  # the sampler picks its candidate here
+    assert 0 <= trial.study._storage.get_trial(trial._trial_id).system_attrs[CANDIDATE_ATTR] < len(second.sampler.candidates)
+
+
 def test_seeded_runs_repeat() -> None:
     first = _configs(_run(XGBoostSampler(SPACE, seed=7), 8))
     second = _configs(_run(XGBoostSampler(SPACE, seed=7), 8))
@@ -136,3 +158,34 @@ def test_full_space_is_covered_then_repeats_are_allowed() -> None:
     study.optimize(lambda t: t.suggest_categorical("a", [1, 2]) + t.suggest_categorical("b", [True, False]), n_trials=5)
     first_four = {tuple(sorted(t.params.items())) for t in study.trials[:4]}
     assert first_four == {tuple(sorted(zip(space, c))) for c in itertools.product(*space.values())}
+
+
+def test_a_fixed_grid_point_leaves_no_point_of_the_grid_out() -> None:
+    # DeepSpeed's recommended setting runs first with its params fixed; the grid's other points
+    # then follow. Fixing params over Optuna's grid sampler gives that trial the point of its
+    # number (marked visited, never run) and runs the fixed point twice.
+    sampler = create_sampler("gridsearch", SPACE)
+    points = [dict(zip(sorted(SPACE), p)) for p in itertools.product(*(SPACE[k] for k in sorted(SPACE)))]
+    fixed = dict(zip(sampler._param_names, sampler._all_grids[-1]))  # not the point of trial 0's number
+    study = optuna.create_study(direction="maximize")
+
+    def objective(trial: optuna.Trial) -> float:
+        return sum(hash(str(trial.suggest_categorical(k, v))) % 7 for k, v in SPACE.items())
+
+    study.sampler = with_fixed_params(sampler, fixed)
+    study.optimize(objective, n_trials=1)
+    study.sampler = sampler
+    study.optimize(objective, n_trials=len(points) - 1)
+    ran = [tuple(t.params[k] for k in sorted(SPACE)) for t in study.trials]
+    assert study.trials[0].params == fixed
+    assert sorted(ran) == sorted(tuple(p[k] for k in sorted(SPACE)) for p in points)
+
+
+def test_grid_picks_past_the_grid_differ_by_worker_but_the_grid_is_the_same() -> None:
+    # Every worker numbers the grid's points alike (a trial's number gives its point), while the
+    # picks of unvisited points past the grid's size are their own, so workers seldom collide.
+    a, b = create_sampler("gridsearch", SPACE), create_sampler("gridsearch", SPACE)
+    assert a._all_grids == b._all_grids
+    picks_a = [int(a._rng.rng.choice(100)) for _ in range(10)]
+    picks_b = [int(b._rng.rng.choice(100)) for _ in range(10)]
+    assert picks_a != picks_b

@@ -251,3 +251,32 @@ def test_a_database_lost_mid_tuning_keeps_the_finished_experiments(ws: Workspace
                                    for l in ws.launches() if not l.get("profile") and not l.get("training"))
     assert all(launched[name] == 1 for name in names), launched
     assert (ws.results / "ds_config_optimal.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", *sorted(SERVERS)])
+def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(tmp_path, kind: str) -> None:
+    from optuna_ds.storage import ExperimentRecord
+    from optuna_ds.storage import TrialCache
+    from optuna_ds.storage import create_storage
+
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    else:
+        url, port = SERVERS[kind]
+        if not _reachable(port):
+            pytest.skip(f"no {kind} server at 127.0.0.1:{port}")
+    cache = TrialCache(create_storage(url))
+    name = f"attrs-{uuid.uuid4().hex[:8]}"
+    study = optuna.create_study(storage=cache, study_name=name)
+    try:
+        trial = study.ask()
+        trial.set_user_attr("slot", "old")
+        record = ExperimentRecord(slot="localhost:0", ds_config={"zero_optimization": {"stage": 1}}, micro_batch_size=8, exp_name="z1_x")
+        cache.set_trial_user_attrs(trial._trial_id, record.attrs())
+        stored = optuna.load_study(study_name=name, storage=url).trials[0]  # a fresh reader
+        assert ExperimentRecord.from_trial(stored) == record  # the old value overwritten
+        study.tell(trial, 1.0)
+        with pytest.raises(RuntimeError):
+            cache.set_trial_user_attrs(trial._trial_id, {"exp_name": "late"})
+    finally:
+        optuna.delete_study(study_name=name, storage=url)

@@ -21,6 +21,7 @@ from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import discover_resources
+from optuna_ds.launcher._resources import import_deepspeed
 from optuna_ds.launcher._resources import local_host_names
 from optuna_ds.launcher._slots import Lease
 from optuna_ds.launcher._tracking import MARK_VAR
@@ -59,6 +60,7 @@ __all__ = [
     "discover_resources",
     "end_marked",
     "gpu_memory_support",
+    "import_deepspeed",
     "kill_process_group",
     "local_host_names",
     "new_mark",

@@ -80,6 +80,14 @@ def _accelerator() -> Any:
     return get_accelerator()
 
 
+def import_deepspeed() -> None:
+    """Import what :func:`discover_resources` needs from DeepSpeed (and so torch): seconds of
+    CPU, more on a node busy with experiments. A worker does it while it waits for the tuning's
+    plan, so it joins as soon as the plan is stored."""
+    from deepspeed.accelerator import get_accelerator  # noqa: F401
+    from deepspeed.launcher import runner  # noqa: F401
+
+
 def discover_resources(options: LauncherOptions) -> Resources:
     """Resolve the launcher options into concrete GPUs, with DeepSpeed's own parsers."""
     from deepspeed.launcher import runner

@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -35,6 +36,7 @@ from optuna_ds.launcher._tracking import end_marked
 from optuna_ds.launcher._tracking import new_mark
 
 _KILL_GRACE = 10.0
+_STOP_POLL_SECONDS = 0.1  # how soon a waiting slot sees the tuning stopped
 
 
 def _write_json(path: str, data: object) -> None:
@@ -90,17 +92,33 @@ class ExperimentInterrupted(Exception):
 
 
 def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None) -> int:
+    """The launcher's exit status; :class:`ExperimentInterrupted` once ``stop`` is set.
+
+    A slot waits here for most of its life, so it sleeps on a pidfd (woken by the exit, or to
+    look at ``stop`` ten times a second): ``Popen.wait(timeout)`` would poll the child every
+    few milliseconds.
+    """
     if stop is None:
         return proc.wait(timeout=timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        try:
-            return proc.wait(timeout=0.05)
-        except subprocess.TimeoutExpired:
+    try:
+        pidfd: int | None = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (an old kernel): poll
+        pidfd = None
+    try:
+        while True:
+            if pidfd is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    return proc.wait(timeout=0.05)
+            elif select.select([pidfd], [], [], _STOP_POLL_SECONDS)[0]:
+                return proc.wait()
             if stop.is_set():
-                raise ExperimentInterrupted("the tuning was stopped") from None
+                raise ExperimentInterrupted("the tuning was stopped")
             if deadline is not None and time.monotonic() >= deadline:
-                raise
+                raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 class ExperimentRunner:

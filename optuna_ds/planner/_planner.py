@@ -28,6 +28,7 @@ BRACKET = 1.6
 BRACKET_SEEN = 1.3
 # A finalist is measured again while that is expected to improve the choice by MIN_GAIN,
 MAX_REMEASURES = 3  # and at most this many times in a tuning.
+PLAUSIBLE_Z = 3.0  # a config measured this many noise deviations below the best is not chosen
 _BROKEN_PRIOR = 0.2  # a stage that fails for reasons other than memory may fail at every size
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
 _GROWTH = 1.04  # candidate sizes above 64 step by 4%
@@ -100,7 +101,8 @@ class _State:
 
 
 def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[tuple[tuple, float, float, int]]]:
-    """The best config that ran, by the model's estimate; with every measured config ranked."""
+    """The best config that ran, by the model's estimate, among those not measured below
+    another by more than the noise can explain; with every measured config ranked."""
     groups: dict[tuple, list[float]] = {}
     for o in state.ok:
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
@@ -109,8 +111,16 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
     configs = list(groups)
     rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in configs]
     means = model.mean(rows)  # type: ignore[arg-type]
-    ranked = sorted(((c, float(mu), float(np.mean(groups[c])), len(groups[c])) for c, mu in zip(configs, means)),
-                    key=lambda r: -r[1])
+    measured = np.array([np.mean(np.log(groups[c])) for c in configs])
+    counts = np.array([len(groups[c]) for c in configs])
+    top = int(np.argmax(measured))
+    # Where the data contradict the model's shape (a size the kernels dislike, a broken
+    # measurement), the measurements decide: a config measured below the best by more than
+    # PLAUSIBLE_Z noise deviations is not chosen, whatever the model estimates for it.
+    spread = PLAUSIBLE_Z * model.noise * np.sqrt(1.0 / counts + 1.0 / counts[top])
+    plausible = measured >= measured[top] - spread
+    order = sorted(range(len(configs)), key=lambda i: (not plausible[i], -means[i]))
+    ranked = [(configs[i], float(means[i]), float(np.mean(groups[configs[i]])), int(counts[i])) for i in order]
     best = ranked[0]
     c = best[0]
     return Choice(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], estimate=float(np.exp(best[1])), measured=best[2]), ranked
@@ -128,9 +138,11 @@ def _remeasure(model: ThroughputModel, state: _State, ranked: list[tuple[tuple, 
     of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))  # type: ignore[arg-type]
     if max(of_rival, of_chosen) < MIN_GAIN:
         return None
-    (c, _, _, n) = ranked[i + 1] if of_rival > of_chosen else ranked[0]
+    c = (ranked[i + 1] if of_rival > of_chosen else ranked[0])[0]
     if any(o.config == c for o in state.running):
         return None
+    # Numbered after every run of the config, failed ones too: a name that ran is never asked for again.
+    n = sum(1 for o in state.finished if o.config == c)
     return Proposal(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], repeat=n, why="re-measure a finalist")
 
 

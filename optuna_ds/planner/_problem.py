@@ -60,7 +60,8 @@ class Status(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """One experiment, finished or running. ``score`` is the metric made positive and
-    higher-better (a latency is inverted); ``seconds`` the experiment's duration."""
+    higher-better (a latency is inverted); ``seconds`` the experiment's duration; ``repeat``
+    how many times its config ran before it (a re-measurement's is 1 or more)."""
 
     stage: int
     mbs: int
@@ -69,6 +70,7 @@ class Observation:
     offload: str = ""
     knobs: Knobs = ()
     seconds: float | None = None
+    repeat: int = 0
 
     @property
     def arm(self) -> tuple[int, str]:

@@ -30,7 +30,9 @@ class TunerEarlyStoppingPruner(BasePruner):
         self._phase = phase
 
     def _counts(self, trial: FrozenTrial) -> bool:
-        return self._phase is None or ExperimentRecord.from_trial(trial).phase is self._phase
+        # A re-measurement (the planner's, of a setting that ran) is not a trial of the search.
+        record = ExperimentRecord.from_trial(trial)
+        return (self._phase is None or record.phase is self._phase) and not record.repeat
 
     def exhausted(self, study: optuna.Study, *, before: int | None = None) -> bool:
         """Whether the search is over; with ``before``, as seen by trial number ``before``,

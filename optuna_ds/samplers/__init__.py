@@ -1,6 +1,7 @@
 """Layer 3a: samplers that choose the next knob configuration of a stage study."""
 
 from optuna_ds.samplers._factory import create_sampler
+from optuna_ds.samplers._factory import with_fixed_params
 from optuna_ds.samplers._xgboost import XGBoostSampler
 
-__all__ = ["XGBoostSampler", "create_sampler"]
+__all__ = ["XGBoostSampler", "create_sampler", "with_fixed_params"]

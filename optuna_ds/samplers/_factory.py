@@ -5,6 +5,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
+from optuna.study import Study
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
 
 from optuna_ds.samplers._xgboost import XGBoostSampler
 
@@ -12,9 +16,87 @@ from optuna_ds.samplers._xgboost import XGBoostSampler
 def create_sampler(tuner_type: str, search_space: Mapping[str, Sequence[Any]], *, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The sampler of ``autotuning.tuner_type`` over a finite ``search_space``."""
     if tuner_type == "gridsearch":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in search_space.items()}, seed=seed)
+        grid = _GridSampler({k: list(v) for k, v in search_space.items()}, seed=seed)
+        if seed is None:
+            grid.reseed_rng()  # the grid's order is the same everywhere; the picks past it differ by worker
+        return grid
     if tuner_type == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if tuner_type == "model_based":
         return XGBoostSampler(search_space, seed=seed)
     raise ValueError(f"unknown tuner_type {tuner_type!r}")
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, as the knob search uses it: one trial per ``optimize`` call, many
+    slots and workers on one study, and no enqueued trials.
+
+    It remembers the point it gave each trial (Optuna's reads the trial back from the storage
+    for each param), and it does not stop the study once the grid is taken (reading every
+    trial after each): the tuner ends the search.
+    """
+
+    def __init__(self, search_space: Mapping[str, Sequence[Any]], seed: int | None = None) -> None:
+        super().__init__(search_space, seed=seed)
+        self._points: dict[int, int] = {}  # trial id: grid id
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        # As Optuna's: the point of the trial's number (every worker numbers the points alike, so
+        # they do not collide) unless a fixed trial took it, else an unvisited one at random.
+        unvisited = self._get_unvisited_grid_ids(study) or list(range(self._n_min_trials))
+        grid_id = trial.number if trial.number in unvisited else int(self._rng.rng.choice(unvisited))
+        self.take(study, trial, grid_id)
+
+    def take(self, study: Study, trial: FrozenTrial, grid_id: int) -> None:
+        """Give ``trial`` the point ``grid_id`` and mark it so for every worker."""
+        self._points[trial._trial_id] = grid_id
+        study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
+        study._storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        grid_id = self._points.get(trial._trial_id)
+        if grid_id is None or param_name not in self._search_space:
+            return super().sample_independent(study, trial, param_name, param_distribution)
+        return self._all_grids[grid_id][self._param_names.index(param_name)]
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        self._points.pop(trial._trial_id, None)
+
+
+def with_fixed_params(sampler: optuna.samplers.BaseSampler, params: Mapping[str, Any]) -> optuna.samplers.BaseSampler:
+    """``sampler`` with ``params`` fixed for one trial.
+
+    A grid sampler gives a trial the grid point of its number (or, past the grid's size, an
+    unvisited one) and counts that point as visited once the trial ends: with other params fixed
+    on top, that point would never be run. Where ``params`` is a whole point of the grid, the
+    trial takes that point instead.
+    """
+    if isinstance(sampler, _GridSampler) and set(params) == set(sampler._param_names):
+        point = tuple(params[n] for n in sampler._param_names)
+        for grid_id, grid in enumerate(sampler._all_grids):
+            if grid == point:
+                return _GridPoint(sampler, grid_id)
+    return optuna.samplers.PartialFixedSampler(dict(params), sampler)
+
+
+class _GridPoint(optuna.samplers.BaseSampler):
+    """A grid sampler whose next trial takes the point ``grid_id``."""
+
+    def __init__(self, grid: _GridSampler, grid_id: int) -> None:
+        self._grid = grid
+        self._grid_id = grid_id
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._grid.take(study, trial, self._grid_id)
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        return self._grid.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        self._grid.after_trial(study, trial, state, values)

@@ -136,8 +136,12 @@ class XGBoostSampler(BaseSampler):
             # The params once set (a fixed-param trial may differ from its published candidate),
             # the published candidate while they are not.
             index = self._index_of(t.params)
-            if index is None:
+            if index is None and not t.params:
+                # Published by a sampler of another search of this study (other sizes, another
+                # offload variant), an index may point anywhere in this one's candidates.
                 index = t.system_attrs.get(CANDIDATE_ATTR)
+                if not isinstance(index, int) or not 0 <= index < len(self._candidates):
+                    index = None
             if index is None:
                 continue
             if t.state in (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED):

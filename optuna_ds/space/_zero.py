@@ -68,11 +68,45 @@ KNOB_RECOMMENDED: dict[str, Any] = {**KNOB_DEFAULTS, "overlap_comm": True}
 def recommended_knobs(space: KnobSpace) -> dict[str, Any] | None:
     """The tuned knobs set as DeepSpeed recommends, the first knob experiment of a stage; ``None``
     where that is the stage's default config, which its micro-batch search already ran."""
+    return _setting(space, KNOB_RECOMMENDED)
+
+
+def transferred_knobs(space: KnobSpace, values: dict[str, Any]) -> dict[str, Any] | None:
+    """Another arm's best knob ``values`` where ``space`` tunes and offers them, the defaults
+    elsewhere: knob effects mostly carry over between stages that read the same knob. ``None``
+    where that is the stage's default config."""
+    return _setting(space, values)
+
+
+# Knobs that size a buffer DeepSpeed allocates (buckets; the parameters stage 3 keeps live or
+# persistent): their smallest values need least memory.
+_BUFFER_SIZES = frozenset({"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                           "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_param_persistence_threshold"})
+# Switches whose off position allocates less: overlap's extra buckets, the contiguous gradient buffer.
+_BUFFER_SWITCHES = frozenset({"overlap_comm", "contiguous_gradients"})
+
+
+def leanest_knobs(space: KnobSpace) -> dict[str, Any] | None:
+    """The setting of ``space`` that needs least memory: the smallest buffers, no overlap buckets,
+    no contiguous gradient buffer, the defaults elsewhere; ``None`` where that is the default
+    config. Where the default config ran out of memory at a size, the one setting worth trying
+    there."""
+    preferred: dict[str, Any] = {}
+    for key, choices in space.tuned.items():
+        sizes = [c for c in choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if key in _BUFFER_SIZES and sizes:
+            preferred[key] = min(sizes)
+        elif key in _BUFFER_SWITCHES and False in choices:
+            preferred[key] = False
+    return _setting(space, preferred)
+
+
+def _setting(space: KnobSpace, preferred: dict[str, Any]) -> dict[str, Any] | None:
     defaults = {**KNOB_DEFAULTS, "overlap_comm": space.stage == 3}
     knobs: dict[str, Any] = {}
     differs = False
     for key, choices in space.tuned.items():
-        value = KNOB_RECOMMENDED.get(key)
+        value = preferred.get(key)
         if value not in choices:
             value = defaults.get(key) if defaults.get(key) in choices else choices[0]
         knobs[key] = value

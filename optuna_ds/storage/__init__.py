@@ -1,5 +1,6 @@
 """Layer 5a: the Optuna RDB storage, and what is kept in it: the tuning plan, the experiments' records."""
 
+from optuna_ds.storage._cache import TrialCache
 from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import check_study_name
 from optuna_ds.storage._plan import claim_stage_study
@@ -20,6 +21,7 @@ from optuna_ds._redact import redact_url
 __all__ = [
     "ExperimentRecord",
     "StorageError",
+    "TrialCache",
     "TuningPlan",
     "check_study_name",
     "claim_stage_study",

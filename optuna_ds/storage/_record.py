@@ -101,13 +101,21 @@ class ExperimentRecord:
             values["reason"] = FailureReason(values["reason"])
         return cls(**values)
 
-    def write(self, set_user_attr: SetUserAttr) -> None:
-        """Store the fields this record sets (those not at their default), in field order, so
-        ``exp_name`` last; ``set_user_attr`` is a trial's, or a storage's bound to a trial id."""
+    def attrs(self) -> dict[str, Any]:
+        """The user attrs of the fields this record sets (those not at their default), in field
+        order, so ``exp_name`` last."""
+        attrs = {}
         for field in _FIELDS:
             value = getattr(self, field.name)
             if value != field.default:
-                set_user_attr(field.name, value.value if isinstance(value, (Phase, FailureReason)) else value)
+                attrs[field.name] = value.value if isinstance(value, (Phase, FailureReason)) else value
+        return attrs
+
+    def write(self, set_user_attr: SetUserAttr) -> None:
+        """Store :meth:`attrs` one by one, ``exp_name`` last; ``set_user_attr`` is a trial's, or a
+        storage's bound to a trial id."""
+        for key, value in self.attrs().items():
+            set_user_attr(key, value)
 
     @property
     def claimed(self) -> bool:

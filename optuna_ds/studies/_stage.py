@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 import itertools
 import json
-import threading
 import os
+import random
+import threading
 import shlex
 import time
 from collections.abc import Callable
@@ -27,9 +29,11 @@ from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import shell_line
 from optuna_ds.pruners import TunerEarlyStoppingPruner
 from optuna_ds.samplers import create_sampler
+from optuna_ds.samplers import with_fixed_params
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import recommended_knobs
 from optuna_ds.storage import ExperimentRecord
+from optuna_ds.storage import TrialCache
 from optuna_ds.storage import database_error
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import TuningObserver
@@ -43,6 +47,7 @@ _MAX_CONSECUTIVE_DUPLICATES = 50
 _SAMPLER_DUPLICATES = 3
 _REAP_SECONDS = 2.0
 _CLAIM_WAIT_SECONDS = 10.0
+_IDLE_SECONDS = 0.5  # a knob search with nothing to start reads the storage again after this (or when one of ours ends)
 _DECISION_LOG_VAR = "OPTUNA_DS_DECISION_LOG"
 _decision = threading.local()  # when this slot became free: the decision's start
 
@@ -68,11 +73,44 @@ class ExperimentFailed(Exception):
         self.result = result
 
 
+@dataclasses.dataclass
+class _Attempt:
+    """One trial as its objective left it; ``claimed`` is called once its claim is published."""
+
+    claimed: Callable[[], None] = lambda: None
+    stood_down: bool = False
+
+
+class _Turn:
+    """A process's turn at the knob decision: held until the trial's claim is published (or
+    the decision ends without one), released once. After :meth:`read`, this thread reads the
+    study once (:meth:`TrialCache.freeze`) until then."""
+
+    def __init__(self, lock: threading.Lock, study: optuna.Study) -> None:
+        lock.acquire()
+        self._lock: threading.Lock | None = lock
+        self._study = study
+        self._cache = study._storage if isinstance(study._storage, TrialCache) else None
+
+    def read(self) -> list[FrozenTrial]:
+        """The study's trials, read now; what the rest of the turn reads."""
+        if self._cache is not None:
+            self._cache.freeze(self._study._study_id)
+        return self._study.get_trials(deepcopy=False)
+
+    def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            if self._cache is not None:
+                self._cache.thaw()
+            lock.release()
+
+
 class KnobSearch(enum.Enum):
     """How much of a stage's knob space to search."""
 
     NONE = "none"
-    RECOMMENDED = "recommended"  # DeepSpeed's recommended setting only: one experiment
+    ONE = "one"  # one setting, DeepSpeed's recommended unless given: one experiment
     FULL = "full"  # the recommended setting, then the sampler until early stopping
 
 
@@ -110,6 +148,16 @@ def _log_decision(*, stage: int, number: int, name: str) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
+def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
+    """Write ``record`` to the trial: in one transaction where the storage allows (``exp_name``
+    is then seen with the rest of its claim), else field by field, ``exp_name`` last."""
+    storage = trial.study._storage
+    if isinstance(storage, TrialCache):
+        storage.set_trial_user_attrs(trial._trial_id, record.attrs())
+    else:
+        record.write(trial.set_user_attr)
+
+
 def decision_started() -> None:
     """Mark the start of a decision on this slot's thread, for :func:`_log_decision`."""
     _decision.start = time.monotonic()
@@ -131,7 +179,7 @@ def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], *
 class StageTuner:
     """Runs the experiments of one ZeRO stage in its own Optuna study, one trial per experiment.
 
-    The planner decides the micro-batch experiments (:meth:`run_micro_batch`, trials with fixed
+    The planner decides the micro-batch experiments (:meth:`run_config`, trials with fixed
     params); the knob search (:meth:`step_knobs`, unless in fast mode) runs DeepSpeed's
     recommended setting at the best size, then the ``tuner_type`` sampler over the best sizes,
     until :class:`TunerEarlyStoppingPruner` prunes the next trial or the space is exhausted.
@@ -139,24 +187,35 @@ class StageTuner:
     stopped and any number of slots (of this process, of workers elsewhere) can run the same
     stage: a trial claims its experiment by name, and of two claimants of one experiment one runs
     it and the other stands down (:meth:`_competitor`).
+
+    Every study of a stage this process opens shares :attr:`study`'s storage cache, which reads
+    again only the trials that are new or still running: a step reads little however many trials
+    the study has.
     """
 
     def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace,
-                 knobs: KnobSearch = KnobSearch.NONE, sizes: tuple[int, ...] = ()) -> None:
+                 knobs: KnobSearch = KnobSearch.NONE, sizes: tuple[int, ...] = (),
+                 setting: dict[str, Any] | None = None, study: optuna.Study | None = None) -> None:
         self._ctx = ctx
         self._knobs = knobs
+        self._setting = setting
         self._sizes = sizes
         self._study_name = study_name
         self._stage = stage
         self._space = space
         self._duplicates = 0
-        self._stood_down = False
         self._early_stopped = False
         self._reaped = 0.0
-        self.study = optuna.create_study(
-            storage=ctx.storage, study_name=study_name, direction=ctx.metric.direction, load_if_exists=True
-        )
-        self._reap(force=True)
+        self._deciding = threading.Lock()  # the knob search's slots decide one at a time
+        self._idle_until = 0.0  # nothing to start before then (unless one of ours ends)
+        self._sampler: optuna.samplers.BaseSampler | None = None
+        self._rng = random.Random(ctx.seed)
+        if study is None:
+            storage = TrialCache(ctx.storage) if isinstance(ctx.storage, optuna.storages.RDBStorage) else ctx.storage
+            study = optuna.create_study(storage=storage, study_name=study_name, direction=ctx.metric.direction,
+                                        load_if_exists=True)
+        self.study = study
+        self.reap(force=True)
 
     @property
     def stage(self) -> int:
@@ -166,12 +225,18 @@ class StageTuner:
     def space(self) -> KnobSpace:
         return self._space
 
-    def with_knobs(self, knobs: KnobSearch, *, sizes: tuple[int, ...], offload: str = "") -> StageTuner:
+    def with_knobs(self, knobs: KnobSearch, *, sizes: tuple[int, ...], offload: str = "",
+                   setting: dict[str, Any] | None = None) -> StageTuner:
         """This stage's tuner searching as much of the knob space as ``knobs`` says, at the
-        micro-batch ``sizes`` (best first) and with the offload variant the choice has."""
+        micro-batch ``sizes`` (best first) and with the offload variant the choice has;
+        ``setting``: the one setting of :attr:`KnobSearch.ONE`, if not DeepSpeed's recommended."""
         space = self._space.with_offload(offload) if offload else self._space
         return StageTuner(ctx=self._ctx, study_name=self._study_name, stage=self._stage, space=space,
-                          knobs=knobs, sizes=sizes)
+                          knobs=knobs, sizes=sizes, setting=setting, study=self.study)
+
+    def _load(self, **kwargs: Any) -> optuna.Study:
+        """This stage's study with a sampler or pruner of its own, on :attr:`study`'s cache."""
+        return optuna.load_study(storage=self.study._storage, study_name=self._study_name, **kwargs)
 
     # -- reading the study ------------------------------------------------------------------
 
@@ -184,7 +249,7 @@ class StageTuner:
         return [t for t in trials if t.state == TrialState.RUNNING
                 and (r := ExperimentRecord.from_trial(t)).phase is phase and r.claimed]
 
-    def _reap(self, *, force: bool = False) -> None:
+    def reap(self, *, force: bool = False) -> None:
         """Fail the trials of dead workers so that their experiments run again: at once for a
         process of this host, after the heartbeat's grace period for one elsewhere."""
         now = time.monotonic()
@@ -232,8 +297,8 @@ class StageTuner:
 
     # -- running one trial ------------------------------------------------------------------
 
-    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, *, space: KnobSpace | None = None,
-                   repeat: int = 0) -> Callable[[optuna.Trial], float]:
+    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, attempt: _Attempt, *,
+                   space: KnobSpace | None = None, repeat: int = 0) -> Callable[[optuna.Trial], float]:
         ctx = self._ctx
         space = space or self._space
 
@@ -253,11 +318,12 @@ class StageTuner:
             experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=space, knobs=knobs,
                                            repeat=repeat)
             slot = lease.slot.include
-            ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat).write(trial.set_user_attr)  # exp_name last: the claim
+            _store(trial, ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat))  # the claim
+            attempt.claimed()
             previous = self._competitor(trial, experiment.name)
             if previous is not None:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
-                self._stood_down = True
+                attempt.stood_down = True
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
             if phase is Phase.KNOBS and trial.should_prune():  # tuner_early_stopping, tuner_num_trials
                 ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
@@ -280,7 +346,7 @@ class StageTuner:
             except BaseException:
                 ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                 raise
-            ExperimentRecord.outcome(result).write(trial.set_user_attr)
+            _store(trial, ExperimentRecord.outcome(result))
             if not result.ok:
                 assert result.reason is not None
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
@@ -296,72 +362,116 @@ class StageTuner:
         return objective
 
     def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *,
-                      space: KnobSpace | None = None, repeat: int = 0) -> None:
-        self._stood_down = False
-        run_trial(study, self._objective(phase, tuning_list, lease, space=space, repeat=repeat), catch=(ExperimentFailed,))
-        self._duplicates = self._duplicates + 1 if self._stood_down else 0
+                      space: KnobSpace | None = None, repeat: int = 0, claimed: Callable[[], None] | None = None) -> None:
+        attempt = _Attempt(claimed=claimed) if claimed is not None else _Attempt()
+        run_trial(study, self._objective(phase, tuning_list, lease, attempt, space=space, repeat=repeat), catch=(ExperimentFailed,))
+        self._duplicates = self._duplicates + 1 if attempt.stood_down else 0
 
     # -- one step ---------------------------------------------------------------------------
 
-    def run_micro_batch(self, mbs: int, lease: Lease, *, offload: str = "", repeat: int = 0, why: str = "") -> None:
-        """Run the planner's experiment: size ``mbs`` with the default knobs (and the offload
-        variant ``offload``) on ``lease``; ``repeat``: how many times it ran before."""
-        self._reap()
+    def run_config(self, mbs: int, lease: Lease, *, offload: str = "", knobs: dict[str, Any] | None = None,
+                   repeat: int = 0, why: str = "") -> None:
+        """Run the planner's experiment on ``lease``: size ``mbs`` with the offload variant
+        ``offload`` and the default knobs, or ``knobs`` (a knob setting that ran, measured
+        again); ``repeat``: how many times it ran before."""
+        self.reap()
         space = self._space.with_offload(offload) if offload else self._space
         # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
         # is not atomic on SQLite, and any slot could pop another's.
-        sampler = optuna.samplers.PartialFixedSampler({MBS_KEY: mbs, GAS_KEY: self._ctx.builder.gas_for(mbs)}, optuna.samplers.RandomSampler())
-        study = optuna.load_study(storage=self._ctx.storage, study_name=self._study_name, sampler=sampler)
+        fixed = {**(knobs or {}), MBS_KEY: mbs, GAS_KEY: self._ctx.builder.gas_for(mbs)}
+        sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler())
+        study = self._load(sampler=sampler, pruner=optuna.pruners.NopPruner())
         if why:
-            self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {mbs}{' ' + offload if offload else ''}: {why}")
-        self._optimize_one(study, Phase.MICRO_BATCH, [mbs], lease, space=space, repeat=repeat)
+            setting = f" {knobs}" if knobs else ""
+            self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {mbs}{' ' + offload if offload else ''}{setting}: {why}")
+        self._optimize_one(study, Phase.KNOBS if knobs else Phase.MICRO_BATCH, [mbs], lease, space=space, repeat=repeat)
 
     def step_knobs(self, lease: Lease) -> Step:
-        """Run the knob search's next trial on ``lease``, or say why there is none."""
+        """Run the knob search's next trial on ``lease``, or say why there is none.
+
+        The slots of a process share this tuner and take turns at the decision: one reads the
+        study, asks the sampler and publishes its trial's claim before the next one reads, so two
+        slots of a process never ask for one config and the study is read once per decision;
+        the experiments themselves run side by side.
+        """
         decision_started()
-        self._reap()
+        turn = _Turn(self._deciding, self.study)
+        try:
+            study = self._next_knob_study(turn)
+            if isinstance(study, Step):
+                return study
+            self._optimize_one(study, Phase.KNOBS, sorted(self._sizes), lease, claimed=turn.release)
+        finally:
+            turn.release()
+        self._idle_until = 0.0  # one of ours ended: whatever waits may start now
+        return Step.RAN
+
+    def _next_knob_study(self, turn: _Turn) -> optuna.Study | Step:
+        """The study, with the sampler and pruner for the next knob trial; or the step to take
+        when there is none."""
         ctx = self._ctx
-        trials = self._trials()
-        if ctx.fast or self._knobs is KnobSearch.NONE or not self._space.tuned:
+        if ctx.fast or self._knobs is KnobSearch.NONE or not self._space.tuned or not self._sizes:
             return Step.DONE
+        if time.monotonic() < self._idle_until:
+            return Step.WAIT  # nothing has ended here since a slot found nothing to start
+        self.reap()
+        trials = turn.read()
         tuning_list = sorted(self._sizes)
-        if not tuning_list:
-            return Step.DONE
         running = self._running(trials, Phase.KNOBS)
         size = self._space.size * len(tuning_list)
         dead = given_up(trials)
-        taken = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS
+        taken = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and not r.repeat
                  and (is_finished_experiment(t) or t in running or r.exp_name in dead)} - {None}
-        first = recommended_knobs(self._space)
-        if self._knobs is KnobSearch.RECOMMENDED and (first is None or taken):
-            return Step.WAIT if running else Step.DONE
-        pruner = TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS)
-        if len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped:
-            return Step.WAIT if running else Step.DONE
+        # Trials still being asked for (here or by a worker elsewhere) take a config each soon; one
+        # unclaimed for longer lost its process mid-decision (it has no worker to reap it by) and
+        # must not hold a config back for ever.
+        recent = datetime.datetime.now() - datetime.timedelta(seconds=_CLAIM_WAIT_SECONDS)
+        asking = sum(1 for t in trials if t.state == TrialState.RUNNING and not ExperimentRecord.from_trial(t).claimed
+                     and t.datetime_start is not None and t.datetime_start > recent)
+        first = self._setting if self._setting is not None else recommended_knobs(self._space)
+        one = self._knobs is KnobSearch.ONE
+        over = (one and (first is None or self._name(first, self._sizes[0]) in taken)) or len(taken) >= size \
+            or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
+        if over or len(taken) + asking >= size:
+            if over and not running:
+                return Step.DONE
+            self._idle_until = time.monotonic() + _IDLE_SECONDS
+            return Step.WAIT
+        # One deliberate experiment is not the sampler's search: early stopping does not end it.
+        pruner = optuna.pruners.NopPruner() if one else \
+            TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS)
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
-        sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
+        if self._sampler is None:
+            # One sampler for the search: its random state goes on from one trial to the next.
+            self._sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
+        sampler = self._sampler
         started = any((r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and (r.offload or "") == self._space.offload
                       for t in trials)
-        if first is not None and not started:
+        if first is not None and (one or not started):
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
-            sampler = optuna.samplers.PartialFixedSampler({**first, MBS_KEY: self._sizes[0]}, sampler)
+            sampler = with_fixed_params(optuna.samplers.RandomSampler() if one else sampler, {**first, MBS_KEY: self._sizes[0]})
         elif self._duplicates >= _SAMPLER_DUPLICATES:
             # The sampler keeps proposing taken configs (a random sampler late in a small space,
             # a grid point whose worker died): run an untried one.
-            sampler = optuna.samplers.PartialFixedSampler(self._untried(search_space, taken), sampler)
-        study = optuna.load_study(storage=ctx.storage, study_name=self._study_name, sampler=sampler, pruner=pruner)
-        if not started:
+            sampler = with_fixed_params(sampler, self._untried(search_space, taken))
+        if one:
+            what = "DeepSpeed's recommended knob setting" if self._setting is None else f"the knobs {first}"
+            ctx.observer.log(f"[z{self._stage}{' ' + self._space.offload if self._space.offload else ''}] {what}, at micro-batch {self._sizes[0]}")
+        elif not started:
             ctx.observer.log(f"[z{self._stage}] knob search: {len(self._space.tuned)} knob(s) x {len(tuning_list)} micro-batch size(s) = {size} configs, sampler {ctx.tuner_type}")
-        self._optimize_one(study, Phase.KNOBS, tuning_list, lease)
-        return Step.RAN
+        return self._load(sampler=sampler, pruner=pruner)
+
+    def _name(self, knobs: dict[str, Any], mbs: int) -> str:
+        return self._ctx.builder.build(stage=self._stage, phase=Phase.KNOBS, mbs=mbs, gas=self._ctx.builder.gas_for(mbs),
+                                       space=self._space, knobs=knobs).name
 
     def _untried(self, search_space: dict[str, list[Any]], taken: set[str]) -> dict[str, Any]:
+        """An untried config, at random: workers that all fall back to this pick different ones."""
         names = sorted(search_space)
+        untried = []
         for values in itertools.product(*(search_space[k] for k in names)):
             params = dict(zip(names, values))
             mbs = params.pop(MBS_KEY)
-            name = self._ctx.builder.build(stage=self._stage, phase=Phase.KNOBS, mbs=mbs, gas=self._ctx.builder.gas_for(mbs),
-                                           space=self._space, knobs=params).name
-            if name not in taken:
-                return {**params, MBS_KEY: mbs}
-        return {}
+            if self._name(params, mbs) not in taken:
+                untried.append({**params, MBS_KEY: mbs})
+        return self._rng.choice(untried) if untried else {}

@@ -51,6 +51,7 @@ NOISE_ATTR = "noise"  # the planner's estimate of the relative noise of one meas
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
+_PROFILE_POLL_SECONDS = 0.2  # a worker waiting for the profile run reads the root study this often
 
 
 class ProfileError(OptunaDSError):
@@ -173,7 +174,7 @@ class Tuning:
             stored = optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs.get("model_info")
             if stored:
                 return dict(stored)
-            time.sleep(1.0)
+            time.sleep(_PROFILE_POLL_SECONDS)
 
     def _timeout(self) -> float:
         if self._plan.trial_timeout:
