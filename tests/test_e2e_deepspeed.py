@@ -129,7 +129,9 @@ def test_two_real_experiments_at_once_on_two_slots(project: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     assert "2 at once" in p.stdout
     storage = f"sqlite:///{project / 'autotuning_results' / 'optuna-ds.db'}"
-    trials = [t for t in optuna.load_study(study_name="optuna-ds-z1", storage=storage).get_trials() if t.state == TrialState.COMPLETE]
+    # The first runs (the planner may measure the two again: on CPU they are often within the noise).
+    trials = [t for t in optuna.load_study(study_name="optuna-ds-z1", storage=storage).get_trials()
+              if t.state == TrialState.COMPLETE and not t.user_attrs.get("repeat")]
     assert sorted(t.params["train_micro_batch_size_per_gpu"] for t in trials) == [2, 4]
     a, b = trials
     assert a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete, "they did not overlap"
