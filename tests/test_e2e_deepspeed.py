@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -129,10 +130,12 @@ def test_two_real_experiments_at_once_on_two_slots(project: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     assert "2 at once" in p.stdout
     storage = f"sqlite:///{project / 'autotuning_results' / 'optuna-ds.db'}"
-    # The first runs (the planner may measure the two again: on CPU they are often within the noise).
-    trials = [t for t in optuna.load_study(study_name="optuna-ds-z1", storage=storage).get_trials()
-              if t.state == TrialState.COMPLETE and not t.user_attrs.get("repeat")]
+    # The first two: the sizes listed, side by side. (What follows is the planner's, after noisy
+    # CPU measurements: the sizes again, or with the optimizer offloaded.)
+    trials = sorted((t for t in optuna.load_study(study_name="optuna-ds-z1", storage=storage).get_trials()
+                     if t.state == TrialState.COMPLETE), key=lambda t: t.datetime_start)[:2]
     assert sorted(t.params["train_micro_batch_size_per_gpu"] for t in trials) == [2, 4]
+    assert not any(t.user_attrs.get("offload") or t.user_attrs.get("repeat") for t in trials)
     a, b = trials
     assert a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete, "they did not overlap"
     assert {t.user_attrs["slot"] for t in trials} == {"localhost:0", "localhost:1"}
@@ -160,15 +163,22 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     trials = optuna.load_study(study_name="optuna-ds-z0", storage=f"sqlite:///{results / 'optuna-ds.db'}").get_trials()
     ran = [t for t in trials if t.state != TrialState.PRUNED]
     mine = next(t for t in ran if t.params["train_micro_batch_size_per_gpu"] == 4)
-    best = max((t for t in ran if t.state == TrialState.COMPLETE), key=lambda t: t.value)
     summary = (results / "summary.txt").read_text().splitlines()
     assert summary[0] == f"Your config (z0, micro-batch 4): {mine.value:.4g} samples/s."
     # The optimum is the planner's choice, one of its runs; by the model's estimate, so not always
-    # the highest measurement, but never one measured below it by more than the noise explains.
+    # the highest measurement, but never one measured below another config by more than the noise
+    # it reports explains (3 deviations: on a loaded CPU one step's timing can vary 2-fold).
     name = summary[1][len("Optimum (") : summary[1].index(")")]
     chosen = [t for t in ran if t.state == TrialState.COMPLETE and t.user_attrs["exp_name"] == name]
     assert any(summary[1].startswith(f"Optimum ({name}): {t.value:.4g} samples/s, {t.value / mine.value:.3g}x faster") for t in chosen), summary
-    assert max(t.value for t in chosen) >= 0.75 * best.value, summary
+    logs: dict[str, list[float]] = {}
+    for t in ran:
+        if t.state == TrialState.COMPLETE:
+            logs.setdefault(re.sub(r"_r\d+$", "", t.user_attrs["exp_name"]), []).append(math.log(t.value))
+    mean = {k: sum(v) / len(v) for k, v in logs.items()}
+    top = max(mean, key=mean.get)
+    noise = optuna.load_study(study_name="optuna-ds", storage=f"sqlite:///{results / 'optuna-ds.db'}").user_attrs["noise"]
+    assert mean[name] >= mean[top] - 3 * noise * math.sqrt(1 / len(logs[name]) + 1 / len(logs[top])) - 1e-3, (summary, logs, noise)
     for t in ran:
         assert 0 < t.user_attrs["duration"] <= (t.datetime_complete - t.datetime_start).total_seconds()
     seconds = sum(t.user_attrs["duration"] for t in ran)  # no profile run: model_info is given
