@@ -20,6 +20,7 @@ file for an experiment. The performance surface and the faults come from the JSO
     knob_gain_at {stage: {knob: {value: factor}}}    ...at one stage only, on top
     knob_room   {knob: {value: sizes}}               raises oom_above: a smaller buffer leaves room
     duration, duration_at {mbs: seconds}             how long an experiment takes
+    knob_duration {knob: {value: seconds}}           ...with that knob set so (say, to interrupt one knob experiment)
     noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ)
 
 A config without an ``autotuning`` section is a training run: it prints and exits with
@@ -148,7 +149,10 @@ def main():
             throughput *= 1.0 + float(surface["noise"]) * random.Random(os.path.basename(os.path.dirname(auto["metric_path"]))).gauss(0.0, 1.0)
         latency = mbs * gas * 1e6 / throughput
         metrics = {"throughput": throughput, "latency": latency, "FLOPS_per_gpu": throughput * 1e9, "rank": 0}
-        time.sleep(float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0))))
+        seconds = float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0)))
+        for knob, table in surface.get("knob_duration", {}).items():
+            seconds = float({_key(json.loads(value)): t for value, t in table.items()}.get(_key(zero.get(knob)), seconds))
+        time.sleep(seconds)
         with open(auto["metric_path"], "w") as f:
             json.dump(metrics, f)
         return 0

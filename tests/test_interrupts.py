@@ -110,3 +110,24 @@ def test_sigkilled_tuner_resumes_ends_the_orphan_and_matches_an_uninterrupted_ru
     assert other.tune().returncode == 0
     best = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert best == json.loads((other.results / "ds_config_optimal.json").read_text().replace(str(other.root), str(ws.root)))
+
+
+def test_an_interrupted_knob_experiment_runs_again_on_resume(ws: Workspace) -> None:
+    """Ctrl-C during the knob search's first experiment: the resumed search runs it again (the
+    grid had counted its point as visited, and early stopping had counted it as a trial that
+    brought nothing, so it never ran)."""
+    ws.config({"train_micro_batch_size_per_gpu": [8],
+               "zero_optimization": {"stage": 2, "overlap_comm": [False, True], "reduce_scatter": True, "contiguous_gradients": True,
+                                     "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8},
+               "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch", "tuner_early_stopping": 1}})
+    proc = _start(ws, {"knob_duration": {"overlap_comm": {"true": 60}}})
+    name = "z2_gas1_tmbspg8_ocT"  # DeepSpeed's recommended setting, the search's first
+    _wait_for_launch(ws, name)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    p = ws.tune()
+    assert p.returncode == 0, p.stderr
+    study = optuna.load_study(study_name="optuna-ds-z2", storage=ws.storage)
+    runs = [t.state for t in study.get_trials() if t.user_attrs.get("exp_name") == name]
+    assert runs == [TrialState.FAIL, TrialState.COMPLETE], p.stdout

@@ -409,6 +409,11 @@ def test_full_mode_tries_the_leanest_knobs_at_the_size_that_ran_out_of_memory(ws
     assert all(lean[m].state == TrialState.COMPLETE for m in (11, 12, 13)) and lean[14].user_attrs["reason"] == "oom"
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["train_micro_batch_size_per_gpu"] == 13 and optimal["zero_optimization"]["contiguous_gradients"] is False
+    # A rerun launches nothing: the knob search is over (its steps, led by the choice the lean
+    # setting moved, once searched the knobs again at size 13).
+    launched = len(ws.launches())
+    _tune_on_one_slot(ws, surface)
+    assert len(ws.launches()) == launched, "the finished knob search ran again"
 
 
 def test_full_mode_measures_close_knob_settings_again_and_a_rerun_launches_nothing(ws: Workspace) -> None:

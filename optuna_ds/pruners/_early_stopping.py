@@ -6,6 +6,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.storage import ExperimentRecord
 
@@ -30,9 +31,11 @@ class TunerEarlyStoppingPruner(BasePruner):
         self._phase = phase
 
     def _counts(self, trial: FrozenTrial) -> bool:
-        # A re-measurement (the planner's, of a setting that ran) is not a trial of the search.
+        # A re-measurement (the planner's, of a setting that ran) is not a trial of the search,
+        # nor is an interrupted one (Ctrl-C, a dead worker): its experiment runs again.
         record = ExperimentRecord.from_trial(trial)
-        return (self._phase is None or record.phase is self._phase) and not record.repeat
+        interrupted = trial.state == TrialState.FAIL and record.reason in (None, FailureReason.INTERRUPTED)
+        return (self._phase is None or record.phase is self._phase) and not record.repeat and not interrupted
 
     def exhausted(self, study: optuna.Study, *, before: int | None = None) -> bool:
         """Whether the search is over; with ``before``, as seen by trial number ``before``,

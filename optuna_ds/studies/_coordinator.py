@@ -5,6 +5,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
@@ -35,6 +36,7 @@ from optuna_ds.studies._stage import Stopped
 from optuna_ds.studies._stage import decision_started
 
 KNOB_MARGIN = 0.05
+KNOB_SEARCH_ATTR = "knob_search"  # on the root study, "done" once a process's knob search is over
 LEAN_REACH = 1.3  # the leanest knobs are tried at an out-of-memory size at most this far above the choice
 LEAN_STEP = 1.1  # ...and then at sizes this much larger while they win
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
@@ -72,12 +74,14 @@ class Coordinator:
     running ones included) plus the proposals this process handed out but not yet claimed in
     the storage, so two slots never get the same experiment; across processes a trial's claim
     (:meth:`StageTuner._competitor`) settles a race. When the planner has nothing left, the knob
-    search runs (unless in fast mode), then the planner again, which may measure knob settings
-    again before its choice; the choice is stored on the root study.
+    search runs (unless in fast mode, or once it is over: see :meth:`run`), then the planner
+    again, which may measure knob settings again before its choice; the choice is stored on the
+    root study.
     """
 
-    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], ctx: StageContext) -> None:
+    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], ctx: StageContext, root: optuna.Study) -> None:
         self._problem = problem
+        self._root = root
         self._tuners = tuners
         self._ctx = ctx
         self._pool = ctx.pool
@@ -155,7 +159,14 @@ class Coordinator:
         if self._stop.is_set():
             raise Stopped
         if not self._ctx.fast:
-            self._knob_search()
+            # Once over, the knob search is not run again (a rerun, a worker joining the finals):
+            # its steps follow the choice, which its own results and the finals have moved since,
+            # so they would search afresh.
+            if self._root.user_attrs.get(KNOB_SEARCH_ATTR) != "done":
+                self._knob_search()
+                if self._stop.is_set():
+                    raise Stopped
+                self._root.set_user_attr(KNOB_SEARCH_ATTR, "done")
             # The planner again, with the knob results: finalists within the noise of each other
             # (knob settings measured once) are measured again before the choice.
             with self._lock:

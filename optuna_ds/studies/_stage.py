@@ -447,9 +447,14 @@ class StageTuner:
         sampler = self._sampler
         started = any((r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and (r.offload or "") == self._space.offload
                       for t in trials)
+        retry = None if one else self._interrupted(trials, taken, tuning_list)
         if first is not None and (one or not started):
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
             sampler = with_fixed_params(optuna.samplers.RandomSampler() if one else sampler, {**first, MBS_KEY: self._sizes[0]})
+        elif retry is not None:
+            # An experiment of the search that was interrupted runs again: the sampler has moved
+            # on from it (a grid counts its point as visited).
+            sampler = with_fixed_params(sampler, retry)
         elif self._duplicates >= _SAMPLER_DUPLICATES:
             # The sampler keeps proposing taken configs (a random sampler late in a small space,
             # a grid point whose worker died): run an untried one.
@@ -464,6 +469,21 @@ class StageTuner:
     def _name(self, knobs: dict[str, Any], mbs: int) -> str:
         return self._ctx.builder.build(stage=self._stage, phase=Phase.KNOBS, mbs=mbs, gas=self._ctx.builder.gas_for(mbs),
                                        space=self._space, knobs=knobs).name
+
+    def _interrupted(self, trials: list[FrozenTrial], taken: set[str], tuning_list: list[int]) -> dict[str, Any] | None:
+        """The config of a knob experiment in this search's space that was interrupted (Ctrl-C,
+        its worker died) and has not run since; ``None`` if there is none."""
+        for t in trials:
+            record = ExperimentRecord.from_trial(t)
+            if (t.state != TrialState.FAIL or is_finished_experiment(t) or record.phase is not Phase.KNOBS or record.repeat
+                    or record.exp_name in taken or (record.offload or "") != self._space.offload
+                    or record.micro_batch_size not in tuning_list):
+                continue
+            knobs = {k: v for k, v in t.params.items() if k not in (MBS_KEY, GAS_KEY)}
+            if (knobs.keys() == self._space.tuned.keys() and all(v in self._space.tuned[k] for k, v in knobs.items())
+                    and self._name(knobs, int(record.micro_batch_size)) == record.exp_name):
+                return {**knobs, MBS_KEY: int(record.micro_batch_size)}
+        return None
 
     def _untried(self, search_space: dict[str, list[Any]], taken: set[str]) -> dict[str, Any]:
         """An untried config, at random: workers that all fall back to this pick different ones."""

@@ -318,7 +318,7 @@ class Tuning:
             tuners[stage] = tuner
         if not arms:
             return
-        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx)
+        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root)
         try:
             coordinator.run()
         finally:
