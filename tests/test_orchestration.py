@@ -395,22 +395,28 @@ def test_full_mode_searches_the_knobs_of_a_close_stage_when_the_chosen_one_has_n
 def test_full_mode_tries_the_leanest_knobs_at_the_size_that_ran_out_of_memory(ws: Workspace) -> None:
     """The choice sits at the memory edge: at the size that ran out with the default knobs, the
     smallest buffers and no contiguous gradient buffer leave room, and larger sizes win."""
-    ws.config({"zero_optimization": {"stage": 2}, "autotuning": {"enabled": True, "fast": False, "tuner_early_stopping": 2}})
+    # A small space that the search exhausts: the stage's knob experiments outnumber its settings,
+    # which once kept the lean setting from running at all.
+    ws.config({"zero_optimization": {"stage": 2, "reduce_bucket_size": [5e7, 5e8], "contiguous_gradients": [False, True],
+                                     "overlap_comm": False, "reduce_scatter": True, "allgather_bucket_size": 5e8},
+               "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch", "tuner_early_stopping": 20}})
     surface = {"base": {"2": 100}, "peak": 48, "oom_above": {"2": 10}, "num_params": 100_000_000,
                "activation_mem_per_gpu": 200_000_000,
                "knob_room": {"contiguous_gradients": {"false": 2}, "reduce_bucket_size": {"50000000.0": 1}}}
     p = _tune_on_one_slot(ws, surface)
     trials = _study(ws, "optuna-ds-z2").get_trials()
     assert any(t.user_attrs.get("reason") == "oom" and t.params["train_micro_batch_size_per_gpu"] == 11 for t in trials), p.stdout
-    # The lean setting at 11, then at larger sizes while it runs and wins: 13 is its edge.
+    # The lean setting at 11 (the search ran it at sizes that fit), then at larger sizes while it
+    # runs and wins: 13 is its edge.
     lean = {t.params["train_micro_batch_size_per_gpu"]: t for t in trials
-            if t.user_attrs.get("phase") == "knobs" and t.params["contiguous_gradients"] is False and t.params["reduce_bucket_size"] == 5e7}
+            if t.user_attrs.get("phase") == "knobs" and t.params["contiguous_gradients"] is False and t.params["reduce_bucket_size"] == 5e7
+            and t.params["train_micro_batch_size_per_gpu"] > 10}
     assert sorted(lean) == [11, 12, 13, 14], p.stdout
     assert all(lean[m].state == TrialState.COMPLETE for m in (11, 12, 13)) and lean[14].user_attrs["reason"] == "oom"
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["train_micro_batch_size_per_gpu"] == 13 and optimal["zero_optimization"]["contiguous_gradients"] is False
-    # A rerun launches nothing: the knob search is over (its steps, led by the choice the lean
-    # setting moved, once searched the knobs again at size 13).
+    # A rerun launches nothing: the knob search is over (its steps, led by the choice that the
+    # lean setting had moved, once searched the knobs again).
     launched = len(ws.launches())
     _tune_on_one_slot(ws, surface)
     assert len(ws.launches()) == launched, "the finished knob search ran again"

@@ -430,9 +430,13 @@ class StageTuner:
                      and t.datetime_start is not None and t.datetime_start > recent)
         first = self._setting if self._setting is not None else recommended_knobs(self._space)
         one = self._knobs is KnobSearch.ONE
-        over = (one and (first is None or self._name(first, self._sizes[0]) in taken)) or len(taken) >= size \
-            or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
-        if over or len(taken) + asking >= size:
+        if one:
+            # One experiment: over once its name is taken, however many knob experiments the
+            # stage ran (at other sizes and offloads: not its space).
+            over = first is None or self._name(first, self._sizes[0]) in taken
+        else:
+            over = len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
+        if over or (not one and len(taken) + asking >= size):
             if over and not running:
                 return Step.DONE
             self._idle_until = time.monotonic() + _IDLE_SECONDS
