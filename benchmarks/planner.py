@@ -98,6 +98,26 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False) -> dict:
             "noise": decision.noise, "decision_s": decisions, "curve": curve}
 
 
+def within_1pc_ceiling(surface: surfaces.Surface, launches: int) -> float:
+    """The most a search can hope for: the probability that it chooses within 1% of the optimum
+    with ``launches`` (the profile run counted), for a genie that knows every throughput curve's
+    shape and which arm (stage, offload) holds the optimum and which other arm comes closest
+    while more than 1% below it. Only the two arms' scales are left to measure, each launch
+    measures one of them with the job's noise, so their difference is known to sd >= noise *
+    sqrt(4 / n) after n runs, and the wrong arm wins with probability Phi(-gap / sd)."""
+    best_by_arm: dict[tuple, float] = {}
+    for c in surface.configs(fast=True, offload=True):
+        key = (c.stage, c.offload_optimizer, c.offload_param)
+        best_by_arm[key] = max(best_by_arm.get(key, 0.0), surface.evaluate(c).throughput)
+    best = max(best_by_arm.values(), default=0.0)
+    rivals = [v for v in best_by_arm.values() if 0.0 < v < 0.99 * best]
+    if not rivals:
+        return 1.0
+    gap = math.log(best / max(rivals))
+    n = max(2, launches - 1)
+    return 1.0 - 0.5 * math.erfc(gap / (surface.noise * math.sqrt(4.0 / n)) / math.sqrt(2.0))
+
+
 def running_view(running: list[tuple[float, int, Observation]]) -> list[tuple[float, int, Observation]]:
     return [(e, n, Observation(stage=o.stage, offload=o.offload, mbs=o.mbs, status=Status.RUNNING, knobs=o.knobs))
             for e, n, o in running]
@@ -139,6 +159,9 @@ def main() -> None:
             continue
         r = tune(surface, slots=args.slots, trace=args.trace)
         r["optimum"] = optimum
+        r["ceiling"] = within_1pc_ceiling(surface, r["launches"])
+        if name in ds:
+            r["ceiling_ds"] = {k: within_1pc_ceiling(surface, int(k * ds[name]["launches"])) for k in (0.35, 0.5, 1.0)}
         share = r["true"] / optimum
         rows.append((name, share, r))
         if args.verbose or share < 0.99:
@@ -178,6 +201,15 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
           f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "
           f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job{versus}; "
           f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
+    # What no search could beat: the noise, not the planner, bounds the share within 1%.
+    ceiling = statistics.mean(r["ceiling"] for _, _, r in rows)
+    print(f"  ceiling within 1% (a genie that knows every curve's shape and which two arms to compare): "
+          f"{ceiling:.1%} with these launches", end="")
+    capped = [r["ceiling_ds"] for _, _, r in rows if "ceiling_ds" in r]
+    if capped:
+        print("; " + ", ".join(f"{statistics.mean(c[k] for c in capped):.1%} with {k:g}x DeepSpeed's" for k in (0.35, 0.5, 1.0))
+              + f" ({len(capped)} jobs)", end="")
+    print()
 
 if __name__ == "__main__":
     main()

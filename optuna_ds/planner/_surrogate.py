@@ -208,8 +208,8 @@ class ThroughputModel:
 
     def _versus(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, ...]:
         """The joint posterior of each row with ``chosen``, per mixture component: weights
-        ``(K,)``, the mean of ``log y_row - log y_chosen`` ``(K, rows)``, the variances of the
-        row, of ``chosen`` and their covariance ``(K, rows)``, and the noise ``(K,)``."""
+        ``(K,)``, the means of ``log y_row`` and of ``log y_chosen`` ``(K, rows)``, the variances
+        of the row, of ``chosen`` and their covariance ``(K, rows)``, and the noise ``(K,)``."""
         every = list(rows) + [chosen]
         z = self._design([(a, kn) for a, _, kn in every])
         log_m = np.log(np.array([m for _, m, _ in every], dtype=float))
@@ -229,27 +229,43 @@ class ThroughputModel:
             for out, value in ((var_r, var[:-1]), (var_c, np.full(len(rows), var[-1])), (cov, covariance)):
                 out.append(np.broadcast_to(value, (len(active), len(rows))))
             noise.append(np.full(len(active), sigma))
-        return (w, means[:, :-1] - means[:, -1:], np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
+        mean_c = np.broadcast_to(means[:, -1:], means[:, :-1].shape)
+        return (w, means[:, :-1], mean_c, np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
                 np.concatenate(noise))
 
     def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
         """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over
         the row is expected to lose, from their joint posterior (sizes of one arm share its
         scale, so their difference is surer than either)."""
-        w, diff, var_r, var_c, cov, _ = self._versus(rows, chosen)
-        return w @ _gain(diff, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
+        w, mean_r, mean_c, var_r, var_c, cov, _ = self._versus(rows, chosen)
+        return w @ _gain(mean_r - mean_c, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
 
     def remeasure_value(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, np.ndarray]:
         """What one more measurement of each row, or of ``chosen``, is expected to gain by the
-        choice between the two made after it (a knowledge gradient): the difference's estimate
-        moves by the share of its variance that one noisy measurement explains, and the choice
-        changes only where it crosses zero. Taken per component of the mixture, as though the
-        run also told which shape holds: an upper bound. ``(of the row, of chosen)``."""
-        w, diff, var_r, var_c, cov, noise = self._versus(rows, chosen)
-        n2 = noise[:, None] ** 2
-        of_row = (var_r - cov) / np.sqrt(var_r + n2)  # sd of the move of the difference's mean
-        of_chosen = (var_c - cov) / np.sqrt(var_c + n2)
-        return w @ _gain(diff, np.maximum(np.abs(of_row), 1e-12)), w @ _gain(diff, np.maximum(np.abs(of_chosen), 1e-12))
+        choice between the two made after it (a knowledge gradient): ``E_y[max(0, E[d | y])] -
+        max(0, E[d])`` for the difference ``d = log y_row - log y_chosen``. The measurement ``y``
+        moves each component's estimate of ``d`` and reweighs the components, so a config seen
+        once, whose value the shapes disagree on, is worth measuring again, and one pinned by
+        several runs is not. ``(of the row, of chosen)``."""
+        w, mean_r, mean_c, var_r, var_c, cov, noise = self._versus(rows, chosen)
+        keep = _heaviest(w)
+        w, noise = w[keep] / w[keep].sum(), noise[keep]
+        mean_r, mean_c, var_r, var_c, cov = (a[keep] for a in (mean_r, mean_c, var_r, var_c, cov))
+        diff = mean_r - mean_c  # (K, R)
+        now = np.maximum(0.0, w @ diff)
+        values = []
+        for at, var, moves in ((mean_r, var_r, var_r - cov), (mean_c, var_c, cov - var_c)):
+            s2 = var + noise[:, None] ** 2  # the predictive variance of the measurement, (K, R)
+            y = at[:, None, :] + np.sqrt(s2)[:, None, :] * _NODES[None, :, None]  # (K, J, R)
+            # Each component l's likelihood of each possible measurement: (L, K, J, R).
+            dev = y[None] - at[:, None, None, :]
+            log_lik = np.log(w)[:, None, None, None] - 0.5 * dev**2 / s2[:, None, None, :] - 0.5 * np.log(s2)[:, None, None, :]
+            post = np.exp(log_lik - log_lik.max(axis=0, keepdims=True))
+            post /= post.sum(axis=0, keepdims=True)
+            after = np.einsum("lkjr,lkjr->kjr", post, diff[:, None, None, :] + (moves / s2)[:, None, None, :] * dev)
+            expected = np.einsum("k,j,kjr->r", w, _NODE_WEIGHTS, np.maximum(after, 0.0))
+            values.append(np.maximum(expected - now, 0.0))
+        return values[0], values[1]
 
     def mean(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> np.ndarray:
         w, means, _ = self.predict(rows)
@@ -260,6 +276,19 @@ class ThroughputModel:
         w, means, sds = self.predict(rows)
         z = (means - threshold) / sds
         return w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z))
+
+
+_MAX_COMPONENTS = 256
+_NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(9)
+_NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
+
+
+def _heaviest(w: np.ndarray) -> np.ndarray:
+    """The indices of the heaviest components holding 99% of the weight, at most
+    ``_MAX_COMPONENTS``: the knowledge gradient is quadratic in their number."""
+    order = np.argsort(-w)
+    n = int(np.searchsorted(np.cumsum(w[order]), 0.99 * w.sum())) + 1
+    return order[: min(n, _MAX_COMPONENTS)]
 
 
 def _gain(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
