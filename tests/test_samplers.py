@@ -189,3 +189,21 @@ def test_grid_picks_past_the_grid_differ_by_worker_but_the_grid_is_the_same() ->
     picks_a = [int(a._rng.rng.choice(100)) for _ in range(10)]
     picks_b = [int(b._rng.rng.choice(100)) for _ in range(10)]
     assert picks_a != picks_b
+
+
+@pytest.mark.parametrize("tuner_type", ["random", "model_based", "gridsearch"])
+def test_knob_trials_run_only_at_the_sizes_the_search_measured(tuner_type: str) -> None:
+    """The stage study's micro-batch size is an integer param (1..max for its micro-batch
+    trials); a knob trial asks for it between the smallest and the largest tuning size, and must
+    get one of the sizes measured, never one between them."""
+    sizes = [7, 9, 10]
+    sampler = create_sampler(tuner_type, {"train_micro_batch_size_per_gpu": sizes, "overlap_comm": [True, False]}, seed=3)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    seen = set()
+    for _ in range(24):
+        trial = study.ask()
+        mbs = trial.suggest_int("train_micro_batch_size_per_gpu", min(sizes), max(sizes))
+        trial.suggest_categorical("overlap_comm", [True, False])
+        seen.add(mbs)
+        study.tell(trial, float(mbs))
+    assert seen <= set(sizes) and len(seen) >= 2

@@ -21,10 +21,27 @@ def create_sampler(tuner_type: str, search_space: Mapping[str, Sequence[Any]], *
             grid.reseed_rng()  # the grid's order is the same everywhere; the picks past it differ by worker
         return grid
     if tuner_type == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
+        return _ListedRandomSampler(search_space, seed=seed)
     if tuner_type == "model_based":
         return XGBoostSampler(search_space, seed=seed)
     raise ValueError(f"unknown tuner_type {tuner_type!r}")
+
+
+class _ListedRandomSampler(optuna.samplers.RandomSampler):
+    """Optuna's random sampler, drawing each param of ``search_space`` from its list: the
+    micro-batch size is an integer param of the stage's study (its micro-batch trials span
+    1..max), and a knob trial must run at one of the sizes the search measured, not at any size
+    between them."""
+
+    def __init__(self, search_space: Mapping[str, Sequence[Any]], seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        self._lists = {k: list(v) for k, v in search_space.items()}
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        listed = [v for v in self._lists.get(param_name, ()) if param_distribution._contains(param_distribution.to_internal_repr(v))]
+        if not listed:
+            return super().sample_independent(study, trial, param_name, param_distribution)
+        return listed[int(self._rng.rng.randint(len(listed)))]
 
 
 class _GridSampler(optuna.samplers.GridSampler):
