@@ -200,6 +200,7 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     print(f"{label} jobs {len(rows)} slots {slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
           f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "
           f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job{versus}; "
+          f"wall {statistics.mean(r['wall_s'] for _, _, r in rows) / 60:.1f} min/job; "
           f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
     # What no search could beat: the noise, not the planner, bounds the share within 1%.
     ceiling = statistics.mean(r["ceiling"] for _, _, r in rows)

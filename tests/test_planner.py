@@ -108,6 +108,17 @@ def test_running_experiments_are_not_proposed_again_and_a_batch_spreads_out() ->
     assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.99 * _optimum(surface)
 
 
+def test_a_batch_for_many_slots_counts_the_experiments_under_way_as_the_best_so_far() -> None:
+    """Each proposal of a batch must beat the experiments already under way, at the model's
+    mean: measured against the first results alone, 32 free slots took the whole budget (40)
+    where one slot takes 10."""
+    problem, surface = _job()
+    alone, _ = _drive(problem, surface, slots=1)
+    wide, decision = _drive(problem, surface, slots=32)
+    assert len(wide) <= 2.5 * len(alone) < problem.max_experiments
+    assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.99 * _optimum(surface)
+
+
 def test_the_users_size_runs_first_and_a_list_is_kept_to() -> None:
     problem, surface = _job()
     first = plan(Problem(**{**problem.__dict__, "baseline": 3}), [])

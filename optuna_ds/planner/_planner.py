@@ -256,7 +256,10 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
         if not other:
             return None
         return _best_run([rows[i] for i in other], p_run[other], model, "while the first results are pending")
-    measured = sorted({o.config for o in state.ok})
+    # The best so far counts the experiments under way (running, or proposed in this batch) at
+    # the model's mean, as the model does: else every proposal of a batch would be measured
+    # against the first results alone, and a batch for many slots would crowd one curve.
+    measured = sorted({o.config for o in state.ok} | {o.config for o in state.running} | taken)
     incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
     gain = p_run * model.expected_improvement(rows, incumbent + MARGIN)
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
