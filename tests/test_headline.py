@@ -108,6 +108,26 @@ def test_noise_is_measured_only_from_configs_run_more_than_once() -> None:
     assert lines[2] == "Spent: 3 experiment(s), 2 GPU-hours."
 
 
+def test_the_headline_compares_the_means_of_the_runs_not_one_lucky_run() -> None:
+    from optuna_ds.studies import BestExperiment
+    from optuna_ds.studies._results import runs_of
+
+    def trial(value: float, mbs: int, name: str) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(value=value, user_attrs={"exp_name": name, "ds_config": {
+            "train_micro_batch_size_per_gpu": mbs, "autotuning": {"metric_path": f"/x/{name}"}}})
+
+    trials = [trial(110.0, 8, "z0_mbs8"), trial(100.0, 8, "z0_mbs8_r1"), trial(96.0, 4, "z0_mbs4"), trial(50.0, 2, "z0_mbs2")]
+    assert runs_of(trials[1], trials) == [110.0, 100.0] and runs_of(trials[3], trials) == [50.0]
+    best = BestExperiment(name="z0_mbs8", stage=0, value=105.0, trial_number=0, ds_config={}, result_dir="", cmd=[],
+                          micro_batch_size=8, gradient_accumulation_steps=1, runs=2)
+    result = TuningResult(metric=Metric.named("throughput"), stages=[StageResult(stage=0, status="tuned", best=best)], duration=1.0,
+                          model_info={}, baseline=Baseline(stage=0, micro_batch_size=4, name="z0_mbs4", value=96.0, status="complete"),
+                          spend=Spend(experiments=4, gpu_seconds=3600.0, profiled=False), noise=0.05, chosen=best)
+    lines = headline(result)
+    assert lines[0] == "Your config (z0, micro-batch 4): 96 samples/s."
+    assert lines[1].startswith("Optimum (z0_mbs8): 105 samples/s (mean of 2 runs), 1.09x faster (run-to-run noise about 5.0%")
+
+
 def test_scale_lr_writes_the_scaled_learning_rate_and_names_the_rule(ws: Workspace) -> None:
     ws.config(CONFIG)
     p = ws.tune("ds_config.json", "--scale-lr", surface=SURFACE)

@@ -44,11 +44,16 @@ def summary_table(result: TuningResult) -> str:
 
 
 def speedup(result: TuningResult) -> float | None:
-    """How much faster the optimum is than the user's own config, both measured here."""
+    """How much faster the optimum is than the user's own config, both measured here (each the
+    mean of its runs)."""
     base, best = result.baseline, result.best
     if base is None or base.value is None or best is None or not base.value or not best.value:
         return None
     return best.value / base.value if result.metric.maximize else base.value / best.value
+
+
+def _mean_of(runs: int) -> str:
+    return f" (mean of {runs} runs)" if runs > 1 else ""
 
 
 def headline(result: TuningResult) -> list[str]:
@@ -61,7 +66,7 @@ def headline(result: TuningResult) -> list[str]:
         if base.listed and len(base.listed) > 1:
             label += f", the first stage explored of {list(base.listed)}"
         if base.value is not None:
-            mine = f"Your config ({label}): {metric.with_unit(base.value)}"
+            mine = f"Your config ({label}): {metric.with_unit(base.value)}{_mean_of(base.runs)}"
         elif base.status:
             mine = f"Your config ({label}): failed ({base.status})"
         else:
@@ -72,7 +77,7 @@ def headline(result: TuningResult) -> list[str]:
     if best is None:
         lines.append("Optimum: none, no experiment ran successfully.")
     else:
-        optimum = f"Optimum ({best.name}): {metric.with_unit(best.value)}"
+        optimum = f"Optimum ({best.name}): {metric.with_unit(best.value)}{_mean_of(best.runs)}"
         factor = speedup(result)
         if factor is not None:
             noise = ("noise not measured" if result.noise is None else

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections.abc import Iterable
 from typing import Any
 
@@ -56,6 +57,7 @@ class BestExperiment:
     cmd: list[str]
     micro_batch_size: int
     gradient_accumulation_steps: int
+    runs: int = 1  # how many runs ``value`` is the mean of (the planner measures finalists again)
 
     @property
     def train_batch_size(self) -> int | None:
@@ -136,6 +138,7 @@ class Baseline:
     status: str = ""  # "complete", a failure reason, or "" when it did not run
     reason: str = ""
     listed: tuple[int, ...] = ()  # the stages the user's config lists
+    runs: int = 1  # how many runs ``value`` is the mean of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +176,17 @@ def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None
 def _config_identity(ds_config: dict[str, Any]) -> str:
     config = {k: v for k, v in ds_config.items() if k != "autotuning"}
     return json.dumps(config, sort_keys=True)
+
+
+def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
+    """The values of every completed run of ``trial``'s config (re-measurements differ only in
+    their name and metrics file): one run is not a result when the noise is a few percent."""
+    ds_config = ExperimentRecord.from_trial(trial).ds_config
+    if ds_config is None:
+        return [] if trial.value is None else [trial.value]
+    identity = _config_identity(ds_config)
+    return [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None
+            and (c := ExperimentRecord.from_trial(t).ds_config) is not None and _config_identity(c) == identity]
 
 
 def measurement_noise(trials: Iterable[FrozenTrial]) -> tuple[float | None, int]:
@@ -214,8 +228,10 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
     t, record = done[0]
     assert record.exp_name is not None
     status = "complete" if t.state == TrialState.COMPLETE or record.reason is None else record.reason.value
-    return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name, value=t.value, status=status,
-                    reason="" if status == "complete" else f"it failed ({status})", listed=listed)
+    values = runs_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE else []
+    return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name,
+                    value=statistics.fmean(values) if values else t.value, status=status,
+                    reason="" if status == "complete" else f"it failed ({status})", listed=listed, runs=max(1, len(values)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +42,7 @@ from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
+from optuna_ds.studies._results import runs_of
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
 from optuna_ds.studies._stage import StageContext
@@ -398,7 +401,10 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     choice = root.user_attrs.get(CHOICE_ATTR)
     if choice and int(choice["stage"]) in trials:
         match = [t for t in trials[int(choice["stage"])] if t.number == int(choice["trial"]) and t.value is not None]
-        chosen = BestExperiment.from_trial(match[0], int(choice["stage"])) if match else None
+        if match:
+            values = runs_of(match[0], trials[int(choice["stage"])])
+            chosen = dataclasses.replace(BestExperiment.from_trial(match[0], int(choice["stage"])),
+                                         value=statistics.fmean(values), runs=len(values))
     return TuningResult(
         metric=a.tuned_metric,
         stages=results,
