@@ -92,6 +92,7 @@ class Coordinator:
         self._changed = threading.Condition(self._lock)
         self._handed: list[Proposal] = []
         self._phase_done = False
+        self._finals = False  # the planner's last phase, after the knob search
         self._idle_until = 0.0
         self.decision: Decision | None = None
 
@@ -116,8 +117,10 @@ class Coordinator:
 
     def _decide(self) -> Decision:
         # The knob search's running trials (first runs of knob settings; the planner's re-measure
-        # theirs) are the knob search's: they hold no planner decision up.
-        observations = [o for o in self.observations() if not (o.knobs and not o.repeat and o.status is Status.RUNNING)]
+        # theirs) are the knob search's: they hold no planner decision up -- until the finals,
+        # whose choice waits for those still running elsewhere.
+        observations = [o for o in self.observations()
+                        if self._finals or not (o.knobs and not o.repeat and o.status is Status.RUNNING)]
         running = {o.config for o in observations if o.status is Status.RUNNING}
         pending = [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING)
                    for p in self._handed if p.config not in running]
@@ -170,7 +173,7 @@ class Coordinator:
             # The planner again, with the knob results: finalists within the noise of each other
             # (knob settings measured once) are measured again before the choice.
             with self._lock:
-                self._phase_done, self._idle_until = False, 0.0
+                self._phase_done, self._idle_until, self._finals = False, 0.0, True
             self._slots(self._plan_slot)
             if self._stop.is_set():
                 raise Stopped
