@@ -23,11 +23,15 @@ class TunerEarlyStoppingPruner(BasePruner):
         patience: finished trials without improvement that end the search.
         max_trials: trials of the counted phase that may be started in all.
         phase: the phase of the trials that count (as their records say); ``None`` counts all.
+        min_improvement: the share by which a trial must beat the best for an improvement (the
+            measurement noise): a gain within what one run can tell does not prolong the search.
     """
 
-    def __init__(self, patience: int, *, max_trials: int | None = None, phase: Phase | None = None) -> None:
+    def __init__(self, patience: int, *, max_trials: int | None = None, phase: Phase | None = None,
+                 min_improvement: float = 0.0) -> None:
         self._patience = patience
         self._max_trials = max_trials
+        self._min_improvement = min_improvement
         self._phase = phase
 
     def _counts(self, trial: FrozenTrial) -> bool:
@@ -53,12 +57,13 @@ class TunerEarlyStoppingPruner(BasePruner):
             (t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)),
             key=lambda t: (t.datetime_complete or t.datetime_start, t.number),
         )
+        step = 1.0 + self._min_improvement
         for t in finished:
-            improved = t.state == TrialState.COMPLETE and t.value is not None and (
-                best is None or (t.value > best if maximize else t.value < best)
-            )
+            value = t.value if t.state == TrialState.COMPLETE else None
+            improved = value is not None and (best is None or (value > best * step if maximize else value * step < best))
+            if value is not None and (best is None or (value > best if maximize else value < best)):
+                best = value
             if improved:
-                best = t.value
                 since = 0
             elif self._counts(t):
                 since += 1

@@ -373,7 +373,9 @@ class Coordinator:
                 scores.setdefault(o.mbs, []).append(float(o.score or 0.0))
         ranked = sorted(scores, key=lambda m: -sum(scores[m]) / len(scores[m]))
         sizes = [mbs] + [m for m in ranked if m != mbs]
-        return self._tuners[stage].with_knobs(KnobSearch.FULL, sizes=tuple(sizes[: max(1, self._ctx.num_tuning)]), offload=offload)
+        noise = self.decision.noise if self.decision is not None else None
+        return self._tuners[stage].with_knobs(KnobSearch.FULL, sizes=tuple(sizes[: max(1, self._ctx.num_tuning)]), offload=offload,
+                                              min_improvement=noise or 0.0)
 
     def _knob_slot(self, *tuners: StageTuner) -> None:
         """One slot's share of the knob searches run side by side (the close arms' recommended

@@ -195,9 +195,11 @@ class StageTuner:
 
     def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace,
                  knobs: KnobSearch = KnobSearch.NONE, sizes: tuple[int, ...] = (),
-                 setting: dict[str, Any] | None = None, study: optuna.Study | None = None) -> None:
+                 setting: dict[str, Any] | None = None, study: optuna.Study | None = None,
+                 min_improvement: float = 0.0) -> None:
         self._ctx = ctx
         self._knobs = knobs
+        self._min_improvement = min_improvement
         self._setting = setting
         self._sizes = sizes
         self._study_name = study_name
@@ -226,13 +228,14 @@ class StageTuner:
         return self._space
 
     def with_knobs(self, knobs: KnobSearch, *, sizes: tuple[int, ...], offload: str = "",
-                   setting: dict[str, Any] | None = None) -> StageTuner:
+                   setting: dict[str, Any] | None = None, min_improvement: float = 0.0) -> StageTuner:
         """This stage's tuner searching as much of the knob space as ``knobs`` says, at the
         micro-batch ``sizes`` (best first) and with the offload variant the choice has;
-        ``setting``: the one setting of :attr:`KnobSearch.ONE`, if not DeepSpeed's recommended."""
+        ``setting``: the one setting of :attr:`KnobSearch.ONE`, if not DeepSpeed's recommended;
+        ``min_improvement``: what early stopping counts as an improvement (the noise)."""
         space = self._space.with_offload(offload) if offload else self._space
         return StageTuner(ctx=self._ctx, study_name=self._study_name, stage=self._stage, space=space,
-                          knobs=knobs, sizes=sizes, setting=setting, study=self.study)
+                          knobs=knobs, sizes=sizes, setting=setting, study=self.study, min_improvement=min_improvement)
 
     def _load(self, **kwargs: Any) -> optuna.Study:
         """This stage's study with a sampler or pruner of its own, on :attr:`study`'s cache."""
@@ -443,7 +446,8 @@ class StageTuner:
             return Step.WAIT
         # One deliberate experiment is not the sampler's search: early stopping does not end it.
         pruner = optuna.pruners.NopPruner() if one else \
-            TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS)
+            TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS,
+                                     min_improvement=self._min_improvement)
         search_space: dict[str, list[Any]] = {**self._space.tuned, MBS_KEY: tuning_list}
         if self._sampler is None:
             # One sampler for the search: its random state goes on from one trial to the next.

@@ -1,0 +1,32 @@
+"""`tuner_early_stopping` as an Optuna pruner: what counts as an improvement."""
+from __future__ import annotations
+
+import datetime
+
+import optuna
+import pytest
+
+from optuna_ds.pruners import TunerEarlyStoppingPruner
+
+
+def _study(values: list[float], direction: str = "maximize") -> optuna.Study:
+    study = optuna.create_study(direction=direction)
+    start = datetime.datetime(2026, 1, 1)
+    for i, v in enumerate(values):
+        trial = optuna.trial.create_trial(value=v)
+        trial.datetime_start = start + datetime.timedelta(minutes=i)
+        trial.datetime_complete = start + datetime.timedelta(minutes=i, seconds=30)
+        study.add_trial(trial)
+    return study
+
+
+@pytest.mark.parametrize("direction, values", [("maximize", [100.0, 100.5, 100.8]), ("minimize", [100.0, 99.5, 99.2])])
+def test_a_gain_within_the_noise_does_not_prolong_the_search(direction: str, values: list[float]) -> None:
+    study = _study(values, direction)
+    # Every trial beat the one before: by Deepspeed's rule the search goes on.
+    assert not TunerEarlyStoppingPruner(2).exhausted(study)
+    # With 1% noise, gains of 0.5% are no evidence: two trials without an improvement end it.
+    assert TunerEarlyStoppingPruner(2, min_improvement=0.01).exhausted(study)
+    # A gain beyond the noise counts.
+    larger = _study(values + [values[-1] * (1.02 if direction == "maximize" else 0.98)], direction)
+    assert not TunerEarlyStoppingPruner(2, min_improvement=0.01).exhausted(larger)
