@@ -280,3 +280,19 @@ def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(
             cache.set_trial_user_attrs(trial._trial_id, {"exp_name": "late"})
     finally:
         optuna.delete_study(study_name=name, storage=url)
+
+
+def test_a_held_cache_serves_the_read_just_made_and_then_reads_afresh(tmp_path) -> None:
+    from optuna_ds.storage import TrialCache
+    from optuna_ds.storage import create_storage
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cache = TrialCache(create_storage(url))
+    study = optuna.create_study(storage=cache, study_name="held")
+    study.tell(study.ask(), 1.0)
+    assert len(study.get_trials()) == 1
+    other = optuna.load_study(study_name="held", storage=url)  # another worker
+    other.tell(other.ask(), 2.0)
+    with cache.held():
+        assert len(study.get_trials()) == 1  # no read: the early-stopping check reuses the claim check's
+    assert len(study.get_trials()) == 2

@@ -266,6 +266,16 @@ class StageTuner:
             self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died; its experiment will run again")
         optuna.storages.fail_stale_trials(self.study)
 
+    @staticmethod
+    def _should_prune(trial: optuna.Trial) -> bool:
+        """``trial.should_prune()`` on the trials the claim's check just read: the pruner counts
+        finished trials and those started ahead of this one, which that read holds."""
+        cache = trial.study._storage
+        if not isinstance(cache, TrialCache):
+            return trial.should_prune()
+        with cache.held():
+            return trial.should_prune()
+
     def _competitor(self, trial: optuna.Trial, name: str) -> FrozenTrial | None:
         """Another trial that has this experiment, so this one must stand down; ``None`` if
         this trial may run it.
@@ -328,7 +338,7 @@ class StageTuner:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 attempt.stood_down = True
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
-            if phase is Phase.KNOBS and trial.should_prune():  # tuner_early_stopping, tuner_num_trials
+            if phase is Phase.KNOBS and self._should_prune(trial):  # tuner_early_stopping, tuner_num_trials
                 ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
                 self._early_stopped = True
                 raise optuna.TrialPruned("the knob search is over")
