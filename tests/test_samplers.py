@@ -207,3 +207,12 @@ def test_knob_trials_run_only_at_the_sizes_the_search_measured(tuner_type: str) 
         seen.add(mbs)
         study.tell(trial, float(mbs))
     assert seen <= set(sizes) and len(seen) >= 2
+
+
+def test_the_random_sampler_passes_over_listed_values_outside_the_distribution() -> None:
+    sampler = create_sampler("random", {"overlap_comm": [True, False, "maybe"]}, seed=1)
+    study = optuna.create_study(sampler=sampler)
+    for _ in range(8):
+        trial = study.ask()
+        assert trial.suggest_categorical("overlap_comm", [True, False]) in (True, False)
+        study.tell(trial, 1.0)
