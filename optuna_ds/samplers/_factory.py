@@ -10,6 +10,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds.samplers._distributions import contains
 from optuna_ds.samplers._xgboost import XGBoostSampler
 
 
@@ -38,17 +39,10 @@ class _ListedRandomSampler(optuna.samplers.RandomSampler):
         self._lists = {k: list(v) for k, v in search_space.items()}
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
-        listed = [v for v in self._lists.get(param_name, ()) if _contains(param_distribution, v)]
+        listed = [v for v in self._lists.get(param_name, ()) if contains(param_distribution, v)]
         if not listed:
             return super().sample_independent(study, trial, param_name, param_distribution)
         return listed[int(self._rng.rng.randint(len(listed)))]
-
-
-def _contains(distribution: BaseDistribution, value: Any) -> bool:
-    try:
-        return distribution._contains(distribution.to_internal_repr(value))
-    except (ValueError, TypeError):
-        return False
 
 
 class _GridSampler(optuna.samplers.GridSampler):

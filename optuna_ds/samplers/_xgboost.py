@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.launcher import FailureReason
+from optuna_ds.samplers._distributions import contains
 from optuna_ds.storage import ExperimentRecord
 
 CANDIDATE_ATTR = "xgboost:candidate"
@@ -196,9 +197,6 @@ class XGBoostSampler(BaseSampler):
         index = trial.system_attrs.get(CANDIDATE_ATTR)
         if index is not None and param_name in self._space:
             value = self._candidates[index][self._names.index(param_name)]
-            try:
-                if param_distribution._contains(param_distribution.to_internal_repr(value)):
-                    return value
-            except ValueError:
-                pass
+            if contains(param_distribution, value):
+                return value
         return self._random.sample_independent(study, trial, param_name, param_distribution)
