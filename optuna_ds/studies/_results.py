@@ -178,26 +178,31 @@ def _config_identity(ds_config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True)
 
 
+def _runs_by_config(trials: Iterable[FrozenTrial]) -> dict[str, list[float]]:
+    """The values of the completed runs, by config (re-measurements differ only in their name
+    and metrics file, which ``_config_identity`` leaves out)."""
+    values: dict[str, list[float]] = {}
+    for t in trials:
+        ds_config = ExperimentRecord.from_trial(t).ds_config
+        if t.state == TrialState.COMPLETE and t.value is not None and ds_config is not None:
+            values.setdefault(_config_identity(ds_config), []).append(t.value)
+    return values
+
+
 def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
-    """The values of every completed run of ``trial``'s config (re-measurements differ only in
-    their name and metrics file): one run is not a result when the noise is a few percent."""
+    """The values of every completed run of ``trial``'s config: one run is not a result when the
+    noise is a few percent."""
     ds_config = ExperimentRecord.from_trial(trial).ds_config
     if ds_config is None:
         return [] if trial.value is None else [trial.value]
-    identity = _config_identity(ds_config)
-    return [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None
-            and (c := ExperimentRecord.from_trial(t).ds_config) is not None and _config_identity(c) == identity]
+    return _runs_by_config(trials).get(_config_identity(ds_config), [])
 
 
 def measurement_noise(trials: Iterable[FrozenTrial]) -> tuple[float | None, int]:
     """The run-to-run noise this tuning measured: the largest relative spread (max - min over
     the mean) among configs that ran more than once, and how many did; ``(None, 0)`` when no
     config ran twice, since one run says nothing of its noise."""
-    values: dict[str, list[float]] = {}
-    for t in trials:
-        ds_config = ExperimentRecord.from_trial(t).ds_config
-        if t.state == TrialState.COMPLETE and t.value is not None and ds_config is not None:
-            values.setdefault(_config_identity(ds_config), []).append(t.value)
+    values = _runs_by_config(trials)
     spreads = [(max(v) - min(v)) / abs(sum(v) / len(v)) for v in values.values() if len(v) > 1 and sum(v)]
     return (max(spreads), len(spreads)) if spreads else (None, 0)
 
