@@ -197,3 +197,14 @@ def test_a_size_measured_far_below_another_is_not_chosen_whatever_the_model_expe
     close = [(4, 60.0), (5, 59.0), (6, 59.5), (8, 59.8), (8, 60.2), (6, 59.4)]
     observations = [Observation(stage=0, mbs=m, status=Status.OK, score=v, seconds=60.0) for m, v in close]
     assert plan(problem, observations).choice.mbs != 4
+
+
+def test_knob_values_of_mixed_types_are_planned_over() -> None:
+    """A user's knob list may mix types ([5e8, "auto"], [5e8, None]): configs that differ only
+    there are compared by the model, never ordered by their values."""
+    problem, _ = _job()
+    runs = [(0, 24, (), 85.0), (1, 24, (("reduce_bucket_size", 5e8),), 84.0), (1, 24, (("reduce_bucket_size", "auto"),), 84.5)]
+    observations = [Observation(stage=s, mbs=m, status=Status.OK, score=v, knobs=k, seconds=60.0) for s, m, k, v in runs]
+    running = [Observation(stage=1, mbs=24, status=Status.RUNNING, knobs=(("reduce_bucket_size", None),))]
+    decision = plan(problem, observations + running, free_slots=2)
+    assert decision.choice is not None or decision.proposals

@@ -259,7 +259,8 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
     # The best so far counts the experiments under way (running, or proposed in this batch) at
     # the model's mean, as the model does: else every proposal of a batch would be measured
     # against the first results alone, and a batch for many slots would crowd one curve.
-    measured = sorted({o.config for o in state.ok} | {o.config for o in state.running} | taken)
+    # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
+    measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
     incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
     gain = p_run * model.expected_improvement(rows, incumbent + MARGIN)
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed

@@ -443,13 +443,16 @@ class StageTuner:
                      and t.datetime_start is not None and t.datetime_start > recent)
         first = self._setting if self._setting is not None else recommended_knobs(self._space)
         one = self._knobs is KnobSearch.ONE
+        # The search's space is spent once its own configs are taken: the stage's knob experiments
+        # at other sizes or offloads (a close arm's, the leanest setting's) are not in it.
+        mine = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).exp_name in taken
+                and (r.offload or "") == self._space.offload and r.micro_batch_size in tuning_list}
         if one:
-            # One experiment: over once its name is taken, however many knob experiments the
-            # stage ran (at other sizes and offloads: not its space).
+            # One experiment: over once its name is taken.
             over = first is None or self._name(first, self._sizes[0]) in taken
         else:
-            over = len(taken) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
-        if over or (not one and len(taken) + asking >= size):
+            over = len(mine) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
+        if over or (not one and len(mine) + asking >= size):
             if over and not running:
                 return Step.DONE
             self._idle_until = time.monotonic() + _IDLE_SECONDS
