@@ -98,32 +98,6 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False) -> dict:
             "noise": decision.noise, "decision_s": decisions, "curve": curve}
 
 
-def closest_arm_gap(surface: surfaces.Surface) -> float | None:
-    """The log gap between the arm (stage, offload) that holds the optimum and the arm that
-    comes closest while more than 1% below it; ``None`` when every arm is within 1%."""
-    best_by_arm: dict[tuple, float] = {}
-    for c in surface.configs(fast=True, offload=True):
-        key = (c.stage, c.offload_optimizer, c.offload_param)
-        best_by_arm[key] = max(best_by_arm.get(key, 0.0), surface.evaluate(c).throughput)
-    best = max(best_by_arm.values(), default=0.0)
-    rivals = [v for v in best_by_arm.values() if 0.0 < v < 0.99 * best]
-    return math.log(best / max(rivals)) if rivals else None
-
-
-def within_1pc_ceiling(gap: float | None, noise: float, launches: int) -> float:
-    """The most a search can hope for: the probability that it chooses within 1% of the optimum
-    with ``launches`` (the profile run counted), for a genie that knows every throughput curve's
-    shape and which arm holds the optimum and which other arm comes closest while more than 1%
-    below it (``gap``, :func:`closest_arm_gap`). Only the two arms' scales are left to measure,
-    each launch measures one of them with the job's ``noise``, so their difference is known to
-    sd >= noise * sqrt(4 / n) after n runs, and the wrong arm wins with probability
-    Phi(-gap / sd)."""
-    if gap is None:
-        return 1.0
-    n = max(2, launches - 1)
-    return 1.0 - 0.5 * math.erfc(gap / (noise * math.sqrt(4.0 / n)) / math.sqrt(2.0))
-
-
 def running_view(running: list[tuple[float, int, Observation]]) -> list[tuple[float, int, Observation]]:
     return [(e, n, Observation(stage=o.stage, offload=o.offload, mbs=o.mbs, status=Status.RUNNING, knobs=o.knobs))
             for e, n, o in running]
@@ -165,10 +139,10 @@ def main() -> None:
             continue
         r = tune(surface, slots=args.slots, trace=args.trace)
         r["optimum"] = optimum
-        gap = closest_arm_gap(surface)
-        r["ceiling"] = within_1pc_ceiling(gap, surface.noise, r["launches"])
+        gap = surfaces.closest_arm_gap(surface, fast=True)
+        r["ceiling"] = surfaces.within_1pc_ceiling(gap, surface.noise, r["launches"])
         if name in ds:
-            r["ceiling_ds"] = {k: within_1pc_ceiling(gap, surface.noise, int(k * ds[name]["launches"])) for k in (0.35, 0.5, 1.0)}
+            r["ceiling_ds"] = {k: surfaces.within_1pc_ceiling(gap, surface.noise, int(k * ds[name]["launches"])) for k in (0.35, 0.5, 1.0)}
         share = r["true"] / optimum
         rows.append((name, share, r))
         if args.verbose or share < 0.99:
@@ -217,6 +191,13 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     if capped:
         print("; " + ", ".join(f"{statistics.mean(c[k] for c in capped):.1%} with {k:g}x DeepSpeed's" for k in (0.35, 0.5, 1.0))
               + f" ({len(capped)} jobs)", end="")
+    print()
+    # A target on every job (the worst share) asks for all of them at once.
+    print(f"  the genie's chance to have every one of these {len(rows)} jobs within 1%: "
+          f"{surfaces.every_job_within_1pc([r['ceiling'] for _, _, r in rows]):.2g} with these launches", end="")
+    if capped:
+        print(", " + ", ".join(f"{surfaces.every_job_within_1pc([c[k] for c in capped]):.2g} with {k:g}x DeepSpeed's"
+                               for k in (0.35, 0.5, 1.0)) + f" ({len(capped)} jobs)", end="")
     print()
 
 if __name__ == "__main__":
