@@ -23,7 +23,7 @@ class TunerEarlyStoppingPruner(BasePruner):
         patience: finished trials without improvement that end the search.
         max_trials: trials of the counted phase that may be started in all.
         phase: the phase of the trials that count (as their records say); ``None`` counts all.
-        min_improvement: the share by which a trial must beat the last improvement to be one (the
+        min_improvement: the share by which a trial must beat the best for an improvement (the
             measurement noise): a gain within what one run can tell does not prolong the search.
     """
 
@@ -51,20 +51,23 @@ class TunerEarlyStoppingPruner(BasePruner):
         if self._max_trials is not None and len(counted) >= self._max_trials:
             return True
         maximize = study.direction == StudyDirection.MAXIMIZE
-        # The bar is the value of the last counted improvement, not the best seen since: gains
-        # within the noise neither prolong the search nor raise the bar, so a lucky run does not
-        # hide the next real gain, and small gains that add up past the noise count.
-        bar: float | None = None
+        best: float | None = None
         since = 0
         finished = sorted(
             (t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)),
             key=lambda t: (t.datetime_complete or t.datetime_start, t.number),
         )
+        # The bar is the best value seen, lucky runs included: a bar held at the last counted
+        # improvement is beaten by noise alone (one run in six by one standard deviation), and
+        # each such run would prolong the search.
         step = 1.0 + self._min_improvement
         for t in finished:
             value = t.value if t.state == TrialState.COMPLETE else None
-            if value is not None and (bar is None or (value > bar * step if maximize else value * step < bar)):
-                bar, since = value, 0
+            improved = value is not None and (best is None or (value > best * step if maximize else value * step < best))
+            if value is not None and (best is None or (value > best if maximize else value < best)):
+                best = value
+            if improved:
+                since = 0
             elif self._counts(t):
                 since += 1
         return since >= self._patience
