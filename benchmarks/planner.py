@@ -134,12 +134,13 @@ def main() -> None:
     rows = []
     for name in names:
         surface = surfaces.by_name(name)
-        best, optimum = surface.optimum(fast=True, offload=True)
+        arms = surface.arm_optima(fast=True, offload=True)
+        best, optimum = surfaces.optimum_of(arms)
         if not optimum:
             continue
         r = tune(surface, slots=args.slots, trace=args.trace)
         r["optimum"] = optimum
-        gap = surfaces.closest_arm_gap(surface, fast=True)
+        gap = surfaces.closest_arm_gap(arms)
         r["ceiling"] = surfaces.within_1pc_ceiling(gap, surface.noise, r["launches"])
         if name in ds:
             r["ceiling_ds"] = {k: surfaces.within_1pc_ceiling(gap, surface.noise, int(k * ds[name]["launches"])) for k in (0.35, 0.5, 1.0)}

@@ -261,9 +261,10 @@ def main() -> None:
             return figures
         return run_tool("optuna-ds", surface, fast=fast, tuner_type=sampler, keep=args.keep)
 
-    optima = {(name, mode): surfaces.by_name(name).optimum(fast=mode == "fast", offload=True)
-              for name in names for mode in args.modes}
-    gaps = {(name, mode): surfaces.closest_arm_gap(surfaces.by_name(name), fast=mode == "fast") for name in names for mode in args.modes}
+    arms = {(name, mode): surfaces.by_name(name).arm_optima(fast=mode == "fast", offload=True)
+            for name in names for mode in args.modes}
+    optima = {key: surfaces.optimum_of(a) for key, a in arms.items()}
+    gaps = {key: surfaces.closest_arm_gap(a) for key, a in arms.items()}
     print("simulated jobs; GPU-hours are simulated experiment time x GPUs")
     print("| surface | mode | tool | launches | OOM | GPU-h | chosen | true throughput / optimum |")
     print("| :-- | :-- | :-- | --: | --: | --: | :-- | --: |")

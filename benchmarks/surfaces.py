@@ -198,25 +198,32 @@ class Surface:
                             break
                         yield config
 
-    def optimum(self, **kwargs: Any) -> tuple[Config | None, float]:
-        best, value = None, 0.0
+    def arm_optima(self, **kwargs: Any) -> dict[tuple[int, bool, bool], tuple[Config, float]]:
+        """The best config of each arm (stage, offload_optimizer, offload_param) that has one
+        running, and its true throughput; ``kwargs`` as :meth:`configs` takes them."""
+        best: dict[tuple[int, bool, bool], tuple[Config, float]] = {}
         for config in self.configs(**kwargs):
             t = self.evaluate(config).throughput
-            if t > value:
-                best, value = config, t
-        return best, value
+            key = (config.stage, config.offload_optimizer, config.offload_param)
+            if t > 0.0 and (key not in best or t > best[key][1]):
+                best[key] = (config, t)
+        return best
+
+    def optimum(self, **kwargs: Any) -> tuple[Config | None, float]:
+        return optimum_of(self.arm_optima(**kwargs))
 
 
-def closest_arm_gap(surface: Surface, *, fast: bool) -> float | None:
+def optimum_of(arm_optima: dict[tuple[int, bool, bool], tuple[Config, float]]) -> tuple[Config | None, float]:
+    return max(arm_optima.values(), key=lambda cv: cv[1], default=(None, 0.0))
+
+
+def closest_arm_gap(arm_optima: dict[tuple[int, bool, bool], tuple[Config, float]]) -> float | None:
     """The log gap between the arm (stage, offload) that holds the optimum and the arm that
-    comes closest while more than 1% below it, each at its best (with the best knobs unless
-    ``fast``); ``None`` when every arm is within 1%."""
-    best_by_arm: dict[tuple, float] = {}
-    for c in surface.configs(fast=fast, offload=True):
-        key = (c.stage, c.offload_optimizer, c.offload_param)
-        best_by_arm[key] = max(best_by_arm.get(key, 0.0), surface.evaluate(c).throughput)
-    best = max(best_by_arm.values(), default=0.0)
-    rivals = [v for v in best_by_arm.values() if 0.0 < v < 0.99 * best]
+    comes closest while more than 1% below it, each at its best (:meth:`Surface.arm_optima`,
+    with the best knobs in full mode); ``None`` when every arm is within 1%."""
+    values = [v for _, v in arm_optima.values()]
+    best = max(values, default=0.0)
+    rivals = [v for v in values if v < 0.99 * best]
     return math.log(best / max(rivals)) if rivals else None
 
 
