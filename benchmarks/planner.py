@@ -14,6 +14,7 @@ import argparse
 import heapq
 import json
 import math
+import random
 import statistics
 import sys
 import time
@@ -58,7 +59,16 @@ def config_of(stage: int, offload: str, mbs: int) -> surfaces.Config:
     return surfaces.Config(stage=stage, mbs=mbs, offload_optimizer=bool(offload), offload_param=offload == "offload-opt-param")
 
 
-def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False) -> dict:
+def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) -> float:
+    """What NVML would report as a run's peak: the memory it needs, and up to 2% more that the
+    caching allocator reserves."""
+    rng = random.Random(f"{surface.name}|{config}|{nonce}|memory")
+    return surface.memory_gb(config) * GB * (1.0 + rng.uniform(0.0, 0.02))
+
+
+def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: bool = False) -> dict:
+    """The planner's tuning of ``surface`` with ``slots`` experiments at once; with ``memory``,
+    each run reports its peak memory, as runs on NVIDIA GPUs do."""
     problem = problem_of(surface)
     observations: list[Observation] = []
     running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
@@ -78,7 +88,9 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False) -> dict:
             nonce += 1
             status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
             score = surface.measure(config, nonce) if status is Status.OK else None
-            done = Observation(stage=p.stage, offload=p.offload, mbs=p.mbs, status=status, score=score, seconds=outcome.seconds)
+            peak = peak_memory(surface, config, nonce) if memory and status is Status.OK else None
+            done = Observation(stage=p.stage, offload=p.offload, mbs=p.mbs, status=status, score=score, seconds=outcome.seconds,
+                               memory=peak)
             if trace:
                 print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} -> {status.value:6} {score or 0:9.3f} true "
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
@@ -118,6 +130,7 @@ def main() -> None:
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a constant of optuna_ds.planner._planner (MIN_GAIN, MARGIN, ...) for a what-if")
     parser.add_argument("--curve", action="store_true",
@@ -138,7 +151,7 @@ def main() -> None:
         best, optimum = surfaces.optimum_of(arms)
         if not optimum:
             continue
-        r = tune(surface, slots=args.slots, trace=args.trace)
+        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory)
         r["optimum"] = optimum
         gap = surfaces.closest_arm_gap(arms)
         r["ceiling"] = surfaces.within_1pc_ceiling(gap, surface.noise, r["launches"])

@@ -1,6 +1,7 @@
 """The planner as a pure function: driven against small synthetic jobs, no launcher."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -153,6 +154,22 @@ def test_one_oom_at_one_stage_moves_every_stage_edge() -> None:
     # Stage 0 ran out at 20 with 60 GB: a sample needs at least 2.9 GB, so stage 2 (66 GB) fits fewer than 23.
     assert after.p_oom(stage2, [24])[0] > 0.9 > before.p_oom(stage2, [24])[0]
     assert after.p_oom(problem.arms[0], [20, 25])[0] == 1.0
+
+
+def test_runs_that_report_their_peak_memory_place_every_stage_edge_before_any_oom() -> None:
+    """Two runs of stage 0 with their peak memory (20 GB of states, 2 GB of context, 2 GB a
+    sample) pin the line: stage 2, with 66 GB free, holds 32 samples, though nothing ran out."""
+    problem, _ = _job()
+    runs = [Observation(stage=0, mbs=m, status=Status.OK, score=50.0, seconds=60.0) for m in (8, 24)]
+    measured = [dataclasses.replace(o, memory=(22 + 2 * o.mbs) * GB) for o in runs]
+    stage2 = problem.arms[2]
+    blind, seen = FeasibilityModel(problem, runs), FeasibilityModel(problem, measured)
+    assert abs(seen.per_sample - 2 * GB) < 0.1 * GB < abs(blind.per_sample - 2 * GB)
+    assert seen.p_oom(stage2, [28])[0] < 0.05 and seen.p_oom(stage2, [40])[0] > 0.95
+    assert blind.p_oom(stage2, [40])[0] < 0.5, "without the memory figures the edge is a guess"
+    # A figure near the device's size says only that the run fitted: the allocator took what was there.
+    full = [dataclasses.replace(o, memory=79 * GB) for o in runs]
+    assert FeasibilityModel(problem, full).p_oom(stage2, [40])[0] == blind.p_oom(stage2, [40])[0]
 
 
 def test_noise_is_estimated_and_a_lucky_measurement_does_not_decide() -> None:

@@ -15,7 +15,9 @@ from optuna_ds.launcher import Experiment
 from optuna_ds.launcher import ExperimentResult
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
+from optuna_ds.planner import Status
 from optuna_ds.storage import ExperimentRecord
+from optuna_ds.studies import observation_of
 
 _EXPERIMENT = Experiment(
     name="z1_gas2_tmbspg4", stage=1, phase=Phase.MICRO_BATCH,
@@ -69,6 +71,9 @@ def test_a_successful_trial_round_trips_through_sqlite(study: optuna.Study) -> N
         cmd=["deepspeed", "train.py"], duration=12.346, returncode=0, peak_gpu_memory=2**30, exp_name=_EXPERIMENT.name,
     )
     assert record.claimed and record.launched and record.reason is None
+    # The planner's view of it: the score and the peak memory that places every stage's edge.
+    seen = observation_of(frozen, stage=1, metric=Metric.named("throughput"), dead={})
+    assert seen is not None and (seen.status, seen.score, seen.mbs, seen.memory) == (Status.OK, 50.0, 4, 2**30)
     # A success stores no failure fields, and nothing it does not know.
     assert set(frozen.user_attrs) == {
         "worker", "phase", "micro_batch_size", "gradient_accumulation_steps", "train_batch_size", "ds_config", "result_dir",

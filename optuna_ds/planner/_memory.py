@@ -17,6 +17,11 @@ _C_POINTS = 31
 # An arm's own offset beyond the shared one (its communication buckets), as a share of the device.
 _DELTA = np.array([-0.06, -0.04, -0.02, -0.01, 0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15])
 _DELTA_PRIOR = np.exp(-np.abs(_DELTA) / 0.02)
+# A run's peak memory, where the accelerator reports it, is the linear model's figure within
+# this share of the device (the caching allocator reserves a little more than it needs); a
+# figure this close to full says only that the run fitted (the allocator took what was there).
+_MEMORY_SD = 0.03
+_SATURATED = 0.95
 
 
 class FeasibilityModel:
@@ -28,9 +33,11 @@ class FeasibilityModel:
     do not depend on the ZeRO stage -- and each arm adds a small offset of its own (its
     communication buckets). All are held as a posterior on a grid: every run and every OOM of
     every stage is a linear constraint, believed up to a small chance of a contradiction (a
-    workspace that switches on at some size). Runs with non-default knobs (other buckets) teach
-    only their own config: within one arm and knob setting, memory grows with the size, so sizes
-    above an OOM run out too and sizes below a run fit.
+    workspace that switches on at some size), and a run's peak memory, where the accelerator
+    reports it, a measurement of the line itself: two runs of different sizes pin it, so the
+    memory edge is known before any run has hit it. Runs with non-default knobs (other buckets)
+    teach only their own config: within one arm and knob setting, memory grows with the size, so
+    sizes above an OOM run out too and sizes below a run fit.
     """
 
     def __init__(self, problem: Problem, observations: Sequence[Observation]) -> None:
@@ -69,9 +76,13 @@ class FeasibilityModel:
                     self._oom[key] = min(self._oom.get(key, 1 << 30), o.mbs)
                 if o.knobs:
                     continue
-                fits = self._offsets(arm) + o.mbs * self.a[:, None, None] <= arm.free
+                need = self._offsets(arm) + o.mbs * self.a[:, None, None]
+                fits = need <= arm.free
                 agrees = fits if o.status is Status.OK else ~fits
                 lik *= np.where(agrees, 1.0 - _CONTRADICTION, _CONTRADICTION)
+                if o.status is Status.OK and o.memory and o.memory < _SATURATED * d:
+                    z = (d - arm.free + need - o.memory) / (_MEMORY_SD * d)
+                    lik *= np.maximum(np.exp(-0.5 * z * z), _CONTRADICTION)
             self._lik[arm.key] = lik
             log_w += np.log(np.maximum(lik @ self._prior_delta, 1e-300))
         w = np.exp(log_w - log_w.max())

@@ -61,7 +61,8 @@ class Status(enum.Enum):
 class Observation:
     """One experiment, finished or running. ``score`` is the metric made positive and
     higher-better (a latency is inverted); ``seconds`` the experiment's duration; ``repeat``
-    how many times its config ran before it (a re-measurement's is 1 or more)."""
+    how many times its config ran before it (a re-measurement's is 1 or more); ``memory`` the
+    peak memory of one of its GPUs in bytes, where the accelerator reports it."""
 
     stage: int
     mbs: int
@@ -71,6 +72,7 @@ class Observation:
     knobs: Knobs = ()
     seconds: float | None = None
     repeat: int = 0
+    memory: float | None = None
 
     @property
     def arm(self) -> tuple[int, str]:

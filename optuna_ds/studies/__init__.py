@@ -1,6 +1,7 @@
 """Layer 3c: the studies of a tuning, one per ZeRO stage, and the workflow that drives them."""
 
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import Baseline
@@ -26,4 +27,5 @@ __all__ = [
     "TuningObserver",
     "TuningResult",
     "load_result",
+    "observation_of",
 ]

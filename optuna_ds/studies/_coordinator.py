@@ -60,7 +60,7 @@ def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict
     if trial.state == TrialState.RUNNING:
         return Observation(status=Status.RUNNING, **base)
     if trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0:
-        return Observation(status=Status.OK, score=metric.rate(trial.value), **base)
+        return Observation(status=Status.OK, score=metric.rate(trial.value), memory=record.peak_gpu_memory or None, **base)
     if is_finished_experiment(trial) or record.exp_name in dead:
         return Observation(status=Status.OOM if record.reason is FailureReason.OOM else Status.FAILED, **base)
     return None
