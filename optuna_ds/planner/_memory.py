@@ -13,7 +13,7 @@ from optuna_ds.planner._problem import Status
 # fragmentation) is believed this much less than one that agrees.
 _CONTRADICTION = 0.03
 _A_POINTS = 48
-_C_POINTS = 31
+_C_POINTS = 61
 # An arm's own offset beyond the shared one (its communication buckets), as a share of the device.
 _DELTA = np.array([-0.06, -0.04, -0.02, -0.01, 0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15])
 _DELTA_PRIOR = np.exp(-np.abs(_DELTA) / 0.02)
@@ -56,7 +56,7 @@ class FeasibilityModel:
         order = np.argsort(self.a)
         self.a, prior_a = self.a[order], prior_a[order]
         n_a = len(self.a)
-        self.c = np.linspace(-0.03 * d, 0.25 * d, _C_POINTS)
+        self.c = np.linspace(-0.03 * d, 0.5 * d, _C_POINTS)
         prior_c = np.exp(-np.maximum(self.c, 0.0) / (0.08 * d))  # small offsets are more common
         self._delta = _DELTA * d
         self._prior_delta = _DELTA_PRIOR / _DELTA_PRIOR.sum()
