@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,8 +88,10 @@ class FeasibilityModel:
             log_w += np.log(np.maximum(lik @ self._prior_delta, 1e-300))
         w = np.exp(log_w - log_w.max())
         self._w = w / w.sum()  # (A, C)
+        self._posterior_cache: dict[Arm, np.ndarray] = {}
+        self._offset_cache: dict[Arm, float] = {}
 
-    @property
+    @functools.cached_property
     def per_sample(self) -> float:
         """The posterior mean of one sample's memory."""
         return float(self._w.sum(axis=1) @ self.a)
@@ -98,22 +101,28 @@ class FeasibilityModel:
         expected buffers, and the arm's own deviation."""
         return self.c[None, :, None] + arm.buffers + self._delta[None, None, :]
 
-    def _delta_posterior(self, arm: Arm) -> np.ndarray:
-        """``p(arm's offset | per_sample, offset)``, ``(A, C, D)``."""
-        joint = self._lik[arm.key] * self._prior_delta[None, None, :]
-        return joint / np.maximum(joint.sum(axis=2, keepdims=True), 1e-300)
+    def _posterior(self, arm: Arm) -> np.ndarray:
+        """``p(per_sample, offset, arm's offset)``, ``(A, C, D)``: computed once per arm (a
+        decision asks every arm several times)."""
+        cached = self._posterior_cache.get(arm)
+        if cached is None:
+            joint = self._lik[arm.key] * self._prior_delta[None, None, :]
+            delta = joint / np.maximum(joint.sum(axis=2, keepdims=True), 1e-300)
+            cached = self._posterior_cache[arm] = self._w[:, :, None] * delta
+        return cached
 
     def p_oom(self, arm: Arm, sizes: np.ndarray, knobs: tuple = ()) -> np.ndarray:
         """The probability that each size runs out of memory at ``arm``."""
         sizes = np.asarray(sizes, dtype=float)
-        post = self._w[:, :, None] * self._delta_posterior(arm)  # (A, C, D)
+        post = self._posterior(arm)
         room = arm.free - self._offsets(arm)  # (1, C, D)
-        # Size m runs out where m * a > room: for each (a, c, d), sizes above room / a.
+        # Size m runs out where m * a > room, i.e. at each grid point (a, c, d) whose edge
+        # room / a lies below m: the weight of the edges between consecutive sizes, summed.
         limit = (room / self.a[:, None, None]).ravel()
-        weights = post.ravel()
-        order = np.argsort(limit)
-        cum = np.concatenate([[0.0], np.cumsum(weights[order])])
-        p = cum[np.searchsorted(limit[order], sizes, side="left")]
+        order = np.argsort(sizes)
+        k = np.searchsorted(sizes[order], limit, side="right")  # the sizes at or below each edge
+        p = np.empty(len(sizes))
+        p[order] = np.cumsum(np.bincount(k, weights=post.ravel(), minlength=len(sizes) + 1))[: len(sizes)]
         key = (arm.key, knobs)
         if key in self._ok:
             p = np.where(sizes <= self._ok[key], 0.0, p)
@@ -122,8 +131,10 @@ class FeasibilityModel:
         return np.clip(p, 0.0, 1.0)
 
     def _offset(self, arm: Arm) -> float:
-        post = self._w[:, :, None] * self._delta_posterior(arm)
-        return float(np.sum(post * self._offsets(arm)))
+        cached = self._offset_cache.get(arm)
+        if cached is None:
+            cached = self._offset_cache[arm] = float(np.sum(self._posterior(arm) * self._offsets(arm)))
+        return cached
 
     def share(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
         """The expected share of device memory in use at each size."""
