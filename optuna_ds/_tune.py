@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -289,6 +291,15 @@ class WorkerOptions:
     seed: int | None = None
 
 
+def worker_seed(seed: int | None, *, host: str, pid: int) -> int | None:
+    """A worker's seed: the one it was given, mixed with its host and process. Users pass one
+    ``--seed`` to every worker; drawn alike, their samplers would propose the same configs at
+    the same moments and stand down on each other's claims."""
+    if seed is None:
+        return None
+    return int.from_bytes(hashlib.sha256(f"{seed}|{host}|{pid}".encode()).digest()[:4], "big")
+
+
 def _wait_for_plan(storage: optuna.storages.BaseStorage, options: WorkerOptions, log: Callable[[str], None]) -> TuningPlan:
     """The tuning's plan, once stored. A worker started first does its slow start-up (importing
     DeepSpeed) while it waits and looks often: the tuning may have little work left by the time
@@ -344,7 +355,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
         runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
         observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
-                        seed=options.seed, worker=True)
+                        seed=worker_seed(options.seed, host=socket.gethostname(), pid=os.getpid()), worker=True)
         try:
             with _sigterm_raises():
                 return tuning.run()

@@ -216,3 +216,12 @@ def test_the_random_sampler_passes_over_listed_values_outside_the_distribution()
         trial = study.ask()
         assert trial.suggest_categorical("overlap_comm", [True, False]) in (True, False)
         study.tell(trial, 1.0)
+
+
+def test_workers_given_one_seed_draw_differently() -> None:
+    from optuna_ds._tune import worker_seed
+
+    assert worker_seed(None, host="node1", pid=10) is None
+    seeds = {worker_seed(7, host=host, pid=pid) for host in ("node1", "node2") for pid in (10, 11)}
+    assert len(seeds) == 4 and all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
+    assert worker_seed(7, host="node1", pid=10) == worker_seed(7, host="node1", pid=10)  # a function of its inputs

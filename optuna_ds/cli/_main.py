@@ -165,7 +165,8 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 @click.option("--storage", required=True, envvar="OPTUNA_STORAGE", show_envvar=True, help="The tuning's Optuna storage URL, as given to `optuna-ds tune`.")
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="The tuning's name.")
 @_deepspeed_bin_option("The deepspeed executable (default: the tuning's, else deepspeed on PATH).")
-@click.option("--seed", type=int, default=None, help="Seed of the samplers.")
+@click.option("--seed", type=int, default=None,
+              help="Seed of the samplers, mixed with this worker's host and process: workers given one seed draw differently.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only warnings.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr.")
 def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int | None, quiet: bool, verbose: bool, **launcher_kwargs: Any) -> None:
