@@ -231,10 +231,10 @@ def within_1pc_ceiling(gap: float | None, noise: float, launches: int) -> float:
     """The most a search can hope for: the probability that it chooses within 1% of the optimum
     with ``launches`` (the profile run counted), for a genie that knows every throughput curve's
     shape (and in full mode every knob's effect) and which arm holds the optimum and which other
-    arm comes closest while more than 1% below it (``gap``, :func:`closest_arm_gap`). Only the two arms' scales are left to measure,
-    each launch measures one of them with the job's ``noise``, so their difference is known to
-    sd >= noise * sqrt(4 / n) after n runs, and the wrong arm wins with probability
-    Phi(-gap / sd)."""
+    arm comes closest while more than 1% below it (``gap``, :func:`closest_arm_gap`). Only the
+    two arms' scales are left to measure, each launch measures one of them with the job's
+    ``noise``, so their difference is known to sd >= noise * sqrt(4 / n) after n runs, and the
+    wrong arm wins with probability Phi(-gap / sd)."""
     if gap is None:
         return 1.0
     n = max(2, launches - 1)

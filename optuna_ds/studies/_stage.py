@@ -433,8 +433,9 @@ class StageTuner:
         running = self._running(trials, Phase.KNOBS)
         size = self._space.size * len(tuning_list)
         dead = given_up(trials)
-        taken = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and not r.repeat
-                 and (is_finished_experiment(t) or t in running or r.exp_name in dead)} - {None}
+        taken_records = [r for t in trials if (r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and not r.repeat
+                         and r.exp_name is not None and (is_finished_experiment(t) or t in running or r.exp_name in dead)]
+        taken = {r.exp_name for r in taken_records}
         # Trials still being asked for (here or by a worker elsewhere) take a config each soon; one
         # unclaimed for longer lost its process mid-decision (it has no worker to reap it by) and
         # must not hold a config back for ever.
@@ -443,16 +444,16 @@ class StageTuner:
                      and t.datetime_start is not None and t.datetime_start > recent)
         first = self._setting if self._setting is not None else recommended_knobs(self._space)
         one = self._knobs is KnobSearch.ONE
-        # The search's space is spent once its own configs are taken: the stage's knob experiments
-        # at other sizes or offloads (a close arm's, the leanest setting's) are not in it.
-        mine = {r.exp_name for t in trials if (r := ExperimentRecord.from_trial(t)).exp_name in taken
-                and (r.offload or "") == self._space.offload and r.micro_batch_size in tuning_list}
         if one:
             # One experiment: over once its name is taken.
-            over = first is None or self._name(first, self._sizes[0]) in taken
+            over = spent = first is None or self._name(first, self._sizes[0]) in taken
         else:
+            # The search's space is spent once its own configs are taken: the stage's knob
+            # experiments at other sizes or offloads (a close arm's, the leanest setting's) are not in it.
+            mine = {r.exp_name for r in taken_records if (r.offload or "") == self._space.offload and r.micro_batch_size in tuning_list}
             over = len(mine) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
-        if over or (not one and len(mine) + asking >= size):
+            spent = over or len(mine) + asking >= size
+        if spent:
             if over and not running:
                 return Step.DONE
             self._idle_until = time.monotonic() + _IDLE_SECONDS
