@@ -11,6 +11,7 @@ time. `make bench` measures the same through the real CLI.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import math
@@ -24,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import physical_jobs  # noqa: E402
 import surfaces  # noqa: E402
 
 from optuna_ds.planner import Arm  # noqa: E402
@@ -31,7 +33,7 @@ from optuna_ds.planner import Observation  # noqa: E402
 from optuna_ds.planner import Problem  # noqa: E402
 from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
-from optuna_ds.planner import _planner as planner_module  # noqa: E402
+from optuna_ds.planner import PlannerSettings  # noqa: E402
 from optuna_ds.space import estimate_memory  # noqa: E402
 
 GB = surfaces.GB
@@ -62,11 +64,14 @@ def config_of(stage: int, offload: str, mbs: int) -> surfaces.Config:
 def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) -> float:
     """What NVML would report as a run's peak: the memory it needs, and up to 2% more that the
     caching allocator reserves."""
+    if hasattr(surface, "peak_memory_gb"):
+        return surface.peak_memory_gb(config, nonce) * GB
     rng = random.Random(f"{surface.name}|{config}|{nonce}|memory")
     return surface.memory_gb(config) * GB * (1.0 + rng.uniform(0.0, 0.02))
 
 
-def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: bool = False) -> dict:
+def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: bool = False,
+         settings: PlannerSettings = PlannerSettings()) -> dict:
     """The planner's tuning of ``surface`` with ``slots`` experiments at once; with ``memory``,
     each run reports its peak memory, as runs on NVIDIA GPUs do."""
     problem = problem_of(surface)
@@ -77,7 +82,8 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     while True:
         t0 = time.perf_counter()
-        decision = plan(problem, observations + [r[2] for r in running_view(running)], free_slots=slots - len(running))
+        decision = plan(problem, observations + [r[2] for r in running_view(running)], free_slots=slots - len(running),
+                        settings=settings)
         decisions.append(time.perf_counter() - t0)
         if decision.choice is not None:
             c = decision.choice
@@ -107,7 +113,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     chosen = config_of(choice.stage, choice.offload, choice.mbs) if choice else None
     return {"launches": launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
-            "noise": decision.noise, "decision_s": decisions, "curve": curve}
+            "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve}
 
 
 def running_view(running: list[tuple[float, int, Observation]]) -> list[tuple[float, int, Observation]]:
@@ -126,22 +132,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--random", type=int, default=200, metavar="N")
     parser.add_argument("--first", type=int, default=0, metavar="SEED", help="the first random job's seed")
+    parser.add_argument("--physical", type=int, default=0, metavar="N",
+                        help="also N jobs of the second, independent generator (benchmarks/physical_jobs.py), and its hand-made ones")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a constant of optuna_ds.planner._planner (MIN_GAIN, MARGIN, ...) for a what-if")
+                        help="a field of optuna_ds.planner.PlannerSettings (min_gain, margin, bracket, ...) for a what-if")
     parser.add_argument("--curve", action="store_true",
                         help="the share of the optimum after each number of launches (with --set MIN_GAIN=0: never stopping)")
     args = parser.parse_args()
+    settings = PlannerSettings()
     for item in args.set:
         name, _, value = item.partition("=")
-        if not hasattr(planner_module, name):
-            parser.error(f"--set: optuna_ds.planner._planner has no {name}")
-        setattr(planner_module, name, type(getattr(planner_module, name))(value))
-    names = args.jobs or [s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
+        if not hasattr(settings, name):
+            parser.error(f"--set: optuna_ds.planner.PlannerSettings has no {name}")
+        settings = dataclasses.replace(settings, **{name: type(getattr(settings, name))(value)})
+    names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
+                          + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
+                          + [f"phys-{i}" for i in range(args.first, args.first + args.physical)])
     cache = json.loads((HERE / "deepspeed_figures.json").read_text())
     ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == "fast"}
     rows = []
@@ -151,8 +162,9 @@ def main() -> None:
         best, optimum = surfaces.optimum_of(arms)
         if not optimum:
             continue
-        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory)
+        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory, settings=settings)
         r["optimum"] = optimum
+        r["true_noise"] = surface.noise
         gap = surfaces.closest_arm_gap(arms)
         r["ceiling"] = surfaces.within_1pc_ceiling(gap, surface.noise, r["launches"])
         if name in ds:
@@ -165,7 +177,11 @@ def main() -> None:
     if args.curve:
         _curve([r for n, _, r in rows if n.startswith("random")])
     hand = {s.name for s in surfaces.SURFACES}
-    for label, group in (("hand-made", [r for r in rows if r[0] in hand]), ("random", [r for r in rows if r[0] not in hand])):
+    physical_hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}
+    for label, group in (("hand-made", [r for r in rows if r[0] in hand]),
+                         ("random", [r for r in rows if r[0].startswith("random-")]),
+                         ("physical hand-made", [r for r in rows if r[0] in physical_hand]),
+                         ("physical", [r for r in rows if r[0].startswith("phys-") and r[0] not in physical_hand])):
         if group:
             _summary(label, group, ds, args.slots)
 
@@ -197,6 +213,11 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
           f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job{versus}; "
           f"wall {statistics.mean(r['wall_s'] for _, _, r in rows) / 60:.1f} min/job; "
           f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
+    # The noise the planner reports, against the job's true noise.
+    ratios = [r["noise"] / r["true_noise"] for _, _, r in rows if r["noise"] is not None]
+    print(f"  noise reported within 0.5x-2x of the true noise: {sum(0.5 <= q <= 2.0 for q in ratios) / len(rows):.1%} of jobs "
+          f"(measured on {len(ratios) / len(rows):.0%}; reported / true p10 {_percentile(ratios, 0.1) if ratios else 0:.2f} "
+          f"median {_percentile(ratios, 0.5) if ratios else 0:.2f} p90 {_percentile(ratios, 0.9) if ratios else 0:.2f})")
     # What no search could beat: the noise, not the planner, bounds the share within 1%.
     ceiling = statistics.mean(r["ceiling"] for _, _, r in rows)
     print(f"  ceiling within 1% (a genie that knows every curve's shape and which two arms to compare): "

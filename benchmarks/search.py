@@ -221,6 +221,9 @@ def main() -> None:
     parser.add_argument("--surfaces", nargs="*", default=[s.name for s in surfaces.SURFACES],
                         help="hand-made surfaces (default: all six)")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N generated jobs (random-0 .. random-N-1)")
+    parser.add_argument("--physical", type=int, default=0, metavar="N",
+                        help="also N jobs of the second generator (phys-0 .. phys-N-1, benchmarks/physical_jobs.py)")
+    parser.add_argument("--only-deepspeed", action="store_true", help="run DeepSpeed's autotuner alone (to fill its cache)")
     parser.add_argument("--modes", nargs="+", default=["fast", "full"], choices=["fast", "full"])
     parser.add_argument("--samplers", nargs="+", default=["model_based"], help="knob samplers of full mode")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed's autotuner")
@@ -237,7 +240,7 @@ def main() -> None:
     except ImportError:
         with_ds = False
     cache = json.loads(args.deepspeed_cache.read_text()) if with_ds and args.deepspeed_cache.exists() else {}
-    names = list(args.surfaces) + [f"random-{i}" for i in range(args.random)]
+    names = list(args.surfaces) + [f"random-{i}" for i in range(args.random)] + [f"phys-{i}" for i in range(args.physical)]
 
     tasks = []
     for name in names:
@@ -245,7 +248,7 @@ def main() -> None:
             fast = mode == "fast"
             if with_ds:
                 tasks.append((name, mode, "deepspeed", "gridsearch"))
-            for sampler in args.samplers[:1] if fast else args.samplers:
+            for sampler in [] if args.only_deepspeed else args.samplers[:1] if fast else args.samplers:
                 tasks.append((name, mode, "optuna-ds" if fast else f"optuna-ds {sampler}", sampler))
 
     def execute(task: tuple[str, str, str, str]) -> dict:
@@ -283,12 +286,15 @@ def main() -> None:
                 print(f"| {name} | {mode} | optimum | | | | {_describe(best)} | 1.000 |", flush=True)
     if with_ds:
         args.deepspeed_cache.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-    hand = [r for r in runs if not r.job.startswith("random-")]
+    hand = [r for r in runs if not r.job.startswith(("random-", "phys-"))]
     generated = [r for r in runs if r.job.startswith("random-")]
+    physical = [r for r in runs if r.job.startswith("phys-")]
     if hand:
         _summarise(hand, "Hand-made surfaces")
     if generated:
         _summarise(generated, f"{args.random} generated jobs")
+    if physical:
+        _summarise(physical, f"{args.physical} jobs of the second generator")
     if hand and generated:
         _summarise(runs, "All jobs")
 

@@ -308,10 +308,15 @@ SURFACES = [
 
 
 def by_name(name: str) -> Surface:
-    """A hand-made surface, or ``random-<seed>``: the generated job of that seed."""
+    """A hand-made surface, ``random-<seed>``: the generated job of that seed, or ``phys-...``:
+    a job of the second generator (benchmarks/physical_jobs.py)."""
     for s in SURFACES:
         if s.name == name:
             return s
+    if name.startswith("phys-"):
+        import physical_jobs  # the second, independent generator
+
+        return physical_jobs.by_name(name)  # type: ignore[return-value]
     if name.startswith("random-") and name[len("random-"):].isdigit():
         from jobs import random_job
 

@@ -73,7 +73,9 @@ def test_a_saturating_job_ends_near_the_memory_edge_in_few_runs() -> None:
     choice = decision.choice
     assert choice is not None
     assert _true(surface, choice.stage, choice.mbs) >= 0.99 * _optimum(surface)
-    assert len(observations) <= 10
+    # The noise measured once (the best so far run again) and the choice bracketed on both sides
+    # included.
+    assert len(observations) <= 12
     # No size at or above a size that ran out of memory at the same stage is ever launched.
     for i, o in enumerate(observations):
         assert not any(p.status is Status.OOM and p.stage == o.stage and p.mbs <= o.mbs for p in observations[:i])
@@ -185,15 +187,17 @@ def test_a_coin_toss_between_stages_is_measured_again_and_a_clear_choice_is_not(
     z0, z1 = problem.arms[0], problem.arms[1]
 
     def seen(score_z1: float) -> list[Observation]:
-        runs = [(0, 8, 66.0), (0, 16, 80.0), (0, 24, 85.0), (1, 24, score_z1)]
+        runs = [(0, 8, 66.0), (0, 16, 80.0), (0, 24, 85.0), (0, 24, 85.2), (1, 24, score_z1)]
         return [Observation(stage=s, mbs=m, status=Status.OK, score=v, seconds=60.0) for s, m, v in runs]
 
     model = ThroughputModel(problem, FeasibilityModel(problem, seen(85.5)), [(z0, 8, (), 66.0), (z0, 16, (), 80.0),
-                                                                               (z0, 24, (), 85.0), (z1, 24, (), 85.5)])
+                                                                               (z0, 24, (), 85.0), (z0, 24, (), 85.2),
+                                                                               (z1, 24, (), 85.5)])
     # Choosing a config over itself loses nothing; over a stage measured once, as high, it may.
     assert model.expected_loss([(z0, 24, ())], (z0, 24, ()))[0] < 1e-4
     assert model.expected_loss([(z1, 24, ())], (z0, 24, ()))[0] > 0.002
-    # Measuring the stage seen once again tells more than measuring the one seen at three sizes.
+    # Measuring the stage seen once again tells more than measuring the config seen twice, at a
+    # stage seen at three sizes.
     of_z1, of_z0 = model.remeasure_value([(z1, 24, ())], (z0, 24, ()))
     assert of_z1[0] > of_z0[0] > 0.0
     tied = plan(problem, seen(85.5))

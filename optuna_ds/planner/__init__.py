@@ -15,6 +15,8 @@ from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
 from optuna_ds.planner._problem import Status
+from optuna_ds.planner._settings import PlannerSettings
+from optuna_ds.planner._surrogate import measured_noise
 from optuna_ds.planner._surrogate import ThroughputModel
 
 __all__ = [
@@ -23,9 +25,11 @@ __all__ = [
     "Decision",
     "FeasibilityModel",
     "Observation",
+    "PlannerSettings",
     "Problem",
     "Proposal",
     "Status",
     "ThroughputModel",
+    "measured_noise",
     "plan",
 ]

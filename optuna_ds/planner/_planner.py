@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -15,33 +16,21 @@ from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
 from optuna_ds.planner._problem import Status
+from optuna_ds.planner._settings import PlannerSettings
 from optuna_ds.planner._surrogate import ThroughputModel
 
-# An experiment is worth its launch while it is expected to beat the best by this share.
-MIN_GAIN = 0.002
-# ...counting only gains beyond this share: smaller ones are within what one measurement can tell.
-MARGIN = 0.005
-HOPELESS_OOM = 0.98  # sizes this likely to run out are not candidates
-# The chosen size is bracketed from below by a size this much smaller (or one ran within the
-# second factor) before the search ends.
-BRACKET = 1.6
-BRACKET_SEEN = 1.3
-# A finalist is measured again while that is expected to improve the choice by MIN_GAIN,
-MAX_REMEASURES = 3  # and at most this many times in a tuning.
-PLAUSIBLE_Z = 3.0  # a config measured this many noise deviations below the best is not chosen
-_BROKEN_PRIOR = 0.2  # a stage that fails for reasons other than memory may fail at every size
+_BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail at every size
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
-_GROWTH = 1.04  # candidate sizes above 64 step by 4%
 
 
-def _candidate_sizes(problem: Problem, arm: Arm) -> list[int]:
+def _candidate_sizes(problem: Problem, arm: Arm, growth: float) -> list[int]:
     if problem.sizes:
         return sorted({m for m in problem.sizes if problem.floor <= m <= arm.cap} or {min(problem.sizes)})
     low, cap = max(1, problem.floor), max(1, arm.cap)
     sizes = set(range(low, min(cap, 64) + 1))
     m = 64.0
     while m < cap:
-        m *= _GROWTH
+        m *= growth
         sizes.add(min(cap, int(round(m))))
     sizes.add(cap)
     return sorted(s for s in sizes if s >= low) or [cap]
@@ -66,8 +55,9 @@ def _median(values: list[float], default: float) -> float:
 class _State:
     """The observations arranged for one decision."""
 
-    def __init__(self, problem: Problem, observations: Sequence[Observation]) -> None:
+    def __init__(self, problem: Problem, observations: Sequence[Observation], settings: PlannerSettings) -> None:
         self.problem = problem
+        self.settings = settings
         self.finished = [o for o in observations if o.status is not Status.RUNNING and problem.arm(o.arm)]
         self.running = [o for o in observations if o.status is Status.RUNNING and problem.arm(o.arm)]
         self.memory = FeasibilityModel(problem, self.finished)
@@ -77,6 +67,9 @@ class _State:
         self.seconds_ok = _median(ok_seconds, 1.0)
         fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
         self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
+
+    def sizes(self, arm: Arm) -> list[int]:
+        return _candidate_sizes(self.problem, arm, self.settings.growth)
 
     def points(self) -> list[tuple[Arm, int, Knobs, float]]:
         return [(self.problem.arm(o.arm), o.mbs, o.knobs, float(o.score)) for o in self.ok]  # type: ignore[misc]
@@ -88,11 +81,11 @@ class _State:
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
         for arm in self.problem.arms:
-            sizes = np.array([m for m in _candidate_sizes(self.problem, arm) if (arm.stage, arm.offload, m, ()) not in self.tried])
+            sizes = np.array([m for m in self.sizes(arm) if (arm.stage, arm.offload, m, ()) not in self.tried])
             if not len(sizes):
                 continue
             p = (1.0 - self.memory.p_oom(arm, sizes)) * (1.0 - _p_crash(arm, sizes, self.finished))
-            keep = p > 1.0 - HOPELESS_OOM
+            keep = p > 1.0 - self.settings.hopeless_oom
             if not keep.any() and not any(o.arm == arm.key for o in self.finished):
                 keep[0] = True  # the model is not the machine: an arm whose states fit is tried once
             rows += [(arm, int(m), ()) for m in sizes[keep]]
@@ -100,77 +93,113 @@ class _State:
         return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
 
 
-def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[tuple[tuple, float, float, int]]]:
+_Ranked = tuple[tuple, float, float, int]  # (config, model's log estimate, measured mean, runs)
+
+
+def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[_Ranked]]:
     """The best config that ran, by the model's estimate, among those not measured below
-    another by more than the noise can explain; with every measured config ranked."""
+    another by more than the measured noise can explain; with every measured config ranked."""
     groups: dict[tuple, list[float]] = {}
-    for o in state.ok:
+    kept: dict[tuple, list[float]] = {}
+    for o, straggler in zip(state.ok, model.straggler):
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
+        if not straggler:
+            kept.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
     if not groups:
         return None, []
+    # A straggler's run says little of its config, unless it is all there is.
+    groups = {c: kept.get(c) or runs for c, runs in groups.items()}
     configs = list(groups)
     rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in configs]
     means = model.mean(rows)  # type: ignore[arg-type]
     measured = np.array([np.mean(np.log(groups[c])) for c in configs])
     counts = np.array([len(groups[c]) for c in configs])
     top = int(np.argmax(measured))
-    # Where the data contradict the model's shape (a size the kernels dislike, a broken
-    # measurement), the measurements decide: a config measured below the best by more than
-    # PLAUSIBLE_Z noise deviations is not chosen, whatever the model estimates for it.
-    spread = PLAUSIBLE_Z * model.noise * np.sqrt(1.0 / counts + 1.0 / counts[top])
+    # The model pools neighbouring runs, which beats one run's figure while the two agree within
+    # the noise; a config measured below the best by more than that is not chosen, whatever the
+    # model estimates for it: the model never overrules a measurement it cannot explain.
+    spread = state.settings.plausible_z * model.noise * np.sqrt(1.0 / counts + 1.0 / counts[top])
     plausible = measured >= measured[top] - spread
     order = sorted(range(len(configs)), key=lambda i: (not plausible[i], -means[i]))
-    ranked = [(configs[i], float(means[i]), float(np.mean(groups[configs[i]])), int(counts[i])) for i in order]
-    best = ranked[0]
-    c = best[0]
-    return Choice(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], estimate=float(np.exp(best[1])), measured=best[2]), ranked
+    ranked = [(configs[i], float(means[i]), float(np.exp(measured[i])), int(counts[i])) for i in order]
+    c, estimate, mean, _ = ranked[0]
+    return Choice(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], estimate=float(np.exp(estimate)), measured=mean), ranked
 
 
-def _remeasure(model: ThroughputModel, state: _State, ranked: list[tuple[tuple, float, float, int]],
-               repeats_so_far: int) -> Proposal | None:
-    """A finalist to measure again while that is expected to improve the choice by ``MIN_GAIN``:
-    the chosen config, or the measured config it is most likely to lose to, whichever
-    measurement is worth more."""
-    if len(ranked) < 2 or repeats_so_far >= MAX_REMEASURES:
+def _repeat(state: _State, config: tuple, why: str) -> Proposal | None:
+    if any(o.config == config for o in state.running):
+        return None
+    # Numbered after every run of the config, failed ones too: a name that ran is never asked for again.
+    n = sum(1 for o in state.finished if o.config == config)
+    return Proposal(stage=config[0], offload=config[1], mbs=config[2], knobs=config[3], repeat=n, why=why)
+
+
+def _contradicted(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> Proposal | None:
+    """A config measured better than the choice by more than one noise deviation of the
+    difference: whichever of the two ran fewer times runs again (the rival on a tie), so the
+    measurements, not the model's shape, settle it."""
+    if len(ranked) < 2:
+        return None
+    chosen, _, mean_c, n_c = ranked[0]
+    rivals = [r for r in ranked[1:]
+              if math.log(r[2] / mean_c) > model.noise * math.sqrt(1.0 / r[3] + 1.0 / n_c)]
+    if not rivals:
+        return None
+    config, _, _, n_r = max(rivals, key=lambda r: r[2])
+    return _repeat(state, config if n_r <= n_c else chosen, "re-measure: a config measured better than the choice")
+
+
+def _remeasure(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> Proposal | None:
+    """A finalist to measure again while that is expected to improve the choice by
+    ``min_gain``: the chosen config, or the measured config it is most likely to lose to,
+    whichever measurement is worth more."""
+    if len(ranked) < 2:
         return None
     rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c, _, _, _ in ranked]
     i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))  # type: ignore[arg-type]
     of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))  # type: ignore[arg-type]
-    if max(of_rival, of_chosen) < MIN_GAIN:
+    if max(of_rival, of_chosen) < state.settings.min_gain:
         return None
-    c = (ranked[i + 1] if of_rival > of_chosen else ranked[0])[0]
-    if any(o.config == c for o in state.running):
-        return None
-    # Numbered after every run of the config, failed ones too: a name that ran is never asked for again.
-    n = sum(1 for o in state.finished if o.config == c)
-    return Proposal(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], repeat=n, why="re-measure a finalist")
+    return _repeat(state, (ranked[i + 1] if of_rival > of_chosen else ranked[0])[0], "re-measure a finalist")
 
 
-def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: int = 1) -> Decision:
+def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: int = 1,
+         settings: PlannerSettings = PlannerSettings()) -> Decision:
     """The next experiments of a tuning, as a pure function of everything observed so far.
 
     Candidates are the untried micro-batch sizes of every arm. The first experiment maximises the
     expected throughput of the run itself (the model's prior shape times the chance it fits); from
     then on each maximises the expected improvement on the best estimate, times the chance it
     runs, per expected second. Experiments still running count as measured at the model's mean
-    (so a batch for several slots spreads out). The search is done when no candidate is expected
-    to gain ``MIN_GAIN`` and no finalist needs re-measuring; the choice is the best measured config
-    by the model's estimate, so one lucky measurement does not decide it.
+    (so a batch for several slots spreads out). Before the search ends, a config measured better
+    than the choice runs again, the chosen size gets a measured neighbour on each side, and a
+    finalist runs again while that is expected to pay. The choice is the best measured config by
+    the model's estimate, so one lucky measurement does not decide it, unless the measurements
+    disagree with the model by more than the measured noise.
     """
-    state = _State(problem, observations)
+    state = _State(problem, observations, settings)
     model = ThroughputModel(problem, state.memory, state.points())
     choice, ranked = _choose(model, state)
-    noise = model.noise if len(state.ok) >= 2 else None
+    noise = model.noise if state.ok else None
     launched = len(state.finished) + len(state.running)
+
+    def decision(proposals: Sequence[Proposal], done: bool, reason: str) -> Decision:
+        return Decision(tuple(proposals), done, choice, noise, reason, noise_runs=model.noise_dof)
+
     if free_slots <= 0:
-        return Decision((), False, choice, noise, "no free slot")
+        return decision((), False, "no free slot")
     if launched >= problem.max_experiments:
-        return Decision((), not state.running, choice, noise, f"{problem.max_experiments} experiments")
+        return decision((), not state.running, f"{problem.max_experiments} experiments")
     proposals: list[Proposal] = []
     baseline = problem.baseline
     first = problem.arms[0] if problem.arms else None
     if baseline is not None and first is not None and (first.stage, first.offload, baseline, ()) not in state.tried:
         proposals.append(Proposal(stage=first.stage, offload=first.offload, mbs=baseline, why="your micro-batch size"))
+    if model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not state.running:
+        # Every later decision weighs gains against the noise: measure it, on the best so far.
+        again = _repeat(state, (choice.stage, choice.offload, choice.mbs, choice.knobs), "re-measure the best so far: the noise")
+        if again is not None:
+            proposals.append(again)
     fantasy = list(state.points()) + _fantasies(model, [(problem.arm(o.arm), o.mbs, o.knobs) for o in state.running])
     while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
         if proposals:
@@ -183,34 +212,42 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
             break
         proposals.append(nxt)
     if not proposals and not state.running and choice is not None:
-        bracket = _bracket(problem, state, choice)
-        if bracket is not None:
-            proposals.append(bracket)
-    if not proposals and not state.running:
         repeats = len(state.finished) - len({o.config for o in state.finished})
-        again = _remeasure(model, state, ranked, repeats)
-        if again is not None:
-            proposals.append(again)
+        for step in (lambda: _bracket(problem, state, choice),
+                     lambda: _contradicted(model, state, ranked) if repeats < settings.max_remeasures else None,
+                     lambda: _remeasure(model, state, ranked) if repeats < settings.max_remeasures else None):
+            again = step()
+            if again is not None:
+                proposals.append(again)
+                break
     done = not proposals and not state.running
-    return Decision(tuple(proposals), done, choice, noise, "no experiment left is expected to pay" if done else "")
+    return decision(proposals, done, "no experiment left is expected to pay" if done else "")
 
 
 def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None:
-    """A size well below the chosen one, when none ran: until the optimum is bracketed, the
-    curve's fall on that side is the model's extrapolation, not a measurement."""
+    """A size next to the chosen one on a side where none ran within ``bracket``: until the
+    optimum is bracketed, the curve on that side is the model's extrapolation, not a
+    measurement. A side is bracketed too where no candidate size that is likely to fit lies
+    within the factor (the floor, the cap, the memory edge)."""
     arm = problem.arm((choice.stage, choice.offload))
     assert arm is not None
-    target = int(choice.mbs / BRACKET)
-    if target < max(1, problem.floor) or choice.knobs:
+    if choice.knobs or problem.sizes:
         return None
-    sizes = _candidate_sizes(problem, arm)
-    below = [o.mbs for o in state.finished if o.arm == arm.key and not o.knobs and o.mbs <= choice.mbs / BRACKET_SEEN]
-    if below or problem.sizes:
-        return None
-    mbs = min(sizes, key=lambda m: abs(m - target))
-    if (arm.stage, arm.offload, mbs, ()) in state.tried:
-        return None
-    return Proposal(stage=arm.stage, offload=arm.offload, mbs=mbs, why="a smaller size, to bracket the optimum")
+    factor = state.settings.bracket
+    ran = {o.mbs for o in state.finished if o.arm == arm.key and not o.knobs} | {o.mbs for o in state.running if o.arm == arm.key}
+    rows, p_run = state.candidates
+    fit = {m for (a, m, k), p in zip(rows, p_run) if a.key == arm.key and not k and p >= 0.5}
+    # The window holds the next size on each side at least: at small sizes a factor holds none.
+    for low, high in ((min(choice.mbs / factor, choice.mbs - 1), choice.mbs - 0.5),
+                      (choice.mbs + 0.5, max(choice.mbs * factor, choice.mbs + 1))):
+        if any(low <= m <= high for m in ran):
+            continue
+        window = [m for m in fit if low <= m <= high]
+        if window:
+            middle = math.sqrt(low * high)
+            mbs = min(window, key=lambda m: abs(math.log(m / middle)))
+            return Proposal(stage=arm.stage, offload=arm.offload, mbs=mbs, why="a neighbouring size, to bracket the optimum")
+    return None
 
 
 def _fantasies(model: ThroughputModel, rows: list) -> list[tuple[Arm, int, Knobs, float]]:
@@ -222,6 +259,7 @@ def _fantasies(model: ThroughputModel, rows: list) -> list[tuple[Arm, int, Knobs
 
 
 def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -> Proposal | None:
+    settings = state.settings
     rows, p_run = state.candidates
     keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
     rows = [rows[i] for i in keep]
@@ -262,10 +300,10 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
     # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
     measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
     incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
-    gain = p_run * model.expected_improvement(rows, incumbent + MARGIN)
+    gain = p_run * model.expected_improvement(rows, incumbent + settings.margin)
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
     i = int(np.argmax(gain / cost))
-    if gain[i] < MIN_GAIN:
+    if gain[i] < settings.min_gain:
         return None
     a, m, k = rows[i]
     return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=f"expected gain {gain[i]:.1%}")

@@ -121,5 +121,6 @@ class Decision:
     proposals: tuple[Proposal, ...]
     done: bool
     choice: Choice | None
-    noise: float | None  # the relative noise of one measurement, as estimated
+    noise: float | None  # the relative noise of one measurement: measured where noise_runs > 0, else assumed
     reason: str = ""
+    noise_runs: int = 0  # the repeated runs the noise was measured from (runs beyond each config's first)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,26 +21,74 @@ _H = np.geomspace(0.25, 512.0, 16)
 _THETA = np.linspace(0.5, 0.98, 17)
 _LOSS = np.array([0.05, 0.1, 0.2, 0.35, 0.5, 0.7])
 _NO_PRESSURE_PRIOR = 0.4
-_SIGMA = np.array([0.005, 0.01, 0.02, 0.035, 0.06])  # relative noise of one measurement
-_SIGMA_PRIOR = np.array([0.15, 0.25, 0.3, 0.2, 0.1])
 _FIRST_ARM_SD = 3.0
 _KNOB_SD = 0.03
-# How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 and 2
-# keep the data-parallel communication volume (reduce-scatter + all-gather is an all-reduce),
-# so they run within a few percent of stage 0; ZeRO-3 also gathers the parameters each step;
-# offloading moves the optimizer step (and the parameters) to the CPU. Each stage also has its
-# own knob defaults (overlap_comm is on at stage 3 only), worth a few percent either way.
-_STAGE_STEP = {1: (-0.007, 0.03), 2: (-0.015, 0.04), 3: (-0.08, 0.09)}
-_OFFLOAD_STEP = (-0.6, 0.15)
+# How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 keeps
+# stage 0's all-reduce volume and steps the optimizer on a 1/n partition, so it may run either
+# side of stage 0; ZeRO-2 replaces the all-reduce by a reduce-scatter per bucket and an
+# all-gather, 10-20% slower than ZeRO-1 in DeepSpeed's own examples on 8+ GPUs and about even on
+# one; ZeRO-3 also gathers the parameters in forward and backward (1.5x the volume); offloading
+# moves the optimizer step to the CPU (CPU Adam at 1-3 G params/s) and the gradients and
+# parameters over PCIe each step: from 0.9x to 0.2x of the GPU run. Wide on purpose: each is a
+# belief about physics, settled by one run of the arm.
+_STAGE_STEP = {1: (0.0, 0.06), 2: (-0.06, 0.08), 3: (-0.12, 0.15)}
+_OFFLOAD_STEP = (-0.6, 0.4)
 _KEEP = 1e-3  # mixture components below this weight are dropped
-# What the shape misses (a curve that peaks far from the memory edge, a size the kernels like):
-# a smooth deviation in log size, shared by the arms.
-_RESIDUAL_SD = 0.02
+# What the saturating shape misses -- kernels that prefer some sizes (tensor-core tiles, bucket
+# boundaries), the allocator, a curve that bends before the memory edge: a smooth deviation over
+# log size, half shared by the arms (the same kernels run at every stage), half each arm's own.
+# Its amplitude is learned from the runs, from 0.5% (the shape holds) to 10% (it barely does),
+# so misfit goes into the model and never into the noise.
+_AMPLITUDE = np.array([0.005, 0.015, 0.04, 0.1])
+_AMPLITUDE_PRIOR = np.array([0.3, 0.35, 0.25, 0.1])
+_SHARED = 0.5
 _RESIDUAL_LENGTH = 0.5  # in log size: sizes 1.6x apart deviate independently
+# The run-to-run noise of one measurement (relative sd), measured by repeated configs only: a
+# real H100 run of one config varies about +-3% (clock, placement, data order), longer profiles
+# less, shared or multi-node machines more. Before any repeat, a log-normal belief centred at
+# 2%, a factor 2.2 either way.
+_NOISE_GRID = np.geomspace(0.002, 0.2, 61)
+_NOISE_LOGPRIOR = -0.5 * (np.log(_NOISE_GRID / 0.02) / 0.8) ** 2
+# Runs have heavy tails, and on one side: a straggler (a slow node, a preempted step, a
+# checkpoint) makes a run slower, never faster. A config's runs hold one with this probability,
+# anywhere within this range below the others (log), and it tells nothing of the noise.
+_STRAGGLER_P = 0.1
+_STRAGGLER_RANGE = 0.3
+# A run measured this many deviations below what the others predict for it is taken for a
+# straggler: it stays in the data, with its noise widened by the range, so it neither drags its
+# curve down nor inflates the noise.
+_STRAGGLER_Z = 3.0
+_OFFLOADS = ("offload-opt", "offload-opt-param")
 
 
-def _residual(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return _RESIDUAL_SD**2 * np.exp(-0.5 * ((a[:, None] - b[None, :]) / _RESIDUAL_LENGTH) ** 2)
+def _arm_code(arm: Arm) -> int:
+    return arm.stage * 4 + (1 + _OFFLOADS.index(arm.offload) if arm.offload in _OFFLOADS else 0)
+
+
+def _kernel(log_a: np.ndarray, arms_a: np.ndarray, log_b: np.ndarray, arms_b: np.ndarray) -> np.ndarray:
+    """The residual's correlation between two sets of (log size, arm) points (unit amplitude)."""
+    same = arms_a[:, None] == arms_b[None, :]
+    return (_SHARED + (1.0 - _SHARED) * same) * np.exp(-0.5 * ((log_a[:, None] - log_b[None, :]) / _RESIDUAL_LENGTH) ** 2)
+
+
+def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """The relative noise of one measurement from the runs of each config (positive values, one
+    sequence per config): the posterior geometric mean under the belief above, and the degrees
+    of freedom it rests on (runs beyond each config's first; 0: the belief alone, nothing
+    measured). The planner and the summary both report this figure."""
+    logs = [np.sort(np.log(np.asarray(v, dtype=float))) for v in groups if len(v) > 1]
+    dof = sum(len(v) - 1 for v in logs)
+    log_post = _NOISE_LOGPRIOR.copy()
+    log_sigma = np.log(_NOISE_GRID)
+    for v in logs:
+        # Either every run is a plain draw, or the slowest is a straggler and the rest are.
+        plain = -(len(v) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi)) - np.sum((v - v.mean()) ** 2) / (2.0 * _NOISE_GRID**2)
+        rest = v[1:]
+        straggler = (-(len(rest) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi))
+                     - np.sum((rest - rest.mean()) ** 2) / (2.0 * _NOISE_GRID**2) - math.log(_STRAGGLER_RANGE))
+        log_post = log_post + np.logaddexp(math.log(1 - _STRAGGLER_P) + plain, math.log(_STRAGGLER_P) + straggler)
+    w = np.exp(log_post - log_post.max())
+    return float(np.exp(w @ np.log(_NOISE_GRID) / w.sum())), dof
 
 
 def _combos() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -71,7 +120,6 @@ def shape(sizes: np.ndarray, shares: np.ndarray, fills: np.ndarray, combos: np.n
 
 
 _STAGES = 4
-_OFFLOADS = ("offload-opt", "offload-opt-param")
 
 
 def _scale_prior(base: float) -> tuple[np.ndarray, np.ndarray]:
@@ -95,13 +143,15 @@ def _scale_prior(base: float) -> tuple[np.ndarray, np.ndarray]:
 class ThroughputModel:
     """A Bayesian surrogate of log throughput over (arm, micro-batch size, knobs).
 
-    ``log y = scale[arm] + knob effects + shape(m, memory share) + residual(log m) + noise``:
-    Gaussian in the scales, knob effects and the smooth residual given the shape parameters and
-    the noise, which are a grid whose
-    posterior weights are the marginal likelihoods. So every run of every stage informs the shape
-    (where throughput saturates, where memory pressure bites, as a share of the device that holds
-    across stages), one run of a new stage fixes its scale, and the noise is estimated from how
-    far runs scatter around the fit -- repeated configs most directly.
+    ``log y = scale[arm] + knob effects + shape(m, memory share) + residual(arm, log m) + noise``:
+    Gaussian in the scales, knob effects and the residual given the shape's parameters and the
+    residual's amplitude, which are a grid whose posterior weights are the marginal
+    likelihoods. The shape is physics (a fixed cost per step amortised over the micro-batch, a
+    loss as memory fills); the residual is a Gaussian process over log size that bends the
+    curve wherever the runs say so. The noise is not a free parameter of the fit: it is
+    measured from repeated configs (:func:`measured_noise`), so a curve the shape cannot follow
+    raises the residual's amplitude, not the noise, and the model never explains a measurement
+    away as noise it has not seen.
     """
 
     def __init__(self, problem: Problem, memory: FeasibilityModel,
@@ -110,6 +160,10 @@ class ThroughputModel:
         self._features = sorted({(arm.stage, k, repr(v)) for arm, _, knobs, _ in points for k, v in knobs})
         self._feature_index = {f: i for i, f in enumerate(self._features)}
         self.n = len(points)
+        runs: dict[tuple, list[float]] = {}
+        for arm, m, knobs, value in points:
+            runs.setdefault((arm.key, m, knobs), []).append(value)
+        self.noise, self.noise_dof = measured_noise(runs.values())
         y = np.log(np.array([p[3] for p in points], dtype=float)) if points else np.zeros(0)
         base = float(y.mean()) if len(y) else 0.0
         mu_scales, cov_scales = _scale_prior(base)
@@ -123,12 +177,32 @@ class ThroughputModel:
         f = self._shape([(a, m) for a, m, _, _ in points])  # (G, n)
         self._x = x
         self._log_m = np.log(np.array([m for _, m, _, _ in points], dtype=float))
-        prior_cov = x @ self._s0 @ x.T + _residual(self._log_m, self._log_m)
-        r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(_COMBO_H), 0))
-        self._fits = []  # per sigma: (alpha (n, G), inverse of the covariance (n, n))
+        self._arms = np.array([_arm_code(a) for a, _, _, _ in points], dtype=int)
+        self._unit = _kernel(self._log_m, self._arms, self._log_m, self._arms)
+        self._structural = x @ self._s0 @ x.T
+        self._r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(_COMBO_H), 0))
+        self.straggler = np.zeros(self.n, dtype=bool)
+        self._fit()
+        if self.n > 2:
+            # Leave-one-out under the heaviest component: a run far below what every other run
+            # predicts for it is a straggler (runs are slowed, never sped up).
+            s, g = np.unravel_index(int(np.argmax(self._w)), self._w.shape)
+            _, alpha, kinv = self._fits[s]
+            diagonal = np.diag(kinv)
+            z = alpha[:, g] / np.sqrt(diagonal)
+            self.straggler = z < -_STRAGGLER_Z
+            if self.straggler.any():
+                self._fit()
+
+    def _fit(self) -> None:
+        """The posterior of every (amplitude, shape) component given the runs: its weight, and
+        what its predictions need."""
+        r = self._r
+        noise = self.noise**2 + np.where(self.straggler, _STRAGGLER_RANGE**2, 0.0)
+        self._fits = []  # per amplitude: (amplitude, alpha (n, G), inverse of the covariance (n, n))
         logs = []
-        for sigma, prior in zip(_SIGMA, _SIGMA_PRIOR):
-            kmat = prior_cov + sigma**2 * np.eye(self.n)
+        for amplitude, prior in zip(_AMPLITUDE, _AMPLITUDE_PRIOR):
+            kmat = self._structural + amplitude**2 * self._unit + np.diag(noise)
             if self.n:
                 chol = np.linalg.cholesky(kmat)
                 kinv = np.linalg.inv(kmat)
@@ -138,7 +212,7 @@ class ThroughputModel:
             else:
                 kinv, alpha, quad, logdet = np.zeros((0, 0)), np.zeros((0, len(_COMBO_H))), np.zeros(len(_COMBO_H)), 0.0
             logs.append(-0.5 * quad - 0.5 * logdet + _COMBO_LOGP + math.log(prior))
-            self._fits.append((alpha, kinv))
+            self._fits.append((float(amplitude), alpha, kinv))
         log_w = np.stack(logs)  # (S, G)
         w = np.exp(log_w - log_w.max())
         w /= w.sum()
@@ -178,9 +252,18 @@ class ThroughputModel:
     # -- predictions --------------------------------------------------------------------------
 
     @property
-    def noise(self) -> float:
-        """The posterior mean of the relative noise of one measurement."""
-        return float(self._w.sum(axis=1) @ _SIGMA)
+    def amplitude(self) -> float:
+        """The posterior mean of the residual's amplitude: how far the curves depart from the
+        shape."""
+        return float(self._w.sum(axis=1) @ _AMPLITUDE)
+
+    def _cross(self, z: np.ndarray, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows' prior covariance with the points, structural part ``(rows, n)`` and unit
+        residual part ``(rows, n)``, and the rows' own unit residual correlation ``(rows, rows)``."""
+        log_m = np.log(np.array([m for _, m, _ in rows], dtype=float))
+        arms = np.array([_arm_code(a) for a, _, _ in rows], dtype=int)
+        return (z @ self._s0 @ self._x.T, _kernel(log_m, arms, self._log_m, self._arms),
+                _kernel(log_m, arms, log_m, arms))
 
     def predict(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The mixture of the rows' latent log throughput: the weights ``(K,)`` of its
@@ -189,20 +272,21 @@ class ThroughputModel:
         z = self._design([(a, kn) for a, _, kn in rows])
         sizes = np.array([m for _, m, _ in rows], dtype=float)
         shares, fills = self._pressure(rows, sizes)
-        log_m = np.log(sizes)
-        cross = z @ self._s0 @ self._x.T + _residual(log_m, self._log_m)  # (rows, n)
-        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z) + _RESIDUAL_SD**2
+        structural, unit, _ = self._cross(z, rows)
+        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z)
         weights, means, sds = [], [], []
-        for (alpha, kinv), w, active in zip(self._fits, self._w, self._active):
+        for (amplitude, alpha, kinv), w, active in zip(self._fits, self._w, self._active):
             if not len(active):
                 continue
             f = shape(sizes, shares, fills, active)
             base = f + (z @ self._mu0)[None, :]
+            var = prior_var + amplitude**2
             if self.n:
+                cross = structural + amplitude**2 * unit
                 base = base + (cross @ alpha[:, active]).T
+                var = var - np.einsum("rn,nm,rm->r", cross, kinv, cross)
             weights.append(w[active])
             means.append(base)
-            var = prior_var - np.einsum("rn,nm,rm->r", cross, kinv, cross) if self.n else prior_var
             sds.append(np.broadcast_to(np.sqrt(np.maximum(var, 1e-12)), base.shape))
         return np.concatenate(weights), np.concatenate(means), np.concatenate(sds)
 
@@ -212,23 +296,23 @@ class ThroughputModel:
         of the row, of ``chosen`` and their covariance ``(K, rows)``, and the noise ``(K,)``."""
         every = list(rows) + [chosen]
         z = self._design([(a, kn) for a, _, kn in every])
-        log_m = np.log(np.array([m for _, m, _ in every], dtype=float))
-        cross = z @ self._s0 @ self._x.T + _residual(log_m, self._log_m)  # (rows + 1, n)
-        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z) + _RESIDUAL_SD**2
-        prior_cov = z[:-1] @ self._s0 @ z[-1] + _residual(log_m[:-1], log_m[-1:])[:, 0]
+        structural, unit, own = self._cross(z, every)
+        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z)
+        prior_cov = z[:-1] @ self._s0 @ z[-1]
         w, means, _ = self.predict(every)
         var_r, var_c, cov, noise = [], [], [], []
-        for (_, kinv), active, sigma in zip(self._fits, self._active, _SIGMA):
+        for (amplitude, _, kinv), active in zip(self._fits, self._active):
             if not len(active):
                 continue
-            var, covariance = prior_var, prior_cov
+            var, covariance = prior_var + amplitude**2, prior_cov + amplitude**2 * own[:-1, -1]
             if self.n:
+                cross = structural + amplitude**2 * unit
                 explained = cross @ kinv  # (rows + 1, n)
-                var = prior_var - np.einsum("rn,rn->r", explained, cross)
-                covariance = prior_cov - explained[:-1] @ cross[-1]
+                var = var - np.einsum("rn,rn->r", explained, cross)
+                covariance = covariance - explained[:-1] @ cross[-1]
             for out, value in ((var_r, var[:-1]), (var_c, np.full(len(rows), var[-1])), (cov, covariance)):
                 out.append(np.broadcast_to(value, (len(active), len(rows))))
-            noise.append(np.full(len(active), sigma))
+            noise.append(np.full(len(active), self.noise))
         mean_c = np.broadcast_to(means[:, -1:], means[:, :-1].shape)
         return (w, means[:, :-1], mean_c, np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
                 np.concatenate(noise))

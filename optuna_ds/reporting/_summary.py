@@ -15,6 +15,7 @@ from optuna_ds.config import with_integer_sizes
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import shell_line
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import noise_phrase
 
 
 def _format_value(value: float) -> str:
@@ -80,9 +81,7 @@ def headline(result: TuningResult) -> list[str]:
         optimum = f"Optimum ({best.name}): {metric.with_unit(best.value)}{_mean_of(best.runs)}"
         factor = speedup(result)
         if factor is not None:
-            noise = ("noise not measured" if result.noise is None else
-                     f"run-to-run noise about {result.noise:.1%}, estimated from every run"
-                     + (f", {result.noise_configs} config(s) run more than once" if result.noise_configs else ""))
+            noise = noise_phrase(result.noise, result.noise_runs)
             same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
             optimum += f", {factor:.3g}x faster{same} ({noise})"
         lines.append(optimum + ".")

@@ -9,6 +9,7 @@ from optuna_ds.studies._results import BestExperiment
 from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
+from optuna_ds.studies._results import noise_phrase
 from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._tuning import ProfileError
 from optuna_ds.studies._tuning import Tuning
@@ -26,6 +27,7 @@ __all__ = [
     "Tuning",
     "TuningObserver",
     "TuningResult",
+    "noise_phrase",
     "load_result",
     "observation_of",
 ]

@@ -14,6 +14,7 @@ from optuna_ds.config import Metric
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import telling_line
+from optuna_ds.planner import measured_noise
 from optuna_ds.storage import ExperimentRecord
 
 # Failures that say something about the config itself; anything else (an interrupt, a dead
@@ -199,12 +200,20 @@ def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
 
 
 def measurement_noise(trials: Iterable[FrozenTrial]) -> tuple[float | None, int]:
-    """The run-to-run noise this tuning measured: the largest relative spread (max - min over
-    the mean) among configs that ran more than once, and how many did; ``(None, 0)`` when no
+    """The run-to-run noise this tuning measured, as the planner measures it (relative, from the
+    configs that ran more than once), and the repeated runs it rests on; ``(None, 0)`` when no
     config ran twice, since one run says nothing of its noise."""
-    values = _runs_by_config(trials)
-    spreads = [(max(v) - min(v)) / abs(sum(v) / len(v)) for v in values.values() if len(v) > 1 and sum(v)]
-    return (max(spreads), len(spreads)) if spreads else (None, 0)
+    groups = [v for v in _runs_by_config(trials).values() if all(x > 0 for x in v)]
+    noise, runs = measured_noise(groups)
+    return (noise, runs) if runs else (None, 0)
+
+
+def noise_phrase(noise: float | None, runs: int) -> str:
+    """The noise as every output states it: the figure with what it was measured from, or that
+    it was not measured."""
+    if noise is None or not runs:
+        return "run-to-run noise not measured: no config ran twice"
+    return f"run-to-run noise {noise:.1%}, measured from {runs} repeated run{'s' if runs > 1 else ''}"
 
 
 def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], skipped: dict[int, str],
@@ -249,8 +258,8 @@ class TuningResult:
     model_info: dict[str, Any]
     baseline: Baseline | None = None
     spend: Spend = Spend()
-    noise: float | None = None  # relative noise of one measurement: the planner's estimate, else the spread of repeats
-    noise_configs: int = 0
+    noise: float | None = None  # relative noise of one measurement, measured from repeated configs
+    noise_runs: int = 0  # the repeated runs (beyond each config's first) the noise was measured from
     chosen: BestExperiment | None = None  # the planner's choice, by its estimate
 
 

@@ -42,6 +42,7 @@ from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
+from optuna_ds.studies._results import noise_phrase
 from optuna_ds.studies._results import runs_of
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
@@ -50,7 +51,6 @@ from optuna_ds.studies._stage import StageTuner
 
 STAGE_ATTR_PREFIX = "stage:"
 CHOICE_ATTR = "choice"  # the planner's final choice: stage, trial number, estimated metric
-NOISE_ATTR = "noise"  # the planner's estimate of the relative noise of one measurement
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
@@ -354,9 +354,7 @@ class Tuning:
         trial = trials[0]
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
         self._root.set_user_attr(CHOICE_ATTR, {"stage": c.stage, "trial": trial.number, "estimate": estimate})
-        if decision.noise is not None:
-            self._root.set_user_attr(NOISE_ATTR, round(decision.noise, 5))
-        noise = f"; measurement noise about {decision.noise:.1%}" if decision.noise is not None else ""
+        noise = f"; {noise_phrase(decision.noise if decision.noise_runs else None, decision.noise_runs)}"
         self._log(f"chosen: {ExperimentRecord.from_trial(trial).exp_name} ({metric.name} estimated "
                   f"{metric.with_unit(estimate)} from {len(trials)} run(s){noise})")
 
@@ -394,9 +392,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     every = [t for ts in trials.values() for t in ts]
     profile = root.user_attrs.get("profile_duration")
     gpus = int((root.user_attrs.get("resources") or {}).get("gpus_per_experiment", 1))
-    noise, noise_configs = measurement_noise(every)
-    if root.user_attrs.get(NOISE_ATTR) is not None:
-        noise = float(root.user_attrs[NOISE_ATTR])
+    noise, noise_runs = measurement_noise(every)
     chosen = None
     choice = root.user_attrs.get(CHOICE_ATTR)
     if choice and int(choice["stage"]) in trials:
@@ -415,6 +411,6 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
                                micro_batch_size=user.baseline_micro_batch_size, user_list=bool(user.micro_batch_sizes)),
         spend=tuning_spend(every, profile_seconds=float(profile) if profile is not None else None, gpus_per_experiment=gpus),
         noise=noise,
-        noise_configs=noise_configs,
+        noise_runs=noise_runs,
         chosen=chosen,
     )
