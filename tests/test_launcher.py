@@ -40,6 +40,16 @@ def test_failures_are_classified_from_structured_signals(returncode, metrics, st
     assert got is reason and detail
 
 
+def test_a_lost_exit_status_is_judged_by_the_measurement_never_made_up() -> None:
+    """The launch server died with the status: a metrics file is a result, an explicit OOM is an
+    OOM, anything else runs again (interrupted), never "exit status 1"."""
+    assert classify(returncode=None, timed_out=False, metrics={"throughput": 1.0}, stdout_tail="", stderr_tail="") == (None, "")
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+    assert classify(returncode=None, timed_out=False, metrics=None, stdout_tail="", stderr_tail=oom)[0] is FailureReason.OOM
+    reason, detail = classify(returncode=None, timed_out=False, metrics=None, stdout_tail="", stderr_tail="RuntimeError: x")
+    assert reason is FailureReason.INTERRUPTED and "lost" in detail
+
+
 def test_timeout_wins() -> None:
     assert classify(returncode=-15, timed_out=True, metrics=None, stdout_tail="", stderr_tail="")[0] is FailureReason.TIMEOUT
 

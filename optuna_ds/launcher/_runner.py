@@ -21,6 +21,7 @@ from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import read_tail
 from optuna_ds.launcher._experiment import Experiment
 from optuna_ds.launcher._experiment import ExperimentResult
+from optuna_ds.launcher._experiment import FailureReason
 from optuna_ds.launcher._experiment import Phase
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import local_launch_command
@@ -37,6 +38,9 @@ from optuna_ds.launcher._tracking import new_mark
 
 _KILL_GRACE = 10.0
 _STOP_POLL_SECONDS = 0.1  # how soon a waiting slot sees the tuning stopped
+# A run lost to the node, not to its config (its exit status lost with the launch server), is
+# made again at once, this many times in all; the trial of the last one runs again later.
+_ATTEMPTS = 3
 
 
 def _write_json(path: str, data: object) -> None:
@@ -91,8 +95,9 @@ class ExperimentInterrupted(Exception):
     """The tuning was stopped while this experiment ran; it was ended by its process group."""
 
 
-def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None) -> int:
-    """The launcher's exit status; :class:`ExperimentInterrupted` once ``stop`` is set.
+def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None) -> int | None:
+    """The launcher's exit status (``None``: lost, see :class:`ServedProcess`);
+    :class:`ExperimentInterrupted` once ``stop`` is set.
 
     A slot waits here for most of its life, so it sleeps on a pidfd (woken by the exit, or to
     look at ``stop`` ten times a second): ``Popen.wait(timeout)`` would poll the child every
@@ -181,6 +186,9 @@ class ExperimentRunner:
             served = launch_server().start(launched[4:], stdout=stdout.fileno(), stderr=stderr.fileno(), env=env, pass_fds=pass_fds)
             if served is not None:
                 return served
+            # A server that took the request but never answered may have forked it: never two
+            # launchers of one experiment on its GPUs.
+            end_marked(env[MARK_VAR])
         return subprocess.Popen(
             launched, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
         )
@@ -193,6 +201,7 @@ class ExperimentRunner:
         slot_index: int = 0,
         timeout: float | None,
         on_start: Callable[[int], None] | None = None,
+        on_retry: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
         pass_fds: Sequence[int] = (),
     ) -> ExperimentResult:
@@ -200,12 +209,34 @@ class ExperimentRunner:
 
         ``stop`` set from another thread ends the experiment and raises
         :class:`ExperimentInterrupted`. ``pass_fds`` (the slot's GPU locks) are inherited by the
-        launcher, so its GPUs stay leased as long as it runs, even if this process dies.
+        launcher, so its GPUs stay leased as long as it runs, even if this process dies. A run
+        lost to the node (:attr:`FailureReason.INTERRUPTED`) is made again at once, up to
+        ``_ATTEMPTS`` runs, each told to ``on_retry``.
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
         stdout.log and stderr.log.
         """
+        for attempt in range(1, _ATTEMPTS + 1):
+            result = self._run_once(experiment, slot=slot, slot_index=slot_index, timeout=timeout, on_start=on_start,
+                                    stop=stop, pass_fds=pass_fds)
+            if result.reason is not FailureReason.INTERRUPTED or attempt == _ATTEMPTS:
+                return result
+            if on_retry is not None:
+                on_retry(f"{experiment.name}: {result.detail}; running it again ({attempt + 1} of {_ATTEMPTS})")
+        raise AssertionError("unreachable")
+
+    def _run_once(
+        self,
+        experiment: Experiment,
+        *,
+        slot: Slot,
+        slot_index: int,
+        timeout: float | None,
+        on_start: Callable[[int], None] | None,
+        stop: threading.Event | None,
+        pass_fds: Sequence[int],
+    ) -> ExperimentResult:
         files = ExperimentFiles(experiment.result_dir, self._exps_dir)
         os.makedirs(files.result_dir, exist_ok=True)
         os.makedirs(self._exps_dir, exist_ok=True)

@@ -353,6 +353,7 @@ class StageTuner:
                     slot_index=lease.index,
                     timeout=ctx.timeout,
                     on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
+                    on_retry=lambda why: ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {why}"),
                     stop=ctx.stop,
                     pass_fds=lease.fds,
                 )

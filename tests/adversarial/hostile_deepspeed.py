@@ -17,6 +17,8 @@
     die             SIGKILL itself after a random moment of up to 0.3 s
     slow            good metrics after HOSTILE_DS_SLOW seconds (default 2)
     linger          good metrics, then an hour before it exits (a slow teardown)
+    fail_first      the experiment's first launch: exit 1 without metrics after HOSTILE_DS_SLOW
+                    seconds (default 2); later launches of it: good metrics
 
 Every launch is appended to ``FAKE_DS_LOG`` (JSON lines): the experiment's name (its result
 folder), the behaviour, the pids started, and whether metrics were written.
@@ -40,6 +42,13 @@ def log(entry):
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(entry) + "\n")
+
+
+def launches_of(name):
+    """How many times the experiment ``name`` was launched, this launch included."""
+    with open(os.environ["FAKE_DS_LOG"]) as f:
+        return sum(1 for line in f if line.strip() and (e := json.loads(line))["event"] == "start" and e["name"] == name
+                   and not e["profile"])
 
 
 def write(path, text):
@@ -68,6 +77,8 @@ def main():
         return code
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(done(143)))
+    if behaviour == "fail_first":
+        behaviour = "failed_first" if launches_of(entry["name"]) == 1 else "ok"
     if training:
         print(f"training with micro-batch {mbs}", flush=True)
         if behaviour == "setsid":
@@ -100,6 +111,9 @@ def main():
         entry["children"].append(child.pid)
         log(dict(entry, event="child"))
         time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "0")))
+    if behaviour == "failed_first":
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        return done(1)
     if behaviour == "slow":
         time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
     if profile:
