@@ -30,6 +30,8 @@ from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import rank_logs
+from optuna_ds.launcher._ports import lease_port
+from optuna_ds.launcher._slots import default_lock_dir
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._tracking import MARK_VAR
@@ -144,9 +146,11 @@ class ExperimentRunner:
         metric_key: str | None,
         exps_dir: str,
         local_start: bool = False,
+        lock_dir: str | None = None,
     ) -> None:
         self._commands = commands
         self._master_port = master_port
+        self._lock_dir = lock_dir or default_lock_dir()
         self._metric_key = metric_key
         self._exps_dir = exps_dir
         self._local_start = local_start
@@ -162,8 +166,8 @@ class ExperimentRunner:
         return self._master_port
 
     def port(self, slot_index: int) -> int:
-        """The rendezvous port of an experiment on slot ``slot_index``: one per slot, so
-        experiments running at once on one node never share a port."""
+        """The first rendezvous port tried for an experiment on slot ``slot_index``; it runs on
+        the first one from there that is free (see :mod:`._ports`)."""
         return self._master_port + slot_index
 
     def command(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
@@ -201,6 +205,7 @@ class ExperimentRunner:
         slot_index: int = 0,
         timeout: float | None,
         on_start: Callable[[int], None] | None = None,
+        on_command: Callable[[list[str]], None] | None = None,
         on_retry: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
         pass_fds: Sequence[int] = (),
@@ -210,18 +215,25 @@ class ExperimentRunner:
         ``stop`` set from another thread ends the experiment and raises
         :class:`ExperimentInterrupted`. ``pass_fds`` (the slot's GPU locks) are inherited by the
         launcher, so its GPUs stay leased as long as it runs, even if this process dies. A run
-        lost to the node (:attr:`FailureReason.INTERRUPTED`) is made again at once, up to
-        ``_ATTEMPTS`` runs, each told to ``on_retry``.
+        lost to the node (:attr:`FailureReason.INTERRUPTED`: its status lost, its port taken) is
+        made again at once, on another port, up to ``_ATTEMPTS`` runs, each told to ``on_retry``.
+        ``on_command`` is given each run's ``deepspeed`` command line before it starts.
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
         stdout.log and stderr.log.
         """
+        taken: set[int] = set()
         for attempt in range(1, _ATTEMPTS + 1):
-            result = self._run_once(experiment, slot=slot, slot_index=slot_index, timeout=timeout, on_start=on_start,
-                                    stop=stop, pass_fds=pass_fds)
+            port = lease_port(first=self.port(slot_index), lock_dir=self._lock_dir, local=self._commands.is_local(slot), skip=taken)
+            try:
+                result = self._run_once(experiment, slot=slot, port=port.port, timeout=timeout, on_start=on_start,
+                                        on_command=on_command, stop=stop, pass_fds=(*pass_fds, *([port.fd] if port.fd is not None else [])))
+            finally:
+                port.release()
             if result.reason is not FailureReason.INTERRUPTED or attempt == _ATTEMPTS:
                 return result
+            taken.add(port.port)
             if on_retry is not None:
                 on_retry(f"{experiment.name}: {result.detail}; running it again ({attempt + 1} of {_ATTEMPTS})")
         raise AssertionError("unreachable")
@@ -231,9 +243,10 @@ class ExperimentRunner:
         experiment: Experiment,
         *,
         slot: Slot,
-        slot_index: int,
+        port: int,
         timeout: float | None,
         on_start: Callable[[int], None] | None,
+        on_command: Callable[[list[str]], None] | None,
         stop: threading.Event | None,
         pass_fds: Sequence[int],
     ) -> ExperimentResult:
@@ -247,8 +260,9 @@ class ExperimentRunner:
                 os.remove(stale)
         config_path = files.ds_config
         _write_json(config_path, experiment.ds_config)
-        port = self.port(slot_index)
         cmd = self.command(experiment, config_path, slot=slot, port=port)
+        if on_command is not None:
+            on_command(cmd)
         launched = self.launched(experiment, config_path, slot=slot, port=port)
         mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
         description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}

@@ -17,6 +17,8 @@
     die             SIGKILL itself after a random moment of up to 0.3 s
     slow            good metrics after HOSTILE_DS_SLOW seconds (default 2)
     linger          good metrics, then an hour before it exits (a slow teardown)
+    rendezvous      listen on --master_port as the rank-0 store does for HOSTILE_DS_SLOW seconds
+                    (default 2), then good metrics; a port in use fails as torch does (EADDRINUSE)
     fail_first      the experiment's first launch: exit 1 without metrics after HOSTILE_DS_SLOW
                     seconds (default 2); later launches of it: good metrics
 
@@ -28,6 +30,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,6 +114,18 @@ def main():
         entry["children"].append(child.pid)
         log(dict(entry, event="child"))
         time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "0")))
+    if behaviour == "rendezvous":
+        port = int(launcher.get("--master_port", 29500))
+        store = socket.socket()
+        store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            store.bind(("", port))
+            store.listen()
+        except OSError:
+            print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+                  f"port: {port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use", file=sys.stderr)
+            return done(1)
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
     if behaviour == "failed_first":
         time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
         return done(1)
