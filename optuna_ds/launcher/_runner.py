@@ -29,6 +29,7 @@ from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
 from optuna_ds.launcher._paths import ExperimentFiles
+from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import rank_logs
 from optuna_ds.launcher._ports import lease_port
 from optuna_ds.launcher._slots import default_lock_dir
@@ -56,11 +57,11 @@ def _write_json(path: str, data: object) -> None:
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while a cleanup must finish; they are delivered afterwards."""
+    """Hold SIGINT, SIGTERM and SIGHUP while a cleanup must finish; they are delivered afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signals = {signal.SIGINT, signal.SIGTERM}
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
@@ -194,7 +195,8 @@ class ExperimentRunner:
             # launchers of one experiment on its GPUs.
             end_marked(env[MARK_VAR])
         return subprocess.Popen(
-            launched, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
+            dies_with_this_process(launched), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
 
     def run(
