@@ -114,17 +114,19 @@ def test_sighup_with_the_terminal_gone_ends_the_tuning_as_sigterm_does(hws: Host
 
 def test_a_sigkilled_tuner_takes_its_experiments_with_it(hws: Hostile) -> None:
     """No handler runs on SIGKILL: the experiment, in a session of its own, would run on with no
-    timeout and its GPUs leased. It gets SIGTERM from the kernel when its tuner dies."""
+    timeout and its GPUs leased. It gets SIGTERM from the kernel when its tuner dies; what it
+    started outside its group is ended by the resume (by its mark), and it runs again."""
     hws.config(base_config(train_micro_batch_size_per_gpu=[2]))
-    tuner = hws.popen("tune", *hws.hostile_args(), table={"2": "hang"})
-    _wait_for(lambda: any(e["event"] == "start" and not e["profile"] for e in hws.events()))
+    tuner = hws.popen("tune", *hws.hostile_args(), table={"2": "setsid"}, HOSTILE_DS_SLOW="600")
+    _wait_for(lambda: any(e["event"] == "child" and not e["profile"] for e in hws.events()))
     os.kill(tuner.pid, signal.SIGKILL)
     tuner.communicate(timeout=60)
     launcher = next(e["pid"] for e in hws.events() if e["event"] == "start")
     _wait_for(lambda: not os.path.exists(f"/proc/{launcher}") or open(f"/proc/{launcher}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
               timeout=15)
-    hws.assert_nothing_left()
     again = hws.hostile(table={"default": "ok"})
     assert again.returncode == 0, again.stderr
+    assert [e["mbs"] for e in hws.experiments()].count(2) == 2
     hws.assert_finished_once()
+    hws.assert_nothing_left()
     hws.assert_untouched()
