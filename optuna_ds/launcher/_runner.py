@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import IO
 from typing import Any
 
+from optuna_ds._errors import ResultsError
 from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import last_lines
@@ -48,11 +49,16 @@ _ATTEMPTS = 3
 
 def _write_json(path: str, data: object) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)  # a disk that filled up keeps no half-written file
+        raise
 
 
 @contextlib.contextmanager
@@ -92,6 +98,14 @@ def kill_process_group(pgid: int, *, grace: float = _KILL_GRACE, leader: subproc
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _unwritable(e: OSError) -> ResultsError:
+    """An experiment's files cannot be written (disk full, a folder turned read-only): the
+    node's state, which every experiment after it would meet too, so the tuning stops with one
+    line rather than record each config as failed."""
+    return ResultsError(f"cannot write {e.filename or 'an experiment file'}: {e.strerror or e}; the experiments that finished are "
+                        "kept: fix it and run the same command again to resume")
 
 
 class ExperimentInterrupted(Exception):
@@ -252,34 +266,41 @@ class ExperimentRunner:
         stop: threading.Event | None,
         pass_fds: Sequence[int],
     ) -> ExperimentResult:
-        files = ExperimentFiles(experiment.result_dir, self._exps_dir)
-        os.makedirs(files.result_dir, exist_ok=True)
-        os.makedirs(self._exps_dir, exist_ok=True)
-        # A stale metrics file from an earlier run must never be read as this run's result.
-        rank_dir = self._commands.rank_log_dir(experiment.name)
-        for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
-            if os.path.exists(stale):
-                os.remove(stale)
-        config_path = files.ds_config
-        _write_json(config_path, experiment.ds_config)
-        cmd = self.command(experiment, config_path, slot=slot, port=port)
-        if on_command is not None:
-            on_command(cmd)
-        launched = self.launched(experiment, config_path, slot=slot, port=port)
-        mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
-        description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
-        if launched != cmd:
-            description["launched"] = launched
-        _write_json(files.description, description)
-        _write_json(files.exp, description)
-        with open(files.cmd, "w", encoding="utf-8") as f:
-            f.write(shell_line(cmd) + "\n")
-
+        try:
+            files = ExperimentFiles(experiment.result_dir, self._exps_dir)
+            os.makedirs(files.result_dir, exist_ok=True)
+            os.makedirs(self._exps_dir, exist_ok=True)
+            # A stale metrics file from an earlier run must never be read as this run's result.
+            rank_dir = self._commands.rank_log_dir(experiment.name)
+            for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
+                if os.path.exists(stale):
+                    os.remove(stale)
+            config_path = files.ds_config
+            _write_json(config_path, experiment.ds_config)
+            cmd = self.command(experiment, config_path, slot=slot, port=port)
+            if on_command is not None:
+                on_command(cmd)
+            launched = self.launched(experiment, config_path, slot=slot, port=port)
+            mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
+            description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
+            if launched != cmd:
+                description["launched"] = launched
+            _write_json(files.description, description)
+            _write_json(files.exp, description)
+            with open(files.cmd, "w", encoding="utf-8") as f:
+                f.write(shell_line(cmd) + "\n")
+        except OSError as e:
+            raise _unwritable(e) from None
         stdout_path, stderr_path = files.stdout, files.stderr
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
-        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err, PeakGpuMemory(slot) as memory:
+        with contextlib.ExitStack() as logs:
+            try:
+                out, err = (logs.enter_context(open(path, "wb")) for path in (stdout_path, stderr_path))
+            except OSError as e:
+                raise _unwritable(e) from None
+            memory = logs.enter_context(PeakGpuMemory(slot))
             proc = self._spawn(launched, stdout=out, stderr=err, env=env, pass_fds=pass_fds)
             try:
                 if on_start is not None:
