@@ -10,6 +10,8 @@
     no_metrics      exit 0 without a metrics file
     malformed       a metrics file that is not JSON
     inf, nan, negative, string    a metrics file with that throughput
+    zero, huge      a metrics file with throughput 0, or 1e300
+    tie             good metrics with throughput 100, whatever the size
     ignore_sigterm  ignore SIGTERM and hang
     setsid          start a child in its own session (escaping the process group) that
                     lives an hour, then finish with good metrics (after HOSTILE_DS_SLOW seconds)
@@ -135,7 +137,8 @@ def main():
         info = {"num_params": 1_000_000, "trainable_num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000, "rank": 0}
         write(auto["model_info_path"], json.dumps(info))
         return done(0)
-    value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"'}.get(behaviour, str(10.0 * mbs))
+    value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"', "zero": "0", "huge": "1e300",
+             "tie": "100.0"}.get(behaviour, str(10.0 * mbs))
     if behaviour == "malformed":
         write(auto["metric_path"], '{"throughput": 12')
     else:

@@ -81,3 +81,22 @@ def test_the_summary_says_a_timeout_timed_out() -> None:
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
     last = stage_result(study, 1).last_failure
     assert "timed out" in last and "ErrorHandler" not in last, last
+
+
+def test_extreme_and_tied_measurements_never_break_the_choice(hws: Hostile) -> None:
+    """0 is no measurement; 1e300 is a number every computation of the planner must survive;
+    a tie is settled."""
+    table = {"2": "zero", "4": "tie", "6": "tie", "8": "huge"}
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8]))
+    proc = hws.hostile(table=table)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    reasons = {mbs: t.user_attrs.get("reason") for mbs, t in _trials(hws).items()}
+    assert reasons[2] == "bad-metrics" and reasons[4] is None and reasons[6] is None and reasons[8] is None, reasons
+    optimal = json.loads((hws.results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == 8
+    summary = (hws.results / "summary.txt").read_text()
+    assert "nan" not in summary.lower() and "inf " not in summary.lower(), summary
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
