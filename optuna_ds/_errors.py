@@ -26,3 +26,8 @@ class ResourceError(OptunaDSError):
 
 class PlanMismatchError(OptunaDSError):
     """The study name already holds a tuning of a different plan."""
+
+
+class ResultsError(OptunaDSError):
+    """The results or experiments folder can no longer be written (disk full, turned read-only):
+    the tuning stops, its running trial to be run again once the user has fixed it."""

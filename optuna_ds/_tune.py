@@ -32,6 +32,7 @@ from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import deferred_signals
+from optuna_ds.launcher import dies_with_this_process
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import import_deepspeed
@@ -257,26 +258,55 @@ _RESUME = "the experiments that finished are kept in it: run the same command ag
 
 
 class TuningInterrupted(KeyboardInterrupt):
-    """SIGTERM, raised where the tuning is, so it unwinds like Ctrl-C: experiments are ended
-    by process group and their trials marked ``interrupted``."""
+    """SIGTERM or SIGHUP, raised where the tuning is, so it unwinds like Ctrl-C: experiments are
+    ended by process group and their trials marked ``interrupted``."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
-def _on_sigterm(signum: int, _frame: object) -> None:
+# The terminal's descriptors, silenced once it hangs up (see _on_signal).
+_terminal_fds: tuple[int, ...] = ()
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    if signum == signal.SIGHUP:
+        # The terminal is gone (ssh dropped, window closed): writing to it fails (EIO), and the
+        # summary and the interrupted trials must not die of a line nobody can read.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in _terminal_fds:
+            os.dup2(devnull, fd)
+        os.close(devnull)
     raise TuningInterrupted(signum)
 
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    """SIGTERM and SIGHUP end the tuning as Ctrl-C does, not the process where it stands. A
+    SIGHUP ignored when we started (``nohup``) stays ignored: the user asked to outlive the terminal."""
+    global _terminal_fds
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
+            continue
+        previous[signum] = signal.signal(signum, _on_signal)
+    _terminal_fds = tuple(fd for fd in (1, 2) if _isatty(fd))
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,23 +458,20 @@ def report(*, storage: str, study_name: str, output: str) -> str:
 def run_training(command: Sequence[str]) -> int:
     """Train with the optimal config, streaming its output; return its exit status.
 
-    Interrupted (Ctrl-C or SIGTERM), it ends the training's process group and returns
-    128 + the signal number.
+    Interrupted (Ctrl-C, SIGTERM or SIGHUP), it ends the training's process group and returns
+    128 + the signal number. It also ends with this process, however it dies.
     """
     mark = new_mark()
-    proc = subprocess.Popen(list(command), start_new_session=True, env=dict(os.environ, **{MARK_VAR: mark}))
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    proc = subprocess.Popen(dies_with_this_process(command), start_new_session=True, env=dict(os.environ, **{MARK_VAR: mark}))
     try:
-        return proc.wait()
+        with _sigterm_raises():
+            return proc.wait()
     except KeyboardInterrupt as e:
         with deferred_signals():
             kill_process_group(proc.pid, leader=proc)
             proc.wait()
             end_marked(mark)
         return 128 + (e.signum if isinstance(e, TuningInterrupted) else signal.SIGINT)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 __all__ = ["OptunaDSError", "TuneOptions", "TuneOutcome", "TuningInterrupted", "WorkerOptions", "report", "run_training", "tune", "work"]

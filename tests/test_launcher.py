@@ -6,6 +6,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,10 @@ from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import Resources
+from optuna_ds.launcher import Slot
 from optuna_ds.launcher import classify
+
+HOSTILE = Path(__file__).parent / "adversarial" / "hostile_deepspeed.py"
 
 
 def test_success_needs_exit_zero_and_metrics_not_silence_in_stderr() -> None:
@@ -38,6 +42,16 @@ def test_success_needs_exit_zero_and_metrics_not_silence_in_stderr() -> None:
 def test_failures_are_classified_from_structured_signals(returncode, metrics, stderr, reason) -> None:
     got, detail = classify(returncode=returncode, timed_out=False, metrics=metrics, stdout_tail="", stderr_tail=stderr)
     assert got is reason and detail
+
+
+def test_a_lost_exit_status_is_judged_by_the_measurement_never_made_up() -> None:
+    """The launch server died with the status: a metrics file is a result, an explicit OOM is an
+    OOM, anything else runs again (interrupted), never "exit status 1"."""
+    assert classify(returncode=None, timed_out=False, metrics={"throughput": 1.0}, stdout_tail="", stderr_tail="") == (None, "")
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+    assert classify(returncode=None, timed_out=False, metrics=None, stdout_tail="", stderr_tail=oom)[0] is FailureReason.OOM
+    reason, detail = classify(returncode=None, timed_out=False, metrics=None, stdout_tail="", stderr_tail="RuntimeError: x")
+    assert reason is FailureReason.INTERRUPTED and "lost" in detail
 
 
 def test_timeout_wins() -> None:
@@ -191,3 +205,54 @@ def test_a_waiting_slot_sleeps_until_its_experiment_ends_or_the_tuning_stops() -
         _wait(proc, timeout=0.3, stop=threading.Event())
     proc.kill()
     proc.wait()
+
+
+def _hostile_runner(tmp_path: Path, script: Path, name: str) -> ExperimentRunner:
+    """A tuning's runner with the hostile launcher, from the default port as every tuning starts."""
+    commands = CommandBuilder(deepspeed_bin=(sys.executable, str(HOSTILE)), script=str(script), script_args=("--deepspeed_config", "orig.json"),
+                              arg_mappings={})
+    return ExperimentRunner(commands=commands, master_port=29733, metric_key="throughput", exps_dir=str(tmp_path / name / "exps"))
+
+
+@pytest.fixture
+def rendezvous(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOSTILE_DS_TABLE", json.dumps({"default": "rendezvous"}))
+    monkeypatch.setenv("HOSTILE_DS_SLOW", "1")
+    monkeypatch.setenv("FAKE_DS_LOG", str(tmp_path / "launches.jsonl"))
+    monkeypatch.setenv("OPTUNA_DS_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def test_two_tunings_on_one_node_never_share_a_rendezvous_port(tmp_path: Path, script: Path, rendezvous) -> None:
+    """``--include localhost:0`` and ``localhost:1``: both first slots, both from one base port."""
+    import threading
+
+    results: dict[int, Any] = {}
+    threads = [threading.Thread(target=lambda gpu=gpu: results.update({gpu: _hostile_runner(tmp_path, script, f"t{gpu}").run(
+        _experiment(tmp_path / f"t{gpu}", 2), slot=Slot({"localhost": [gpu]}), slot_index=0, timeout=60)})) for gpu in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r.ok for r in results.values()), results
+    ports = {json.loads((tmp_path / f"t{gpu}" / "results" / "z1_gas1_tmbspg2" / "exp.json").read_text())["master_port"] for gpu in (0, 1)}
+    assert len(ports) == 2, ports
+
+
+def test_a_port_someone_else_listens_on_is_passed_and_one_taken_at_bind_runs_again(tmp_path: Path, script: Path, rendezvous,
+                                                                                   monkeypatch) -> None:
+    import socket
+
+    runner = _hostile_runner(tmp_path, script, "t")
+    with socket.socket() as squatter:
+        squatter.bind(("", runner.port(0)))
+        squatter.listen()
+        result = runner.run(_experiment(tmp_path, 2), slot=Slot({"localhost": [0]}), timeout=60)
+        assert result.ok and result.metrics["throughput"] == 20.0, result
+        # Taken between the check and the bind (the check cannot see it): the node's fault, run again.
+        from optuna_ds.launcher import _ports
+
+        monkeypatch.setattr(_ports, "port_free", lambda port: True)
+        told: list[str] = []
+        result = runner.run(_experiment(tmp_path, 4), slot=Slot({"localhost": [0]}), timeout=60, on_retry=told.append)
+    assert result.ok, result
+    assert len(told) == 1 and "EADDRINUSE" in told[0], told

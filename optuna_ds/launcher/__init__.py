@@ -14,6 +14,7 @@ from optuna_ds.launcher._experiment import FailureReason
 from optuna_ds.launcher._experiment import Phase
 from optuna_ds.launcher._options import REFUSED_FLAGS
 from optuna_ds.launcher._options import LauncherOptions
+from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import ResultsFiles
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
@@ -57,6 +58,7 @@ __all__ = [
     "classify",
     "clean_text",
     "deferred_signals",
+    "dies_with_this_process",
     "discover_resources",
     "end_marked",
     "gpu_memory_support",

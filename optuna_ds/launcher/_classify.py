@@ -20,6 +20,9 @@ OOM_PATTERNS = re.compile(
     r"|\bMemoryError\b"
     r"|out of memory\. Tried to allocate"
 )
+# The rendezvous port taken by someone else (torch's DistNetworkError, or older RuntimeError):
+# the node's state, not the config's fault.
+PORT_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 _TAIL_BYTES = 256 * 1024
 
 
@@ -105,15 +108,26 @@ def classify(
 ) -> tuple[FailureReason | None, str]:
     """Decide an experiment's outcome from structured signals: timeout, the metrics file,
     out-of-memory signatures, the exit status. Returns the failure reason (``None`` for
-    success) and a short explanation."""
+    success) and a short explanation.
+
+    ``returncode`` ``None`` means the status was lost (the launch server died): only a
+    measurement or an explicit out-of-memory error then judges the config; anything else is
+    :attr:`FailureReason.INTERRUPTED`, a run to make again. So is a failure to rendezvous
+    because the port was in use.
+    """
     if timed_out:
         return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
-    if returncode == 0 and metrics is not None:
+    if returncode in (0, None) and metrics is not None:
         return None, ""
     for text in (stderr_tail, stdout_tail):
         match = OOM_PATTERNS.search(text)
         if match:
             return FailureReason.OOM, f"out of memory ({match.group(0)})"
+    if returncode is None:
+        return FailureReason.INTERRUPTED, "its exit status was lost (the launch server died) and it wrote no metrics"
+    match = PORT_IN_USE.search(stderr_tail) or PORT_IN_USE.search(stdout_tail)
+    if returncode != 0 and match:
+        return FailureReason.INTERRUPTED, f"its rendezvous port was in use ({match.group(0)})"
     if returncode is not None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) or re.search(
         r"return code = -9\b", stdout_tail + stderr_tail
     ):

@@ -15,7 +15,7 @@ class FailureReason(str, enum.Enum):
     TIMEOUT = "timeout"
     NO_METRICS = "no-metrics"
     BAD_METRICS = "bad-metrics"  # a metrics file that is not JSON, or a metric that is not a positive finite number
-    INTERRUPTED = "interrupted"  # stopped by the user or a dead worker: runs again
+    INTERRUPTED = "interrupted"  # stopped by the user, a dead worker, or lost (its exit status with the launch server): runs again
 
 
 class Phase(str, enum.Enum):

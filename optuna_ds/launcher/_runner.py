@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import IO
 from typing import Any
 
+from optuna_ds._errors import ResultsError
 from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import last_lines
@@ -21,6 +22,7 @@ from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import read_tail
 from optuna_ds.launcher._experiment import Experiment
 from optuna_ds.launcher._experiment import ExperimentResult
+from optuna_ds.launcher._experiment import FailureReason
 from optuna_ds.launcher._experiment import Phase
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import local_launch_command
@@ -28,7 +30,10 @@ from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
 from optuna_ds.launcher._paths import ExperimentFiles
+from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import rank_logs
+from optuna_ds.launcher._ports import lease_port
+from optuna_ds.launcher._slots import default_lock_dir
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._tracking import MARK_VAR
@@ -37,24 +42,32 @@ from optuna_ds.launcher._tracking import new_mark
 
 _KILL_GRACE = 10.0
 _STOP_POLL_SECONDS = 0.1  # how soon a waiting slot sees the tuning stopped
+# A run lost to the node, not to its config (its exit status lost with the launch server), is
+# made again at once, this many times in all; the trial of the last one runs again later.
+_ATTEMPTS = 3
 
 
 def _write_json(path: str, data: object) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)  # a disk that filled up keeps no half-written file
+        raise
 
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while a cleanup must finish; they are delivered afterwards."""
+    """Hold SIGINT, SIGTERM and SIGHUP while a cleanup must finish; they are delivered afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signals = {signal.SIGINT, signal.SIGTERM}
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
@@ -87,12 +100,21 @@ def kill_process_group(pgid: int, *, grace: float = _KILL_GRACE, leader: subproc
         pass
 
 
+def _unwritable(e: OSError) -> ResultsError:
+    """An experiment's files cannot be written (disk full, a folder turned read-only): the
+    node's state, which every experiment after it would meet too, so the tuning stops with one
+    line rather than record each config as failed."""
+    return ResultsError(f"cannot write {e.filename or 'an experiment file'}: {e.strerror or e}; the experiments that finished are "
+                        "kept: fix it and run the same command again to resume")
+
+
 class ExperimentInterrupted(Exception):
     """The tuning was stopped while this experiment ran; it was ended by its process group."""
 
 
-def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None) -> int:
-    """The launcher's exit status; :class:`ExperimentInterrupted` once ``stop`` is set.
+def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None) -> int | None:
+    """The launcher's exit status (``None``: lost, see :class:`ServedProcess`);
+    :class:`ExperimentInterrupted` once ``stop`` is set.
 
     A slot waits here for most of its life, so it sleeps on a pidfd (woken by the exit, or to
     look at ``stop`` ten times a second): ``Popen.wait(timeout)`` would poll the child every
@@ -139,9 +161,11 @@ class ExperimentRunner:
         metric_key: str | None,
         exps_dir: str,
         local_start: bool = False,
+        lock_dir: str | None = None,
     ) -> None:
         self._commands = commands
         self._master_port = master_port
+        self._lock_dir = lock_dir or default_lock_dir()
         self._metric_key = metric_key
         self._exps_dir = exps_dir
         self._local_start = local_start
@@ -157,8 +181,8 @@ class ExperimentRunner:
         return self._master_port
 
     def port(self, slot_index: int) -> int:
-        """The rendezvous port of an experiment on slot ``slot_index``: one per slot, so
-        experiments running at once on one node never share a port."""
+        """The first rendezvous port tried for an experiment on slot ``slot_index``; it runs on
+        the first one from there that is free (see :mod:`._ports`)."""
         return self._master_port + slot_index
 
     def command(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
@@ -181,8 +205,12 @@ class ExperimentRunner:
             served = launch_server().start(launched[4:], stdout=stdout.fileno(), stderr=stderr.fileno(), env=env, pass_fds=pass_fds)
             if served is not None:
                 return served
+            # A server that took the request but never answered may have forked it: never two
+            # launchers of one experiment on its GPUs.
+            end_marked(env[MARK_VAR])
         return subprocess.Popen(
-            launched, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, start_new_session=True, pass_fds=tuple(pass_fds)
+            dies_with_this_process(launched), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
 
     def run(
@@ -193,6 +221,8 @@ class ExperimentRunner:
         slot_index: int = 0,
         timeout: float | None,
         on_start: Callable[[int], None] | None = None,
+        on_command: Callable[[list[str]], None] | None = None,
+        on_retry: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
         pass_fds: Sequence[int] = (),
     ) -> ExperimentResult:
@@ -200,39 +230,77 @@ class ExperimentRunner:
 
         ``stop`` set from another thread ends the experiment and raises
         :class:`ExperimentInterrupted`. ``pass_fds`` (the slot's GPU locks) are inherited by the
-        launcher, so its GPUs stay leased as long as it runs, even if this process dies.
+        launcher, so its GPUs stay leased as long as it runs, even if this process dies. A run
+        lost to the node (:attr:`FailureReason.INTERRUPTED`: its status lost, its port taken) is
+        made again at once, on another port, up to ``_ATTEMPTS`` runs, each told to ``on_retry``.
+        ``on_command`` is given each run's ``deepspeed`` command line before it starts.
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
         stdout.log and stderr.log.
         """
-        files = ExperimentFiles(experiment.result_dir, self._exps_dir)
-        os.makedirs(files.result_dir, exist_ok=True)
-        os.makedirs(self._exps_dir, exist_ok=True)
-        # A stale metrics file from an earlier run must never be read as this run's result.
-        rank_dir = self._commands.rank_log_dir(experiment.name)
-        for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
-            if os.path.exists(stale):
-                os.remove(stale)
-        config_path = files.ds_config
-        _write_json(config_path, experiment.ds_config)
-        port = self.port(slot_index)
-        cmd = self.command(experiment, config_path, slot=slot, port=port)
-        launched = self.launched(experiment, config_path, slot=slot, port=port)
-        mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
-        description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
-        if launched != cmd:
-            description["launched"] = launched
-        _write_json(files.description, description)
-        _write_json(files.exp, description)
-        with open(files.cmd, "w", encoding="utf-8") as f:
-            f.write(shell_line(cmd) + "\n")
+        taken: set[int] = set()
+        for attempt in range(1, _ATTEMPTS + 1):
+            port = lease_port(first=self.port(slot_index), lock_dir=self._lock_dir, local=self._commands.is_local(slot), skip=taken)
+            try:
+                result = self._run_once(experiment, slot=slot, port=port.port, timeout=timeout, on_start=on_start,
+                                        on_command=on_command, stop=stop, pass_fds=(*pass_fds, *([port.fd] if port.fd is not None else [])))
+            finally:
+                port.release()
+            if result.reason is not FailureReason.INTERRUPTED or attempt == _ATTEMPTS:
+                return result
+            taken.add(port.port)
+            if on_retry is not None:
+                on_retry(f"{experiment.name}: {result.detail}; running it again ({attempt + 1} of {_ATTEMPTS})")
+        raise AssertionError("unreachable")
 
+    def _run_once(
+        self,
+        experiment: Experiment,
+        *,
+        slot: Slot,
+        port: int,
+        timeout: float | None,
+        on_start: Callable[[int], None] | None,
+        on_command: Callable[[list[str]], None] | None,
+        stop: threading.Event | None,
+        pass_fds: Sequence[int],
+    ) -> ExperimentResult:
+        try:
+            files = ExperimentFiles(experiment.result_dir, self._exps_dir)
+            os.makedirs(files.result_dir, exist_ok=True)
+            os.makedirs(self._exps_dir, exist_ok=True)
+            # A stale metrics file from an earlier run must never be read as this run's result.
+            rank_dir = self._commands.rank_log_dir(experiment.name)
+            for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
+                if os.path.exists(stale):
+                    os.remove(stale)
+            config_path = files.ds_config
+            _write_json(config_path, experiment.ds_config)
+            cmd = self.command(experiment, config_path, slot=slot, port=port)
+            if on_command is not None:
+                on_command(cmd)
+            launched = self.launched(experiment, config_path, slot=slot, port=port)
+            mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
+            description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
+            if launched != cmd:
+                description["launched"] = launched
+            _write_json(files.description, description)
+            _write_json(files.exp, description)
+            with open(files.cmd, "w", encoding="utf-8") as f:
+                f.write(shell_line(cmd) + "\n")
+        except OSError as e:
+            raise _unwritable(e) from None
         stdout_path, stderr_path = files.stdout, files.stderr
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
-        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err, PeakGpuMemory(slot) as memory:
+        with contextlib.ExitStack() as logs:
+            try:
+                out, err = (logs.enter_context(open(path, "wb")) for path in (stdout_path, stderr_path))
+            except OSError as e:
+                raise _unwritable(e) from None
+            memory = logs.enter_context(PeakGpuMemory(slot))
             proc = self._spawn(launched, stdout=out, stderr=err, env=env, pass_fds=pass_fds)
             try:
                 if on_start is not None:

@@ -81,6 +81,7 @@ class ExperimentRecord:
         reason and the last lines of stderr."""
         failed = result.reason is not None
         return cls(
+            lost=result.reason is FailureReason.INTERRUPTED,  # lost to the node: runs again, a bounded number of times
             metrics=result.metrics,
             cmd=result.cmd,
             duration=round(result.duration, 3),

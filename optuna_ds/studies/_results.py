@@ -30,8 +30,9 @@ def is_finished_experiment(trial: FrozenTrial) -> bool:
 
 
 def given_up(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
-    """Experiments whose worker died twice while running them (killed, or no heartbeat for the
-    grace period): retried once, then counted as failed so they cannot kill workers forever."""
+    """Experiments lost twice: their worker died while running them (killed, or no heartbeat
+    for the grace period), or the node lost their runs (see :meth:`ExperimentRunner.run`):
+    retried once, then counted as failed so they cannot kill workers or use GPUs forever."""
     lost: dict[str, list[FrozenTrial]] = {}
     for t in trials:
         if t.state != TrialState.FAIL:

@@ -344,8 +344,6 @@ class StageTuner:
                 raise optuna.TrialPruned("the knob search is over")
             _log_decision(stage=self._stage, number=trial.number, name=experiment.name)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
-            port = ctx.runner.port(lease.index)
-            ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(ctx.runner.command(experiment, experiment.files.ds_config, slot=lease.slot, port=port))}")
             try:
                 result = ctx.runner.run(
                     experiment,
@@ -353,6 +351,8 @@ class StageTuner:
                     slot_index=lease.index,
                     timeout=ctx.timeout,
                     on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
+                    on_command=lambda cmd: ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(cmd)}"),
+                    on_retry=lambda why: ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {why}"),
                     stop=ctx.stop,
                     pass_fds=lease.fds,
                 )

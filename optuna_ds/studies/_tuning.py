@@ -153,7 +153,8 @@ class Tuning:
         self._log(f"profile run: measuring the model ({experiment.result_dir})")
         timeout = self._plan.trial_timeout or _TIMEOUT_WITHOUT_PROFILE
         try:
-            result = self._runner.run(experiment, slot=lease.slot, slot_index=lease.index, timeout=timeout, pass_fds=lease.fds)
+            result = self._runner.run(experiment, slot=lease.slot, slot_index=lease.index, timeout=timeout, pass_fds=lease.fds,
+                                      on_retry=self._log)
         finally:
             self._pool.release(lease)
         if not result.ok:

@@ -10,6 +10,8 @@
     no_metrics      exit 0 without a metrics file
     malformed       a metrics file that is not JSON
     inf, nan, negative, string    a metrics file with that throughput
+    zero, huge      a metrics file with throughput 0, or 1e300
+    tie             good metrics with throughput 100, whatever the size
     ignore_sigterm  ignore SIGTERM and hang
     setsid          start a child in its own session (escaping the process group) that
                     lives an hour, then finish with good metrics (after HOSTILE_DS_SLOW seconds)
@@ -17,6 +19,10 @@
     die             SIGKILL itself after a random moment of up to 0.3 s
     slow            good metrics after HOSTILE_DS_SLOW seconds (default 2)
     linger          good metrics, then an hour before it exits (a slow teardown)
+    rendezvous      listen on --master_port as the rank-0 store does for HOSTILE_DS_SLOW seconds
+                    (default 2), then good metrics; a port in use fails as torch does (EADDRINUSE)
+    fail_first      the experiment's first launch: exit 1 without metrics after HOSTILE_DS_SLOW
+                    seconds (default 2); later launches of it: good metrics
 
 Every launch is appended to ``FAKE_DS_LOG`` (JSON lines): the experiment's name (its result
 folder), the behaviour, the pids started, and whether metrics were written.
@@ -26,6 +32,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +47,13 @@ def log(entry):
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(entry) + "\n")
+
+
+def launches_of(name):
+    """How many times the experiment ``name`` was launched, this launch included."""
+    with open(os.environ["FAKE_DS_LOG"]) as f:
+        return sum(1 for line in f if line.strip() and (e := json.loads(line))["event"] == "start" and e["name"] == name
+                   and not e["profile"])
 
 
 def write(path, text):
@@ -68,6 +82,8 @@ def main():
         return code
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(done(143)))
+    if behaviour == "fail_first":
+        behaviour = "failed_first" if launches_of(entry["name"]) == 1 else "ok"
     if training:
         print(f"training with micro-batch {mbs}", flush=True)
         if behaviour == "setsid":
@@ -100,13 +116,29 @@ def main():
         entry["children"].append(child.pid)
         log(dict(entry, event="child"))
         time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "0")))
+    if behaviour == "rendezvous":
+        port = int(launcher.get("--master_port", 29500))
+        store = socket.socket()
+        store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            store.bind(("", port))
+            store.listen()
+        except OSError:
+            print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+                  f"port: {port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use", file=sys.stderr)
+            return done(1)
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+    if behaviour == "failed_first":
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        return done(1)
     if behaviour == "slow":
         time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
     if profile:
         info = {"num_params": 1_000_000, "trainable_num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000, "rank": 0}
         write(auto["model_info_path"], json.dumps(info))
         return done(0)
-    value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"'}.get(behaviour, str(10.0 * mbs))
+    value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"', "zero": "0", "huge": "1e300",
+             "tie": "100.0"}.get(behaviour, str(10.0 * mbs))
     if behaviour == "malformed":
         write(auto["metric_path"], '{"throughput": 12')
     else:

@@ -78,9 +78,8 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.parametrize("behaviour, killed_after, resume_after_end", [
-    # it also leaves a process outside its group, and finishes after its tuner died
-    ("setsid", "child", True),
-    # it wrote its metrics, then is slow to exit: the resumed tuning ends it and keeps them
+    # it wrote its metrics, then is slow to exit: the resumed tuning ends it and keeps them. (One
+    # still measuring ends with its tuner: test_signals.py::test_a_sigkilled_tuner_takes_its_experiments_with_it.)
     ("linger", "metrics", False),
 ])
 def test_an_experiment_that_measured_after_its_tuner_died_is_kept(hws: Hostile, behaviour: str, killed_after: str,
@@ -121,6 +120,43 @@ def test_sigkill_at_random_moments_then_resume(hws: Hostile) -> None:
     assert proc.returncode == 0, proc.stderr
     assert_no_traceback(proc)
     assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 8
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+@pytest.mark.parametrize("errno_", [28, 30], ids=["disk-full", "read-only"])
+def test_results_that_can_no_longer_be_written_stop_the_tuning_in_one_line(hws: Hostile, monkeypatch, errno_: int) -> None:
+    """The disk fills up, or the results folder turns read-only, in the middle of the tuning (the
+    tuner's own writes fail, simulated in-process): one line, exit 2, the experiment that finished
+    kept, the one about to run left to run again, and the resume runs nothing twice."""
+    import builtins
+
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
+    monkeypatch.setenv("HOSTILE_DS_TABLE", "{}")
+    for key, value in hws.env().items():
+        monkeypatch.setenv(key, value)
+    real_open = builtins.open
+
+    def failing_open(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+") and "tmbspg4" in str(file):
+            raise OSError(errno_, os.strerror(errno_), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", failing_open)
+    proc = hws.main()
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and os.strerror(errno_) in lines[0] and "tmbspg4" in lines[0], proc.stderr
+    assert_no_traceback(proc)
+    states = {t.user_attrs.get("micro_batch_size"): (t.state.name, t.user_attrs.get("reason"))
+              for t in optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).get_trials()}
+    assert states[2] == ("COMPLETE", None) and states[4] == ("FAIL", "interrupted"), states
+    assert not list(hws.results.rglob("*.tmp"))
+    again = hws.main()
+    assert again.returncode == 0, again.stderr
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
     hws.assert_finished_once()
     hws.assert_nothing_left()
     hws.assert_untouched()

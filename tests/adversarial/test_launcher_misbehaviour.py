@@ -4,6 +4,7 @@ clean, and nothing it started outlives the tuning."""
 from __future__ import annotations
 
 import json
+import os
 
 import optuna
 
@@ -81,3 +82,62 @@ def test_the_summary_says_a_timeout_timed_out() -> None:
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
     last = stage_result(study, 1).last_failure
     assert "timed out" in last and "ErrorHandler" not in last, last
+
+
+def test_extreme_and_tied_measurements_never_break_the_choice(hws: Hostile) -> None:
+    """0 is no measurement; 1e300 is a number every computation of the planner must survive;
+    a tie is settled."""
+    table = {"2": "zero", "4": "tie", "6": "tie", "8": "huge"}
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8]))
+    proc = hws.hostile(table=table)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    reasons = {mbs: t.user_attrs.get("reason") for mbs, t in _trials(hws).items()}
+    assert reasons[2] == "bad-metrics" and reasons[4] is None and reasons[6] is None and reasons[8] is None, reasons
+    optimal = json.loads((hws.results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == 8
+    summary = (hws.results / "summary.txt").read_text()
+    assert "nan" not in summary.lower() and "inf " not in summary.lower(), summary
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_a_proc_that_cannot_be_read_costs_no_result(hws: Hostile, monkeypatch) -> None:
+    """/proc hidden (hidepid, a container): where the tool reads it (the runs' marks, process
+    identities; simulated in-process, DeepSpeed's own reads left alone), escapees cannot be found
+    and identities not told apart; the tuning still finishes, in one piece, and ends what it
+    started by process group."""
+    import builtins
+
+    from optuna_ds.launcher import _tracking
+    from optuna_ds.studies import _owner
+
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
+    for key, value in hws.env(HOSTILE_DS_TABLE=json.dumps({"default": "ok"})).items():
+        monkeypatch.setenv(key, value)
+    real_open, real_listdir = builtins.open, os.listdir
+
+    def denied(path: object) -> None:
+        if str(path).startswith("/proc"):
+            raise PermissionError(13, "Permission denied", str(path))
+
+    def opener(path, *args, **kwargs):
+        denied(path)
+        return real_open(path, *args, **kwargs)
+
+    def lister(path=".", *args, **kwargs):
+        denied(path)
+        return real_listdir(path, *args, **kwargs)
+
+    for module in (_tracking, _owner):
+        monkeypatch.setattr(module, "open", opener, raising=False)
+    monkeypatch.setattr(os, "listdir", lister)
+    proc = hws.main()
+    monkeypatch.undo()
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert_no_traceback(proc)
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()

@@ -69,3 +69,64 @@ def test_sigterm_during_runs_training(hws: Hostile) -> None:
     assert "Traceback" not in out + err
     hws.assert_nothing_left()
     hws.assert_untouched()
+
+
+def _study_states(hws: Hostile) -> list[str]:
+    import optuna
+
+    return [t.state.name for t in optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).get_trials()]
+
+
+def test_sighup_with_the_terminal_gone_ends_the_tuning_as_sigterm_does(hws: Hostile) -> None:
+    """ssh dropped: the terminal hangs up (writes to it fail) and the tuner gets SIGHUP. It ends
+    its experiment, marks the trial interrupted, writes the summary, and exits 129."""
+    import pty
+    import subprocess
+    import sys
+
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
+    master, slave = pty.openpty()
+    env = hws.env(HOSTILE_DS_TABLE=json.dumps({"2": "ok", "4": "hang"}))
+    tuner = subprocess.Popen([sys.executable, "-m", "optuna_ds", "tune", *hws.hostile_args()], cwd=hws.root, env=env,
+                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    try:
+        _wait_for(lambda: any(e["mbs"] == 4 and e["event"] == "start" for e in hws.events()))
+        os.close(master)  # the terminal is gone
+        master = -1
+        os.kill(tuner.pid, signal.SIGHUP)
+        assert tuner.wait(timeout=60) == 128 + signal.SIGHUP
+    finally:
+        if master != -1:
+            os.close(master)
+        if tuner.poll() is None:
+            tuner.kill()
+    assert (hws.results / "summary.txt").exists() and (hws.results / "ds_config_optimal.json").exists()
+    assert "RUNNING" not in _study_states(hws)
+    hws.assert_nothing_left()
+    again = hws.hostile(table={"default": "ok"})
+    assert again.returncode == 0, again.stderr
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_a_sigkilled_tuner_takes_its_experiments_with_it(hws: Hostile) -> None:
+    """No handler runs on SIGKILL: the experiment, in a session of its own, would run on with no
+    timeout and its GPUs leased. It gets SIGTERM from the kernel when its tuner dies; what it
+    started outside its group is ended by the resume (by its mark), and it runs again."""
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2]))
+    tuner = hws.popen("tune", *hws.hostile_args(), table={"2": "setsid"}, HOSTILE_DS_SLOW="600")
+    _wait_for(lambda: any(e["event"] == "child" and not e["profile"] for e in hws.events()))
+    os.kill(tuner.pid, signal.SIGKILL)
+    tuner.communicate(timeout=60)
+    launcher = next(e["pid"] for e in hws.events() if e["event"] == "start")
+    _wait_for(lambda: not os.path.exists(f"/proc/{launcher}") or open(f"/proc/{launcher}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+              timeout=15)
+    again = hws.hostile(table={"default": "ok"})
+    assert again.returncode == 0, again.stderr
+    assert [e["mbs"] for e in hws.experiments()].count(2) == 2
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
