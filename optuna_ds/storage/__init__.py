@@ -6,7 +6,9 @@ from optuna_ds.storage._plan import check_study_name
 from optuna_ds.storage._plan import claim_stage_study
 from optuna_ds.storage._plan import delete_tuning
 from optuna_ds.storage._plan import load_plan
+from optuna_ds.storage._plan import load_stage_study
 from optuna_ds.storage._plan import open_root_study
+from optuna_ds.storage._plan import open_stage_study
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tuning_study_names
@@ -30,7 +32,9 @@ __all__ = [
     "default_storage_url",
     "delete_tuning",
     "load_plan",
+    "load_stage_study",
     "open_root_study",
+    "open_stage_study",
     "redact_url",
     "stage_of",
     "stage_study_name",

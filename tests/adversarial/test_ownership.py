@@ -1,0 +1,75 @@
+"""What optuna-ds did not create is not its own: a study of another tool under one of the
+tuning's names is refused, never adopted, read as experiments or deleted."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from invariants import Hostile
+from invariants import assert_one_line_error
+from invariants import base_config
+from invariants import hws  # noqa: F401
+
+
+def _foreign_study(hws: Hostile, name: str, *, exp_name: bool) -> list[int]:
+    """A study of plain Optuna in the tuning's storage; returns its trials' ids."""
+    hws.results.mkdir(exist_ok=True)
+    study = optuna.create_study(study_name=name, storage=hws.storage, direction="maximize")
+    for mbs, value in ((2, 5.0), (4, 7.0)):
+        trial = study.ask()
+        trial.suggest_int("train_micro_batch_size_per_gpu", 1, 8)
+        if exp_name:  # what optuna-ds's trials carry, and the name optuna-ds would give mbs 2
+            trial.set_user_attr("exp_name", f"z1_gas1_tmbspg{mbs}")
+        study.tell(trial, value)
+    study.set_user_attr("owner", "someone else")
+    return [t._trial_id for t in study.trials]
+
+
+def _unchanged(hws: Hostile, name: str, ids: list[int]) -> None:
+    study = optuna.load_study(study_name=name, storage=hws.storage)
+    assert [t._trial_id for t in study.trials] == ids
+    assert study.user_attrs == {"owner": "someone else"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("exp_name", [True, False])
+def test_a_foreign_stage_study_is_refused_and_never_deleted(hws: Hostile, exp_name: bool) -> None:
+    """With trials that carry ``exp_name``, the tuning looped for ever adding pruned trials;
+    without, it adopted the study, and ``--overwrite`` deleted it with the user's trials."""
+    hws.config(base_config())
+    ids = _foreign_study(hws, "optuna-ds-z1", exp_name=exp_name)
+    for extra in ((), ("--overwrite",)):
+        assert_one_line_error(hws.main(*extra), "optuna-ds-z1", "not created by optuna-ds", "--study-name")
+        _unchanged(hws, "optuna-ds-z1", ids)
+    assert hws.experiments() == []
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_a_foreign_study_named_like_the_tuning_is_refused(hws: Hostile) -> None:
+    hws.config(base_config())
+    ids = _foreign_study(hws, "gpt2", exp_name=False)
+    for extra in ((), ("--overwrite",)):
+        assert_one_line_error(hws.main("--study-name", "gpt2", *extra), "'gpt2'", "not created by optuna-ds")
+        _unchanged(hws, "gpt2", ids)
+    assert hws.experiments() == []
+    hws.assert_untouched()
+
+
+@pytest.mark.timeout(60)
+def test_a_trial_whose_claim_the_planner_cannot_read_ends_the_tuning(hws: Hostile) -> None:
+    """The tuning's own stage study holding a finished trial of the planner's experiment written
+    by another tool: one line, not a loop of pruned trials."""
+    hws.config(base_config())
+    hws.results.mkdir()
+    study = optuna.create_study(study_name="optuna-ds-z1", storage=hws.storage, direction="maximize")
+    study.set_user_attr("optuna_ds:tuning", "optuna-ds")
+    trial = study.ask()
+    trial.set_user_attr("exp_name", "z1_gas1_tmbspg2")
+    study.tell(trial, 5.0)
+    assert_one_line_error(hws.main(), "trial 0", "z1_gas1_tmbspg2", "--study-name")
+    assert len(optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).trials) < 10
+    assert "z1_gas1_tmbspg2" not in {e["name"] for e in hws.experiments()}
+    hws.assert_nothing_left()
+    hws.assert_untouched()
