@@ -51,6 +51,7 @@ from optuna_ds.reporting import write_summary
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
+from optuna_ds.storage import claim_folder
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import default_storage_url
 from optuna_ds.storage import delete_tuning
@@ -220,6 +221,8 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     url = options.storage or default_storage_url(results_dir)
     storage = create_storage(url)
     with storage_failures(url, advice=_RESUME):
+        for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
+            claim_folder(folder, what=what, study_name=options.study_name, url=url, storage=storage)
         if overwrite:
             _remove_previous_outputs(storage, options.study_name, results_dir, exps_dir)
         plan = TuningPlan(

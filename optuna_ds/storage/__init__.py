@@ -1,6 +1,7 @@
 """Layer 5a: the Optuna RDB storage, and what is kept in it: the tuning plan, the experiments' records."""
 
 from optuna_ds.storage._cache import TrialCache
+from optuna_ds.storage._folders import claim_folder
 from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import check_study_name
 from optuna_ds.storage._plan import claim_stage_study
@@ -26,6 +27,7 @@ __all__ = [
     "TrialCache",
     "TuningPlan",
     "check_study_name",
+    "claim_folder",
     "claim_stage_study",
     "create_storage",
     "database_error",

@@ -3,6 +3,8 @@ tuning's names is refused, never adopted, read as experiments or deleted."""
 
 from __future__ import annotations
 
+import os
+
 import optuna
 import pytest
 
@@ -71,5 +73,55 @@ def test_a_trial_whose_claim_the_planner_cannot_read_ends_the_tuning(hws: Hostil
     assert_one_line_error(hws.main(), "trial 0", "z1_gas1_tmbspg2", "--study-name")
     assert len(optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).trials) < 10
     assert "z1_gas1_tmbspg2" not in {e["name"] for e in hws.experiments()}
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def _in_process(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hws.main`` runs tunings in this process: the launcher's environment is this one's."""
+    for key, value in hws.env().items():
+        monkeypatch.setenv(key, value)
+
+
+def _digests(folder) -> dict[str, str]:
+    import hashlib
+    import os
+
+    seen = {}
+    for here, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(here, f)
+            if not f.startswith("optuna-ds.db"):  # the storage both tunings share
+                with open(path, "rb") as fh:
+                    seen[os.path.relpath(path, folder)] = hashlib.sha256(fh.read()).hexdigest()
+    return seen
+
+
+@pytest.mark.parametrize("claimed", [True, False], ids=["claimed", "before-claims"])
+def test_a_second_tuning_in_the_same_folder_is_refused(hws: Hostile, claimed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second tuning (another --study-name) in the same working directory overwrote the
+    first's outputs and experiments, and its --overwrite deleted them. ``before-claims``: the
+    first tuning ran before folders were claimed (its claim file is not there)."""
+    _in_process(hws, monkeypatch)
+    hws.config(base_config())
+    assert hws.main().returncode == 0
+    first = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).trials
+    if not claimed:
+        (hws.results / ".optuna-ds-tuning.json").unlink(missing_ok=True)
+        (hws.root / "autotuning_exps" / ".optuna-ds-tuning.json").unlink(missing_ok=True)
+    results, exps = _digests(hws.results), _digests(hws.root / "autotuning_exps")
+    launched = len(hws.experiments())
+    for extra in ((), ("--overwrite",)):
+        assert_one_line_error(hws.main("--study-name", "other", *extra), "'optuna-ds'", "--results-dir", "'other'")
+    assert _digests(hws.results) == results and _digests(hws.root / "autotuning_exps") == exps
+    assert len(hws.experiments()) == launched
+    assert all(os.path.isdir(t.user_attrs["result_dir"]) for t in first)
+    hws.assert_finished_once()
+    # Given folders of its own, it runs (the same experiment names, elsewhere); and the first
+    # resumes as before, launching nothing.
+    assert hws.main("--study-name", "other", "--results-dir", "r2", "--exps-dir", "e2").returncode == 0
+    hws.own += [hws.root / "r2", hws.root / "e2"]
+    assert hws.main().returncode == 0
+    assert len(hws.experiments()) == launched + 2
     hws.assert_nothing_left()
     hws.assert_untouched()
