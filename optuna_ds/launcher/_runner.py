@@ -195,8 +195,12 @@ class ExperimentRunner:
         on_start: Callable[[int], None] | None = None,
         stop: threading.Event | None = None,
         pass_fds: Sequence[int] = (),
+        mark: str = "",
     ) -> ExperimentResult:
         """Run one experiment to completion, timeout or interrupt, and classify the outcome.
+
+        ``mark``: the token its processes carry (a new one if not given), recorded by the caller
+        where a resumed tuning finds it.
 
         ``stop`` set from another thread ends the experiment and raises
         :class:`ExperimentInterrupted`. ``pass_fds`` (the slot's GPU locks) are inherited by the
@@ -219,7 +223,7 @@ class ExperimentRunner:
         port = self.port(slot_index)
         cmd = self.command(experiment, config_path, slot=slot, port=port)
         launched = self.launched(experiment, config_path, slot=slot, port=port)
-        mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
+        mark = mark or new_mark()  # in the description too: the folder is this launch's while it names it
         description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
         if launched != cmd:
             description["launched"] = launched

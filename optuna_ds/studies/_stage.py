@@ -26,6 +26,7 @@ from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import Lease
+from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import shell_line
 from optuna_ds.pruners import TunerEarlyStoppingPruner
@@ -340,7 +341,8 @@ class StageTuner:
             experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=space, knobs=knobs,
                                            repeat=repeat)
             slot = lease.slot.include
-            _store(trial, ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat))  # the claim
+            mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
+            _store(trial, ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat, mark=mark))  # the claim
             attempt.claimed()
             previous = self._competitor(trial, experiment.name)
             if previous is not None:
@@ -364,6 +366,7 @@ class StageTuner:
                     on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
                     stop=ctx.stop,
                     pass_fds=lease.fds,
+                    mark=mark,
                 )
             except BaseException:
                 ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)

@@ -3,7 +3,11 @@ tuning's names is refused, never adopted, read as experiments or deleted."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
+import uuid
 
 import optuna
 import pytest
@@ -81,6 +85,47 @@ def _in_process(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
     """``hws.main`` runs tunings in this process: the launcher's environment is this one's."""
     for key, value in hws.env().items():
         monkeypatch.setenv(key, value)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_resumed_tuning_ends_and_reads_only_what_its_trial_launched(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An orphaned trial whose folder another launch has taken since (its exp.json names another
+    token, its metrics are another run's): the resumed tuning read the token from the folder and
+    SIGTERMed the other launch's live process, and took its metrics as the trial's result."""
+    _in_process(hws, monkeypatch)
+    hws.config(base_config())
+    hws.results.mkdir()
+    folder = hws.results / "z1_gas1_tmbspg2"
+    folder.mkdir()
+    (folder / "exp.json").write_text(json.dumps({"name": "z1_gas1_tmbspg2", "mark": "theirs" + uuid.uuid4().hex}))
+    (folder / "metrics.json").write_text(json.dumps({"throughput": 999.0}))
+    theirs = json.loads((folder / "exp.json").read_text())["mark"]
+    other = subprocess.Popen(["sleep", "120"], env={**os.environ, "OPTUNA_DS_EXPERIMENT": theirs}, start_new_session=True)
+    try:
+        study = optuna.create_study(study_name="optuna-ds-z1", storage=hws.storage, direction="maximize")
+        study.set_user_attr("optuna_ds:tuning", "optuna-ds")
+        trial = study.ask()  # left running by a driver that died with its experiment
+        dead = {"host": socket.gethostname(), "pid": _dead_pid(), "started": "1"}
+        for key, value in {"worker": dead, "phase": "micro_batch", "micro_batch_size": 2, "gradient_accumulation_steps": 1,
+                           "result_dir": str(folder), "mark": uuid.uuid4().hex, "experiment_process": dead,
+                           "exp_name": "z1_gas1_tmbspg2"}.items():
+            trial.set_user_attr(key, value)
+        assert hws.main().returncode == 0
+        assert other.poll() is None, "another launch's process was ended"
+        assert optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).trials[0].state.name == "FAIL"
+        assert "z1_gas1_tmbspg2" in {e["name"] for e in hws.experiments()}  # runs again, for a result of its own
+        assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    finally:
+        other.kill()
+        other.wait()
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
 
 
 def _digests(folder) -> dict[str, str]:
