@@ -114,11 +114,20 @@ def resolve_deepspeed_bin(path: str | None) -> list[str]:
     return [os.path.abspath(path)]
 
 
+_PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096  # with its final NUL
+_ROOM = 256  # under a folder: an experiment's (a name of at most 200 bytes) and its files' names
+
+
 def writable_folder(path: str, *, what: str) -> None:
     """Create ``path`` if needed and prove we can write there, before anything is launched:
-    a folder we cannot write must be one line now, not a lost profile run."""
+    a folder we cannot write must be one line now, not a lost profile run. Its path must leave
+    room for the experiments' folders and files under it, or they would fail one by one."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{what} {path} is a file, not a folder")
+    size = len(os.fsencode(os.path.abspath(path)))
+    if size + _ROOM >= _PATH_MAX:
+        raise ConfigError(f"{what} is a path of {size} bytes: the experiments' files under it need {_ROOM} more, and "
+                          f"paths hold at most {_PATH_MAX - 1}; choose a shorter folder")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):

@@ -18,6 +18,7 @@ from optuna_ds._redact import url_password
 from optuna_ds._redact import url_secrets
 
 DB_FILENAME = "optuna-ds.db"
+_SQLITE_MAX_PATHNAME = 512  # SQLite's default limit on a database's path, in bytes
 HEARTBEAT_INTERVAL = 10
 GRACE_PERIOD = 60
 # A database server's connections per process. Every slot thread and every running trial's
@@ -51,6 +52,10 @@ def _sqlite_wal(path: str) -> None:
         with contextlib.closing(sqlite3.connect(path, timeout=120)) as db:
             db.execute("PRAGMA journal_mode=WAL")
     except sqlite3.Error as e:
+        if len(os.fsencode(path)) >= _SQLITE_MAX_PATHNAME and "unable to open" in str(e):
+            raise StorageError(f"cannot open SQLite database {path}: its path is {len(os.fsencode(path))} bytes long; SQLite "
+                               f"opens paths of fewer than {_SQLITE_MAX_PATHNAME}: pass a shorter --results-dir, or "
+                               "--storage sqlite:///SHORTER/PATH.db") from None
         raise StorageError(f"cannot open SQLite database {path}: {e}") from None
 
 
