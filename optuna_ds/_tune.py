@@ -52,6 +52,7 @@ from optuna_ds.reporting import write_summary
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
+from optuna_ds.storage import claim_folder
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import default_storage_url
 from optuna_ds.storage import delete_tuning
@@ -114,11 +115,20 @@ def resolve_deepspeed_bin(path: str | None) -> list[str]:
     return [os.path.abspath(path)]
 
 
+_PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096  # with its final NUL
+_ROOM = 256  # under a folder: an experiment's (a name of at most 200 bytes) and its files' names
+
+
 def writable_folder(path: str, *, what: str) -> None:
     """Create ``path`` if needed and prove we can write there, before anything is launched:
-    a folder we cannot write must be one line now, not a lost profile run."""
+    a folder we cannot write must be one line now, not a lost profile run. Its path must leave
+    room for the experiments' folders and files under it, or they would fail one by one."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{what} {path} is a file, not a folder")
+    size = len(os.fsencode(os.path.abspath(path)))
+    if size + _ROOM >= _PATH_MAX:
+        raise ConfigError(f"{what} is a path of {size} bytes: the experiments' files under it need {_ROOM} more, and "
+                          f"paths hold at most {_PATH_MAX - 1}; choose a shorter folder")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -221,6 +231,8 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     url = options.storage or default_storage_url(results_dir)
     storage = create_storage(url)
     with storage_failures(url, advice=_RESUME):
+        for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
+            claim_folder(folder, what=what, study_name=options.study_name, url=url, storage=storage)
         if overwrite:
             _remove_previous_outputs(storage, options.study_name, results_dir, exps_dir)
         plan = TuningPlan(

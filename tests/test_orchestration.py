@@ -251,7 +251,8 @@ def test_overwrite_touches_only_its_own_tuning(ws: Workspace) -> None:
 
     ws.config(FAST)
     storage = f"sqlite:///{ws.root / 'shared.db'}"
-    assert ws.tune("ds_config.json", "--storage", storage, "--study-name", "optuna-ds-zeta", "--results-dir", "other").returncode == 0
+    assert ws.tune("ds_config.json", "--storage", storage, "--study-name", "optuna-ds-zeta", "--results-dir", "other",
+                   "--exps-dir", "other_exps").returncode == 0  # folders of its own: two tunings never share one
     other = optuna.load_study(study_name="optuna-ds-zeta-z1", storage=storage).get_trials()
     assert ws.tune("ds_config.json", "--storage", storage).returncode == 0
     p = ws.tune("ds_config.json", "--storage", storage, "--overwrite")

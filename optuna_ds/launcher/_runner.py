@@ -225,8 +225,12 @@ class ExperimentRunner:
         on_retry: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
         pass_fds: Sequence[int] = (),
+        mark: str = "",
     ) -> ExperimentResult:
         """Run one experiment to completion, timeout or interrupt, and classify the outcome.
+
+        ``mark``: the token its processes carry (a new one if not given), recorded by the caller
+        where a resumed tuning finds it.
 
         ``stop`` set from another thread ends the experiment and raises
         :class:`ExperimentInterrupted`. ``pass_fds`` (the slot's GPU locks) are inherited by the
@@ -239,12 +243,14 @@ class ExperimentRunner:
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
         stdout.log and stderr.log.
         """
+        mark = mark or new_mark()
         taken: set[int] = set()
         for attempt in range(1, _ATTEMPTS + 1):
             port = lease_port(first=self.port(slot_index), lock_dir=self._lock_dir, local=self._commands.is_local(slot), skip=taken)
             try:
                 result = self._run_once(experiment, slot=slot, port=port.port, timeout=timeout, on_start=on_start,
-                                        on_command=on_command, stop=stop, pass_fds=(*pass_fds, *([port.fd] if port.fd is not None else [])))
+                                        on_command=on_command, stop=stop, mark=mark,
+                                        pass_fds=(*pass_fds, *([port.fd] if port.fd is not None else [])))
             finally:
                 port.release()
             if result.reason is not FailureReason.INTERRUPTED or attempt == _ATTEMPTS:
@@ -264,6 +270,7 @@ class ExperimentRunner:
         on_start: Callable[[int], None] | None,
         on_command: Callable[[list[str]], None] | None,
         stop: threading.Event | None,
+        mark: str,
         pass_fds: Sequence[int],
     ) -> ExperimentResult:
         try:
@@ -281,7 +288,7 @@ class ExperimentRunner:
             if on_command is not None:
                 on_command(cmd)
             launched = self.launched(experiment, config_path, slot=slot, port=port)
-            mark = new_mark()  # in the description too: a resumed tuning ends an orphan's escapees by it
+            # In the description too: the folder is this launch's while it names it.
             description = experiment.to_dict() | {"cmd": cmd, "slot": slot.hosts, "master_port": port, "mark": mark}
             if launched != cmd:
                 description["launched"] = launched

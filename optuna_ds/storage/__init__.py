@@ -1,12 +1,15 @@
 """Layer 5a: the Optuna RDB storage, and what is kept in it: the tuning plan, the experiments' records."""
 
 from optuna_ds.storage._cache import TrialCache
+from optuna_ds.storage._folders import claim_folder
 from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import check_study_name
 from optuna_ds.storage._plan import claim_stage_study
 from optuna_ds.storage._plan import delete_tuning
 from optuna_ds.storage._plan import load_plan
+from optuna_ds.storage._plan import load_stage_study
 from optuna_ds.storage._plan import open_root_study
+from optuna_ds.storage._plan import open_stage_study
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tuning_study_names
@@ -24,13 +27,16 @@ __all__ = [
     "TrialCache",
     "TuningPlan",
     "check_study_name",
+    "claim_folder",
     "claim_stage_study",
     "create_storage",
     "database_error",
     "default_storage_url",
     "delete_tuning",
     "load_plan",
+    "load_stage_study",
     "open_root_study",
+    "open_stage_study",
     "redact_url",
     "stage_of",
     "stage_study_name",

@@ -80,27 +80,61 @@ def stage_study_name(study_name: str, stage: int) -> str:
     return f"{study_name}-z{stage}"
 
 
-def claim_stage_study(study: optuna.Study, study_name: str) -> None:
-    """Mark ``study`` as a stage study of tuning ``study_name``; refuse one that belongs to
-    another tuning (a root study, or another tuning's stage study)."""
+def _blank(study: optuna.Study) -> bool:
+    """Whether ``study`` holds nothing: no trial, no user attr. A process of this tuning that
+    died between creating one of its studies and marking it leaves such a study; so may
+    another tool, but a blank study has nothing to lose."""
+    return not study.user_attrs and not study.get_trials(deepcopy=False)
+
+
+def _foreign(study: optuna.Study) -> str:
+    n = len(study.get_trials(deepcopy=False))
+    return (f"study '{study.study_name}' in the storage was not created by optuna-ds ({n} trial(s)): optuna-ds "
+            "neither uses nor deletes it; choose another --study-name")
+
+
+def claim_stage_study(study: optuna.Study, study_name: str, *, direction: str | None = None) -> None:
+    """Mark ``study`` as a stage study of tuning ``study_name``, or check that it is marked so.
+
+    Only a study this tuning created (its mark) or a blank one is ours: a study another tuning
+    or another tool created is refused, never adopted, so that its trials are neither read as
+    experiments nor deleted by ``--overwrite``.
+    """
     attrs = study.user_attrs
     owner = attrs.get(_TUNING_ATTR)
     if _PLAN_ATTR in attrs or (owner is not None and owner != study_name):
         raise PlanMismatchError(
             f"study '{study.study_name}' belongs to another tuning, not to '{study_name}': choose another --study-name"
         )
-    if owner is None:
-        study.set_user_attr(_TUNING_ATTR, study_name)
+    if owner is not None:
+        return
+    if not _blank(study) or (direction is not None and study.direction.name.lower() != direction):
+        raise PlanMismatchError(_foreign(study))
+    study.set_user_attr(_TUNING_ATTR, study_name)
+
+
+def open_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage: int, direction: str) -> optuna.Study:
+    """Create or load tuning ``tuning``'s study of ZeRO stage ``stage`` (see :func:`claim_stage_study`).
+    Checked before anything reads its trials: a foreign study's running trials must not be
+    taken for our orphans."""
+    study = optuna.create_study(storage=storage, study_name=stage_study_name(tuning, stage), direction=direction,
+                                load_if_exists=True)
+    claim_stage_study(study, tuning, direction=direction)
+    return study
 
 
 def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, direction: str) -> optuna.Study:
-    """Create the root study holding ``plan``, or load it and check it holds the same plan."""
+    """Create the root study holding ``plan``, or load it and check it holds the same plan.
+    A study of that name that holds no plan is ours only if blank (see :func:`claim_stage_study`)."""
     study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=direction, load_if_exists=True)
     stored = study.user_attrs.get(_PLAN_ATTR)
     if stored is None:
+        if not _blank(study) or study.direction.name.lower() != direction:
+            raise PlanMismatchError(_foreign(study))
         study.set_user_attr(_PLAN_ATTR, plan.to_dict())
         study.set_user_attr("fingerprint", plan.fingerprint)
-        return study
+        # Two processes that created the tuning at once each stored a plan: the last one stays.
+        stored = optuna.load_study(storage=storage, study_name=plan.study_name).user_attrs.get(_PLAN_ATTR)
     previous = TuningPlan.from_dict(stored)
     if previous.fingerprint != plan.fingerprint:
         raise PlanMismatchError(
@@ -109,6 +143,16 @@ def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, d
             "pass --overwrite to start afresh, or choose another --study-name"
         )
     return study
+
+
+def load_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage: int) -> optuna.Study | None:
+    """Tuning ``tuning``'s study of ZeRO stage ``stage``, or ``None`` if it has none (a study of that
+    name another tool created is not its)."""
+    try:
+        study = optuna.load_study(study_name=stage_study_name(tuning, stage), storage=storage)
+    except KeyError:
+        return None
+    return study if study.user_attrs.get(_TUNING_ATTR) == tuning and _PLAN_ATTR not in study.user_attrs else None
 
 
 def load_plan(storage: optuna.storages.BaseStorage, study_name: str) -> TuningPlan | None:
@@ -129,18 +173,24 @@ def stage_of(study_name: str, name: str) -> int | None:
 
 def tuning_study_names(storage: optuna.storages.BaseStorage, study_name: str) -> list[str]:
     """The root study and the stage studies of one tuning, and of no other (``NAME-zeta`` is not
-    a stage study of ``NAME``)."""
+    a stage study of ``NAME``): those that bear its marks, and blank ones of its names (see
+    :func:`claim_stage_study`). A study another tool created under one of its names is not
+    among them: ``--overwrite`` deletes these."""
     names = []
     # The studies alone, not their summaries: a summary reads every trial of every study in the
     # database (5 s at the end of each tuning on a database shared by 150 studies).
-    for s in optuna.storages.get_storage(storage).get_all_studies():
+    storage = optuna.storages.get_storage(storage)
+    for s in storage.get_all_studies():
+        attrs = s.user_attrs
         if s.study_name == study_name:
-            names.append(s.study_name)
+            ours = _PLAN_ATTR in attrs
         elif stage_of(study_name, s.study_name) is not None:
             # Another tuning's root study or stage study is not ours, whatever its name.
-            owner = s.user_attrs.get(_TUNING_ATTR, study_name)
-            if _PLAN_ATTR not in s.user_attrs and owner == study_name:
-                names.append(s.study_name)
+            ours = _PLAN_ATTR not in attrs and attrs.get(_TUNING_ATTR) == study_name
+        else:
+            continue
+        if ours or (not attrs and not storage.get_all_trials(s._study_id, deepcopy=False)):
+            names.append(s.study_name)
     return names
 
 

@@ -39,6 +39,9 @@ class ExperimentRecord:
     slot: str | None = None  # the GPUs it ran on, as ``--include`` names them
     offload: str | None = None  # the offload variant the planner added, by its label
     repeat: int | None = None  # a re-measurement: how many times the config ran before
+    # The token its launch's processes carry (the launcher's MARK_VAR) and its folder's exp.json
+    # names: kept here, where no other launch can rewrite it, to tell its processes and files.
+    mark: str | None = None
     # The processes: the driver's that took the trial (first), the experiment's once launched.
     worker: dict[str, Any] | None = None
     experiment_process: dict[str, Any] | None = None
@@ -60,11 +63,12 @@ class ExperimentRecord:
     exp_name: str | None = None
 
     @classmethod
-    def claim(cls, experiment: Experiment, *, slot: str, offload: str = "", repeat: int = 0) -> ExperimentRecord:
-        """What a trial publishes before it runs ``experiment`` on ``slot``."""
+    def claim(cls, experiment: Experiment, *, slot: str, offload: str = "", repeat: int = 0, mark: str = "") -> ExperimentRecord:
+        """What a trial publishes before it runs ``experiment`` on ``slot`` with the token ``mark``."""
         return cls(
             offload=offload or None,
             repeat=repeat or None,
+            mark=mark or None,
             phase=experiment.phase,
             micro_batch_size=experiment.micro_batch_size,
             gradient_accumulation_steps=experiment.gradient_accumulation_steps,

@@ -18,6 +18,7 @@ from optuna_ds._redact import url_password
 from optuna_ds._redact import url_secrets
 
 DB_FILENAME = "optuna-ds.db"
+_SQLITE_MAX_PATHNAME = 512  # SQLite's default limit on a database's path, in bytes
 HEARTBEAT_INTERVAL = 10
 GRACE_PERIOD = 60
 # A database server's connections per process. Every slot thread and every running trial's
@@ -51,6 +52,10 @@ def _sqlite_wal(path: str) -> None:
         with contextlib.closing(sqlite3.connect(path, timeout=120)) as db:
             db.execute("PRAGMA journal_mode=WAL")
     except sqlite3.Error as e:
+        if len(os.fsencode(path)) >= _SQLITE_MAX_PATHNAME and "unable to open" in str(e):
+            raise StorageError(f"cannot open SQLite database {path}: its path is {len(os.fsencode(path))} bytes long; SQLite "
+                               f"opens paths of fewer than {_SQLITE_MAX_PATHNAME}: pass a shorter --results-dir, or "
+                               "--storage sqlite:///SHORTER/PATH.db") from None
         raise StorageError(f"cannot open SQLite database {path}: {e}") from None
 
 
@@ -175,6 +180,43 @@ def database_error(error: BaseException) -> str | None:
     return found
 
 
+# A right the database refused: PostgreSQL's SQLSTATE, MySQL's and MariaDB's error numbers (table,
+# column, database, privilege, routine), SQLite's read-only file.
+_PG_DENIED = "42501"
+_MYSQL_DENIED = frozenset({1044, 1142, 1143, 1227, 1370})
+
+
+def _grant(url: str) -> str:
+    """What to do about a refused right."""
+    if url.startswith("sqlite"):
+        return "optuna-ds writes to the database: make its file and folder writable, or pass another --storage"
+    return ("optuna-ds needs SELECT, INSERT, UPDATE and DELETE on Optuna's tables (and CREATE where they do not exist "
+            "yet): grant them to the role, or use another role")
+
+
+def permission_denied(error: BaseException) -> str | None:
+    """What the database refused if ``error`` is a missing right somewhere in its chain: the
+    statement's verb and the database's account of it; ``None`` for any other failure. Running
+    again never helps there, unlike a lost connection."""
+    from sqlalchemy import exc
+
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, exc.DBAPIError) and e.orig is not None:
+            orig = e.orig
+            code = orig.args[0] if orig.args and isinstance(orig.args[0], int) else None
+            message = _one_line(str(orig.args[1]) if code is not None and len(orig.args) > 1 else str(orig))
+            if getattr(orig, "sqlstate", None) == _PG_DENIED or getattr(orig, "pgcode", None) == _PG_DENIED:
+                verb = (e.statement or "").split(None, 1)[0].upper() if (e.statement or "").strip() else ""
+                return f"{message} ({verb})" if verb else message  # PostgreSQL's names the table, not the right
+            if code in _MYSQL_DENIED or "readonly database" in message:
+                return message
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _one_line(message: str) -> str:
     lines = [" ".join(line.split()) for line in message.strip().splitlines()]
     return next((line for line in lines if line), "")
@@ -200,6 +242,10 @@ def storage_failures(url: str, *, advice: str) -> Iterator[None]:
         cause = database_error(e)
         if cause is None:
             raise
+        denied = permission_denied(e)
+        if denied is not None:
+            raise StorageError(f"storage {redact_url(url)}: {_explain(url, denied)}: {_grant(url)} (running again "
+                               "does not help)") from None
         raise StorageError(f"lost the storage {redact_url(url)}: {_explain(url, cause)}; {advice}") from None
 
 
@@ -224,5 +270,8 @@ def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStor
     except ImportError as e:
         raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or optuna-ds[mysql]") from None
     except Exception as e:
+        denied = permission_denied(e)
+        if denied is not None:
+            raise StorageError(f"cannot open storage {redact_url(url)}: {_explain(url, denied)}: {_grant(url)}") from None
         cause = database_error(e) or _one_line(str(e)) or type(e).__name__
         raise StorageError(f"cannot open storage {redact_url(url)}: {_explain(url, cause)}") from None

@@ -54,29 +54,33 @@ def _dead(owner: dict[str, Any]) -> bool:
     return started is not None and _start_time(pid) not in (None, started)
 
 
-def _finished_result(record: ExperimentRecord, metric: Metric) -> dict[str, Any] | None:
-    """The metrics an orphaned experiment wrote after its process died: it ran to the end and
-    measured, so it is a result, whoever was watching it. A launched experiment's stale
-    metrics file is deleted before it starts, so a file found now is this run's."""
-    if not record.launched or not isinstance(record.result_dir, str):
-        return None
+def _folder_mark(record: ExperimentRecord) -> str | None:
+    """The token of the launch that last wrote the trial's experiment folder (its exp.json)."""
     try:
-        return read_metrics(ExperimentFiles(record.result_dir).metrics, metric.key)
-    except BadMetrics:
-        return None
-
-
-def _mark(record: ExperimentRecord) -> str | None:
-    """The environment mark of a trial's experiment, from its description (read before the
-    trial is settled: once it is, another process may launch the experiment again)."""
-    if not isinstance(record.result_dir, str):
-        return None
-    try:
-        with open(ExperimentFiles(record.result_dir).exp, encoding="utf-8") as f:
+        with open(ExperimentFiles(str(record.result_dir)).exp, encoding="utf-8") as f:
             mark = json.load(f).get("mark")
     except (OSError, ValueError, AttributeError):  # AttributeError: exp.json holds no object
         return None
     return mark if isinstance(mark, str) and mark else None
+
+
+def _finished_result(record: ExperimentRecord, metric: Metric) -> dict[str, Any] | None:
+    """The metrics an orphaned experiment wrote after its process died: it ran to the end and
+    measured, so it is a result, whoever was watching it.
+
+    Only while the folder is still this trial's launch's: a launch deletes the metrics file
+    before it starts and then names itself in exp.json, so metrics read before exp.json is seen
+    to name this trial's token are this launch's. A folder another launch took since (another
+    process of the tuning, another tool) is not this trial's result, nor a folder of a trial
+    whose token was not recorded.
+    """
+    if not record.launched or not isinstance(record.result_dir, str) or not record.mark:
+        return None
+    try:
+        metrics = read_metrics(ExperimentFiles(record.result_dir).metrics, metric.key)
+    except BadMetrics:
+        return None
+    return metrics if _folder_mark(record) == record.mark else None
 
 
 def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[int], list[int]]:
@@ -99,7 +103,9 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
             # even when written a moment before its exit.
             kill_process_group(int(experiment["pid"]))
         metrics = _finished_result(record, metric)
-        mark = _mark(record) if record.launched else None
+        # The token from the storage, never from the folder, which another launch may have
+        # rewritten: its processes are not this trial's to end.
+        mark = record.mark
         set_user_attr = functools.partial(study._storage.set_trial_user_attr, t._trial_id)
         try:
             if metrics is not None:

@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._errors import OptunaDSError
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
 from optuna_ds.config import Metric
@@ -25,6 +26,7 @@ from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import Lease
+from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import shell_line
 from optuna_ds.pruners import TunerEarlyStoppingPruner
@@ -35,6 +37,8 @@ from optuna_ds.space import recommended_knobs
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TrialCache
 from optuna_ds.storage import database_error
+from optuna_ds.storage import open_stage_study
+from optuna_ds.storage import stage_study_name
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import fail_orphaned_trials
@@ -64,6 +68,10 @@ class Stopped(Exception):
     """The tuning was stopped (Ctrl-C, SIGTERM, or another driver failed)."""
 
 
+class UnreadableTrial(OptunaDSError):
+    """A settled trial claims an experiment the planner wants, with a record it cannot read."""
+
+
 class ExperimentFailed(Exception):
     """Raised by the objective so that Optuna records the trial as failed; the reason is in
     the trial's user attrs."""
@@ -79,6 +87,7 @@ class _Attempt:
 
     claimed: Callable[[], None] = lambda: None
     stood_down: bool = False
+    competitor: FrozenTrial | None = None  # the trial it stood down to
 
 
 class _Turn:
@@ -193,7 +202,7 @@ class StageTuner:
     the study has.
     """
 
-    def __init__(self, *, ctx: StageContext, study_name: str, stage: int, space: KnobSpace,
+    def __init__(self, *, ctx: StageContext, tuning: str, stage: int, space: KnobSpace,
                  knobs: KnobSearch = KnobSearch.NONE, sizes: tuple[int, ...] = (),
                  setting: dict[str, Any] | None = None, study: optuna.Study | None = None,
                  min_improvement: float = 0.0) -> None:
@@ -202,10 +211,12 @@ class StageTuner:
         self._min_improvement = min_improvement
         self._setting = setting
         self._sizes = sizes
-        self._study_name = study_name
+        self._tuning = tuning
+        self._study_name = stage_study_name(tuning, stage)
         self._stage = stage
         self._space = space
         self._duplicates = 0
+        self._settled: set[int] = set()  # settled trials the planner's experiments stood down to
         self._early_stopped = False
         self._reaped = 0.0
         self._deciding = threading.Lock()  # the knob search's slots decide one at a time
@@ -214,8 +225,7 @@ class StageTuner:
         self._rng = random.Random(ctx.seed)
         if study is None:
             storage = TrialCache(ctx.storage) if isinstance(ctx.storage, optuna.storages.RDBStorage) else ctx.storage
-            study = optuna.create_study(storage=storage, study_name=study_name, direction=ctx.metric.direction,
-                                        load_if_exists=True)
+            study = open_stage_study(storage, tuning=tuning, stage=stage, direction=ctx.metric.direction)
         self.study = study
         self.reap(force=True)
 
@@ -234,7 +244,7 @@ class StageTuner:
         ``setting``: the one setting of :attr:`KnobSearch.ONE`, if not DeepSpeed's recommended;
         ``min_improvement``: what early stopping counts as an improvement (the noise)."""
         space = self._space.with_offload(offload) if offload else self._space
-        return StageTuner(ctx=self._ctx, study_name=self._study_name, stage=self._stage, space=space,
+        return StageTuner(ctx=self._ctx, tuning=self._tuning, stage=self._stage, space=space,
                           knobs=knobs, sizes=sizes, setting=setting, study=self.study, min_improvement=min_improvement)
 
     def _load(self, **kwargs: Any) -> optuna.Study:
@@ -331,12 +341,13 @@ class StageTuner:
             experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=space, knobs=knobs,
                                            repeat=repeat)
             slot = lease.slot.include
-            _store(trial, ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat))  # the claim
+            mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
+            _store(trial, ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat, mark=mark))  # the claim
             attempt.claimed()
             previous = self._competitor(trial, experiment.name)
             if previous is not None:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
-                attempt.stood_down = True
+                attempt.stood_down, attempt.competitor = True, previous
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
             if phase is Phase.KNOBS and self._should_prune(trial):  # tuner_early_stopping, tuner_num_trials
                 ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
@@ -355,6 +366,7 @@ class StageTuner:
                     on_retry=lambda why: ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {why}"),
                     stop=ctx.stop,
                     pass_fds=lease.fds,
+                    mark=mark,
                 )
             except BaseException:
                 ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
@@ -375,10 +387,11 @@ class StageTuner:
         return objective
 
     def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *,
-                      space: KnobSpace | None = None, repeat: int = 0, claimed: Callable[[], None] | None = None) -> None:
+                      space: KnobSpace | None = None, repeat: int = 0, claimed: Callable[[], None] | None = None) -> _Attempt:
         attempt = _Attempt(claimed=claimed) if claimed is not None else _Attempt()
         run_trial(study, self._objective(phase, tuning_list, lease, attempt, space=space, repeat=repeat), catch=(ExperimentFailed,))
         self._duplicates = self._duplicates + 1 if attempt.stood_down else 0
+        return attempt
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -397,7 +410,23 @@ class StageTuner:
         if why:
             setting = f" {knobs}" if knobs else ""
             self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {mbs}{' ' + offload if offload else ''}{setting}: {why}")
-        self._optimize_one(study, Phase.KNOBS if knobs else Phase.MICRO_BATCH, [mbs], lease, space=space, repeat=repeat)
+        attempt = self._optimize_one(study, Phase.KNOBS if knobs else Phase.MICRO_BATCH, [mbs], lease, space=space, repeat=repeat)
+        self._check_settled(attempt.competitor)
+
+    def _check_settled(self, competitor: FrozenTrial | None) -> None:
+        """The planner asks again only for an experiment it saw no result of: standing down twice
+        to the same settled trial means the planner cannot read that trial's record (another tool
+        wrote it), and asking again would only add a pruned trial each time, for ever."""
+        if competitor is None or competitor.state == TrialState.RUNNING:
+            return
+        if competitor.number in self._settled:
+            name = ExperimentRecord.from_trial(competitor).exp_name
+            raise UnreadableTrial(
+                f"trial {competitor.number} of study '{self._study_name}' claims experiment {name} but holds no result "
+                "optuna-ds can read (another tool wrote it): optuna-ds will neither run that experiment again nor "
+                "change the trial; choose another --study-name"
+            )
+        self._settled.add(competitor.number)
 
     def step_knobs(self, lease: Lease) -> Step:
         """Run the knob search's next trial on ``lease``, or say why there is none.

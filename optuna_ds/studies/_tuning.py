@@ -29,9 +29,8 @@ from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TuningPlan
-from optuna_ds.storage import claim_stage_study
 from optuna_ds.storage import open_root_study
-from optuna_ds.storage import stage_study_name
+from optuna_ds.storage import load_stage_study
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
@@ -313,8 +312,7 @@ class Tuning:
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
-            tuner = StageTuner(ctx=ctx, study_name=stage_study_name(self._plan.study_name, stage), stage=stage, space=space)
-            claim_stage_study(tuner.study, self._plan.study_name)
+            tuner = StageTuner(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space)
             tuner.study.set_user_attr("memory", estimates[stage].to_dict())
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())
@@ -375,10 +373,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
     for stage in user.stages:
         entry = recorded.get(f"z{stage}", {})
-        try:
-            study: optuna.Study | None = optuna.load_study(study_name=stage_study_name(plan.study_name, stage), storage=storage)
-        except KeyError:
-            study = None
+        study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
         if study is not None:
             trials[stage] = study.get_trials(deepcopy=False)
         if entry.get("status") == "skipped":

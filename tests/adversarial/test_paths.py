@@ -1,0 +1,104 @@
+"""Paths at the system's limits and folders that are links: one line before anything runs, or a
+tuning that runs; nothing outside the tuning's own folders written or deleted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import optuna
+import pytest
+
+from invariants import Hostile
+from invariants import assert_one_line_error
+from invariants import base_config
+from invariants import hws  # noqa: F401
+
+NAME_MAX = os.pathconf("/", "PC_NAME_MAX")
+PATH_MAX = os.pathconf("/", "PC_PATH_MAX")
+
+
+def _in_process(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hws.main`` runs tunings in this process: the launcher's environment is this one's."""
+    for key, value in hws.env().items():
+        monkeypatch.setenv(key, value)
+
+
+def _deep(base: Path, length: int) -> str:
+    """A relative folder path whose absolute path under ``base`` is ``length`` bytes long."""
+    parts, size = [], len(str(base))
+    while size + 1 + NAME_MAX < length:
+        parts.append("d" * (NAME_MAX - 1))
+        size += NAME_MAX
+    parts.append("e" * (length - size - 1))
+    return "/".join(parts)
+
+
+def test_a_results_folder_named_at_name_max_and_a_study_name_at_the_storage_limit_tune(
+        hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    _in_process(hws, monkeypatch)
+    hws.config(base_config())
+    name = "é" * 499 + "s"  # 500 characters, 999 bytes
+    folder = "r" * NAME_MAX
+    proc = hws.main("--study-name", name, "--results-dir", folder)
+    assert proc.returncode == 0, proc.stderr
+    hws.own.append(hws.root / folder)
+    assert json.loads((hws.root / folder / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    storage = f"sqlite:///{hws.root / folder / 'optuna-ds.db'}"
+    assert len(optuna.load_study(study_name=f"{name}-z1", storage=storage).trials) == 2
+    assert hws.main("--study-name", name, "--results-dir", folder, "--overwrite").returncode == 0
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+@pytest.mark.parametrize("what", ["--results-dir", "--exps-dir"])
+def test_a_folder_too_long_for_its_experiments_files_is_one_line(hws: Hostile, what: str) -> None:
+    """A folder that fits but leaves no room for the experiments' files under it crashed on the
+    first file (or each experiment failed in turn)."""
+    hws.config(base_config())
+    folder = _deep(hws.root, PATH_MAX - 100)
+    storage = f"sqlite:///{hws.base / 'db' / 'optuna-ds.db'}"
+    hws.own.append(hws.base / "db")
+    assert_one_line_error(hws.main(what, folder, "--storage", storage), what[2:].replace("-", "_"), "shorter")
+    assert hws.events() == []
+    hws.assert_untouched()
+
+
+def test_a_default_storage_too_long_for_sqlite_is_one_line(hws: Hostile) -> None:
+    hws.config(base_config())
+    folder = _deep(hws.root, 600)
+    hws.own.append(hws.root / folder.split("/")[0])
+    assert_one_line_error(hws.main("--results-dir", folder), "SQLite", "512", "--storage")
+    assert hws.events() == []
+    hws.assert_untouched()
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_a_results_folder_that_is_a_link_loses_nothing_of_the_user_with_overwrite(
+        hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``autotuning_results`` a link to a folder of the user's elsewhere: the tuning writes its
+    own files there, and ``--overwrite`` deletes those and nothing of the user's beside them."""
+    _in_process(hws, monkeypatch)
+    target = hws.base / "outside" / "shared"
+    (target / "mine").mkdir(parents=True)
+    (target / "mine" / "data.txt").write_text("the user's\n")
+    (target / "notes.txt").write_text("the user's notes\n")
+    (target / "z1_elsewhere").symlink_to(hws.base / "outside")
+    hws.results.symlink_to(target)
+    users = _digests(target)
+    hws.own.append(target)
+    hws.config(base_config())
+    assert hws.main().returncode == 0
+    assert (target / "ds_config_optimal.json").is_file() and (target / "z1_gas1_tmbspg2" / "metrics.json").is_file()
+    assert hws.main("--overwrite").returncode == 0
+    assert hws.results.is_symlink()
+    assert {k: v for k, v in _digests(target).items() if k in users} == users
+    assert (hws.base / "outside" / "precious.txt").read_text() == "a user's file\n"
+    hws.assert_nothing_left()
+    hws.assert_untouched()
