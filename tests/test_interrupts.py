@@ -131,3 +131,54 @@ def test_an_interrupted_knob_experiment_runs_again_on_resume(ws: Workspace) -> N
     study = optuna.load_study(study_name="optuna-ds-z2", storage=ws.storage)
     runs = [t.state for t in study.get_trials() if t.user_attrs.get("exp_name") == name]
     assert runs == [TrialState.FAIL, TrialState.COMPLETE], p.stdout
+
+
+# `optuna-ds` SIGKILLing itself when its first trial is about to publish its claim: after the
+# trial was taken (its `worker` written, its params asked), before its experiment is claimed.
+_KILLED_AT_CLAIM = """
+import os, signal
+import optuna_ds.studies._stage as stage
+stage._store = lambda trial, record: os.kill(os.getpid(), signal.SIGKILL)
+from optuna_ds.cli import main
+main()
+"""
+
+
+def test_a_tuner_killed_before_its_claim_resumes_with_nothing_lost_or_counted(ws: Workspace) -> None:
+    """Issue #28, on purpose: a trial whose process died between its creation and its claim is
+    lost with no experiment. The resumed tuning reaps it at once, runs every experiment once, and
+    the summary, the report, the dashboard's note and `optuna-ds report` count no experiment for it."""
+    ws.config(CONFIG)
+    victim = subprocess.run([sys.executable, "-c", _KILLED_AT_CLAIM, "tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py",
+                             "--deepspeed_config", "ds_config.json"], cwd=ws.root, env=ws.env({}), capture_output=True,
+                            text=True, timeout=120)
+    assert victim.returncode == -signal.SIGKILL, victim.stderr
+    taken = [t for t in _trials(ws).values() if t.state == TrialState.RUNNING]
+    assert taken and all("worker" in t.user_attrs and "exp_name" not in t.user_attrs for t in taken)
+    assert not [l for l in ws.launches() if not l.get("profile")]
+
+    p = ws.tune()
+    assert p.returncode == 0, p.stderr
+    for t in taken:
+        assert f"trial {t.number}: its process died before it claimed an experiment; it launched nothing" in p.stdout
+    trials = _trials(ws)
+    lost = [t for t in trials.values() if t.user_attrs.get("lost")]
+    assert [t.number for t in lost] == [t.number for t in taken]
+    assert all(t.state == TrialState.FAIL and t.user_attrs["reason"] == "interrupted" and "exp_name" not in t.user_attrs
+               for t in lost)
+    runs = [l["mbs"] for l in ws.launches() if not l.get("profile")]
+    assert sorted(runs) == sorted(set(runs)), "an experiment ran twice"
+    ran = [t for t in trials.values() if "exp_name" in t.user_attrs]
+    assert len(ran) == len(runs) and all(t.state == TrialState.COMPLETE for t in ran)
+
+    summary = (ws.results / "summary.txt").read_text()
+    assert f"Total number of experiments: {len(runs)}." in summary and "failed" not in summary and "None" not in summary
+    page = (ws.results / "report.html").read_text()
+    assert page.count('<tr class="complete">') == page.count("<tr class=") == len(runs)  # one row per experiment
+    import optuna_dashboard
+
+    note = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
+    assert note.startswith("**Your config") and "failed" not in note
+    again = ws.cli("report", "--storage", ws.storage, "--study-name", "optuna-ds", "-o", str(ws.root / "again.html"))
+    assert again.returncode == 0, again.stderr
+    assert "| global " in again.stdout and "failed" not in again.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from typing import Any
 
 import optuna
@@ -16,8 +17,16 @@ from optuna_ds.launcher import ExperimentResult
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.planner import Status
+from optuna_ds.pruners import TunerEarlyStoppingPruner
+from optuna_ds.reporting._report import experiment_rows
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.studies import observation_of
+from optuna_ds.studies._owner import fail_orphaned_trials
+from optuna_ds.studies._owner import process_identity
+from optuna_ds.studies._owner import this_process
+from optuna_ds.studies._results import given_up
+from optuna_ds.studies._results import stage_result
+from optuna_ds.studies._results import tuning_spend
 
 _EXPERIMENT = Experiment(
     name="z1_gas2_tmbspg4", stage=1, phase=Phase.MICRO_BATCH,
@@ -110,6 +119,66 @@ def test_a_trial_stored_with_literal_keys_reads_back(study: optuna.Study) -> Non
     assert (record.reason, record.lost, record.duplicate_of, record.early_stopped) == (FailureReason.INTERRUPTED, True, 0, True)
     study.ask()
     assert ExperimentRecord.from_trial(study.get_trials()[1]) == ExperimentRecord()  # nothing claimed yet
+
+
+def _dead_process() -> dict[str, Any]:
+    """The identity of a process of this host that has exited."""
+    p = subprocess.Popen(["sleep", "60"])
+    identity = process_identity(p.pid)
+    p.kill()
+    p.wait()
+    return identity
+
+
+def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optuna.Study) -> None:
+    """A worker SIGKILLed between taking a trial and claiming its experiment (issue #28) leaves a
+    running trial with its ``worker`` and no ``exp_name``: reaped as lost at once, it is no
+    experiment to anyone (it launched nothing): not to run again, not in the report or the counts."""
+    dead = _dead_process()
+    metric = Metric.named("throughput")
+    done = study.ask()  # a finished experiment, so that the stage has a best
+    ExperimentRecord.claim(_EXPERIMENT, slot="localhost:0").write(done.set_user_attr)
+    ExperimentRecord.outcome(ExperimentResult(name=_EXPERIMENT.name, returncode=0, duration=2.0, cmd=["deepspeed"],
+                                              metrics={"throughput": 50.0})).write(done.set_user_attr)
+    study.tell(done, 50.0)
+    other = dataclasses.replace(_EXPERIMENT, name="z1_gas1_tmbspg8", micro_batch_size=8, gradient_accumulation_steps=1)
+    unclaimed = []
+    for claimed_fields in (0, 3):  # killed before any of its claim, and (field by field) before its exp_name
+        trial = study.ask()
+        ExperimentRecord(worker=dead).write(trial.set_user_attr)
+        trial.suggest_int("train_micro_batch_size_per_gpu", 1, 64)
+        for key, value in list(ExperimentRecord.claim(other, slot="localhost:1").attrs().items())[:claimed_fields]:
+            trial.set_user_attr(key, value)
+        unclaimed.append(trial.number)
+    claimed = study.ask()  # killed after its claim, before it launched: its experiment runs again
+    ExperimentRecord(worker=dead).write(claimed.set_user_attr)
+    ExperimentRecord.claim(other, slot="localhost:1").write(claimed.set_user_attr)
+    alive = study.ask()  # this process's own, running
+    ExperimentRecord(worker=this_process()).write(alive.set_user_attr)
+
+    assert fail_orphaned_trials(study, metric=metric) == ([], [claimed.number], unclaimed)
+    trials = study.get_trials()
+    for number in unclaimed:
+        t = trials[number]
+        record = ExperimentRecord.from_trial(t)
+        assert t.state == TrialState.FAIL and record.lost and record.reason is FailureReason.INTERRUPTED
+        assert record.detail == "its process died before it claimed an experiment"
+        assert not record.claimed and not record.launched and "exp_name" not in t.user_attrs
+        assert observation_of(t, stage=1, metric=metric, dead={}) is None
+        assert not TunerEarlyStoppingPruner(1, max_trials=1)._counts(t)  # no trial of the knob search
+    assert ExperimentRecord.from_trial(trials[claimed.number]).detail == "its process died"
+    assert trials[alive.number].state == TrialState.RUNNING
+    assert fail_orphaned_trials(study, metric=metric) == ([], [], [])  # settled once
+    # Two losses before a claim are not an experiment that killed its worker twice.
+    assert given_up(trials) == {}
+    # What the summary, the headline, the report and `optuna-ds report` read: claimed trials only.
+    result = stage_result(study, 1)
+    assert (result.num_experiments, result.num_failed) == (2, 1)  # done, and the claimed one that was lost
+    assert result.best is not None and result.best.name == _EXPERIMENT.name
+    assert result.last_failure == "z1_gas1_tmbspg8: interrupted: its process died"
+    assert tuning_spend(trials, profile_seconds=None, gpus_per_experiment=1).experiments == 1
+    rows = experiment_rows({1: study})
+    assert [(r.number, r.name) for r in rows] == [(done.number, _EXPERIMENT.name), (claimed.number, "z1_gas1_tmbspg8")]
 
 
 @pytest.mark.parametrize(

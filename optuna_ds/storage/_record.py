@@ -57,7 +57,9 @@ class ExperimentRecord:
     # The marks: a claim that stood down, a knob search that was over, a dead driver's trial.
     duplicate_of: int | None = None  # the trial that has this experiment
     early_stopped: bool = False
-    lost: bool = False  # failed because its process died, not for its config
+    # Failed because its process died, not for its config; a trial that died before its claim is
+    # lost with no exp_name (it launched nothing: no experiment to run again or to report).
+    lost: bool = False
     recovered: str | None = None  # its process died, but the experiment finished: why kept
     # Last: the claim (see above).
     exp_name: str | None = None

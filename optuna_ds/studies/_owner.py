@@ -83,16 +83,20 @@ def _finished_result(record: ExperimentRecord, metric: Metric) -> dict[str, Any]
     return metrics if _folder_mark(record) == record.mark else None
 
 
-def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[int], list[int]]:
+def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[int], list[int], list[int]]:
     """Settle the running trials whose process died on this host (killed with SIGKILL, say).
 
     An experiment that finished meanwhile and wrote its metrics completes its trial with them.
     An experiment such a process left running is ended first, by its process group; metrics it
     wrote before it ended still count. Otherwise the trial fails at once (not after the
-    heartbeat's grace period) so that its experiment runs again. Returns the numbers of the
-    trials completed and of those failed.
+    heartbeat's grace period) so that its experiment runs again. A trial whose process died
+    after taking it but before claiming an experiment (no ``exp_name``) fails too, lost like the
+    others but with no experiment: it launched nothing, cost no GPU time, and no one counts it
+    as an experiment (the report, the summary, the planner and :func:`given_up` read claimed
+    trials only). Returns the numbers of the trials completed, of those failed whose experiment
+    runs again, and of those failed before their claim.
     """
-    completed, failed = [], []
+    completed, failed, unclaimed = [], [], []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         record = ExperimentRecord.from_trial(t)
         if not (isinstance(record.worker, dict) and _dead(record.worker)):
@@ -115,11 +119,12 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
                 if mark:
                     end_marked(mark)  # what it left running outside its group
                 continue
-            ExperimentRecord(reason=FailureReason.INTERRUPTED, detail="its process died", lost=True).write(set_user_attr)
+            detail = "its process died" if record.claimed else "its process died before it claimed an experiment"
+            ExperimentRecord(reason=FailureReason.INTERRUPTED, detail=detail, lost=True).write(set_user_attr)
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except RuntimeError:
             continue  # finished meanwhile
         if mark:
             end_marked(mark)  # and what it started outside the group
-        failed.append(t.number)
-    return completed, failed
+        (failed if record.claimed else unclaimed).append(t.number)
+    return completed, failed, unclaimed

@@ -269,11 +269,13 @@ class StageTuner:
         if not force and now - self._reaped < _REAP_SECONDS:
             return
         self._reaped = now
-        completed, failed = fail_orphaned_trials(self.study, metric=self._ctx.metric)
+        completed, failed, unclaimed = fail_orphaned_trials(self.study, metric=self._ctx.metric)
         for number in completed:
             self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died, but its experiment finished: result kept")
         for number in failed:
             self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died; its experiment will run again")
+        for number in unclaimed:
+            self._ctx.observer.log(f"[z{self._stage}] trial {number}: its process died before it claimed an experiment; it launched nothing")
         optuna.storages.fail_stale_trials(self.study)
 
     @staticmethod
