@@ -18,8 +18,8 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
-# The planner alone, in-process, on the six hand-made and 200 generated jobs.
-PLANNER_ARGS ?= --random 200
+# The planner alone, in-process, on the hand-made and 200 generated jobs of each generator.
+PLANNER_ARGS ?= --random 200 --physical 200
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 

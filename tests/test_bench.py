@@ -91,7 +91,10 @@ def test_the_planner_benchmark_prints_quality_against_the_noise_ceiling() -> Non
     assert surfaces.within_1pc_ceiling(gap, 1e-6, 3) == 1.0
     few, many = surfaces.within_1pc_ceiling(gap, job.noise, 3), surfaces.within_1pc_ceiling(gap, job.noise, 40)
     assert 0.5 < few < many < 1.0
-    out = subprocess.run([sys.executable, str(BENCH / "planner.py"), "--jobs", "gpt2-large", "random-3"],
+    out = subprocess.run([sys.executable, str(BENCH / "planner.py"), "--jobs", "gpt2-large", "random-3", "phys-3"],
                          capture_output=True, text=True, check=True, timeout=300).stdout
+    # Every figure on both generators, side by side.
     assert re.search(r"random jobs 1 slots 1: mean [01]\.\d+ p5 .* launches \d+\.\d/job", out), out
+    assert re.search(r"physical jobs 1 slots 1: mean [01]\.\d+ p5 .* launches \d+\.\d/job", out), out
+    assert re.search(r"noise reported within 0\.5x-2x of the true noise: \d+\.\d% of jobs", out), out
     assert re.search(r"ceiling within 1% .*: \d+\.\d% with these launches", out), out

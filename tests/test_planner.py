@@ -11,6 +11,7 @@ from optuna_ds.planner import Observation
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
 from optuna_ds.planner import ThroughputModel
+from optuna_ds.planner import measured_noise
 from optuna_ds.planner import plan
 
 GB = 1e9
@@ -229,3 +230,37 @@ def test_knob_values_of_mixed_types_are_planned_over() -> None:
     running = [Observation(stage=1, mbs=24, status=Status.RUNNING, knobs=(("reduce_bucket_size", None),))]
     decision = plan(problem, observations + running, free_slots=2)
     assert decision.choice is not None or decision.proposals
+
+
+def test_noise_is_measured_from_repeated_configs_never_from_misfit_and_stragglers_apart() -> None:
+    """A curve the shape cannot follow (sizes the kernels like, 6% apart) bends the model's
+    residual; the noise stays unmeasured until a config runs twice, and a straggler (a run far
+    slower than its config's others) does not make the noise."""
+    problem, _ = _job()
+    z0 = problem.arms[0]
+    zigzag = [(z0, m, (), 80.0 * m / (m + 4) * (1.06 if m % 2 else 0.94)) for m in (4, 5, 6, 7, 8, 9, 10)]
+    memory = FeasibilityModel(problem, [])
+    bent = ThroughputModel(problem, memory, zigzag)
+    assert bent.noise_dof == 0 and abs(bent.noise - 0.02) < 0.002  # the belief alone: nothing measured
+    smooth = ThroughputModel(problem, memory, [(a, m, k, 80.0 * m / (m + 4)) for a, m, k, _ in zigzag])
+    assert bent.amplitude > 1.5 * smooth.amplitude  # the misfit went into the model
+    repeated = ThroughputModel(problem, memory, zigzag + [zigzag[3]])
+    assert repeated.noise_dof == 1 and repeated.noise < 0.015
+    decision = plan(problem, [Observation(stage=0, mbs=m, status=Status.OK, score=v, seconds=60.0) for _, m, _, v in zigzag])
+    assert decision.noise_runs == 0
+    # Runs 20% apart: a straggler, not a noise of 14%; runs 1% apart say the noise is small.
+    assert measured_noise([[100.0, 80.0]])[0] < 0.035
+    assert measured_noise([[100.0, 101.0], [50.0, 50.4], [70.0, 69.5]])[0] < 0.012
+
+
+def test_the_choice_is_bracketed_on_both_sides_before_the_search_ends() -> None:
+    """An optimum between two measured sizes is found: before stopping, the chosen size has a
+    measured neighbour within 25% on each side, or none can run there."""
+    problem, surface = _job(half=2.0, pressure_from=0.6, loss=0.5, noise=0.01, seed=5)
+    observations, decision = _drive(problem, surface)
+    c = decision.choice
+    ran = {o.mbs for o in observations if o.stage == c.stage}
+    oom = min((o.mbs for o in observations if o.stage == c.stage and o.status is Status.OOM), default=10**6)
+    assert any(c.mbs / 1.25 <= m < c.mbs or m == c.mbs - 1 for m in ran) or c.mbs == 1
+    assert any(c.mbs < m <= c.mbs * 1.25 or m == c.mbs + 1 for m in ran | {oom})
+    assert _true(surface, c.stage, c.mbs) >= 0.99 * _optimum(surface)
