@@ -29,10 +29,11 @@ _KNOB_SD = 0.03
 # all-gather, 10-20% slower than ZeRO-1 in DeepSpeed's own examples on 8+ GPUs and about even on
 # one; ZeRO-3 also gathers the parameters in forward and backward (1.5x the volume); offloading
 # moves the optimizer step to the CPU (CPU Adam at 1-3 G params/s) and the gradients and
-# parameters over PCIe each step: from 0.9x to 0.2x of the GPU run. Wide on purpose: each is a
-# belief about physics, settled by one run of the arm.
+# parameters over PCIe each step: from 0.9x to 0.25x of the GPU run at the same size, never
+# faster (what it buys is memory, which the shape holds). Wide on purpose: each is a belief
+# about physics, settled by one run of the arm.
 _STAGE_STEP = {1: (0.0, 0.06), 2: (-0.06, 0.08), 3: (-0.12, 0.15)}
-_OFFLOAD_STEP = (-0.6, 0.4)
+_OFFLOAD_STEP = (-0.7, 0.3)
 _KEEP = 1e-3  # mixture components below this weight are dropped
 # What the saturating shape misses -- kernels that prefer some sizes (tensor-core tiles, bucket
 # boundaries), the allocator, a curve that bends before the memory edge: a smooth deviation over
