@@ -23,6 +23,7 @@ from optuna_ds._errors import ConfigError
 from optuna_ds._errors import OptunaDSError
 from optuna_ds.config import UserConfig
 from optuna_ds.config import check_gpus
+from optuna_ds.config import check_with_deepspeed
 from optuna_ds.config import load_user_config
 from optuna_ds.config import parse_user_config
 from optuna_ds.launcher import CommandBuilder
@@ -215,6 +216,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     overwrite = a.overwrite if options.overwrite is None else options.overwrite
     resources = discover_resources(options.launcher_options)
     check_gpus(user, total_gpus=resources.total_gpus)
+    check_with_deepspeed(user)
     for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
         writable_folder(folder, what=what)
 

@@ -26,6 +26,13 @@ def _zero(**zero: object) -> dict:
     (_zero(offload_param={"device": "gpu"}), ["offload_param.device"]),
     (base_config(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2, train_batch_size=7), ["train_batch_size"]),
     (base_config(autotuning={"enabled": True, "mp_size": 2, "model_info": {"num_params": 1000}}), ["mp_size"]),
+    # What DeepSpeed's own config models refuse, found before the first launch (issue #26).
+    (_zero(overlap_com=True), ["zero_optimization.overlap_com", "did you mean 'overlap_comm'"]),
+    (_zero(offload_param={"device": "nvme", "nvme_pth": "/x"}), ["zero_optimization.offload_param.nvme_pth", "'nvme_path'"]),
+    (_zero(reduce_bucket_size=[5e8, 0.5]), ["zero_optimization.reduce_bucket_size = 0.5"]),
+    (base_config(fp16={"enabled": True, "loss_scale_windw": 100}), ["fp16.loss_scale_windw", "'loss_scale_window'"]),
+    (base_config(fp16={"enabled": True}, bf16={"enabled": True}), ["bfloat16 and fp16"]),
+    (base_config(tensorboard={"enabled": True, "output_pth": "tb"}), ["tensorboard.output_pth"]),
 ])
 def test_bad_config_values(hws: Hostile, config: dict, words: list[str]) -> None:
     hws.config(config)
