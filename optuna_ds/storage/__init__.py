@@ -9,8 +9,10 @@ from optuna_ds.storage._plan import load_plan
 from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
+from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
 from optuna_ds.storage._record import ExperimentRecord
+from optuna_ds.storage._storage import NoDatabase
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
 from optuna_ds.storage._storage import database_error
@@ -20,6 +22,7 @@ from optuna_ds._redact import redact_url
 
 __all__ = [
     "ExperimentRecord",
+    "NoDatabase",
     "StorageError",
     "TrialCache",
     "TuningPlan",
@@ -35,5 +38,6 @@ __all__ = [
     "stage_of",
     "stage_study_name",
     "storage_failures",
+    "tuning_names",
     "tuning_study_names",
 ]

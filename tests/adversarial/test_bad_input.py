@@ -95,3 +95,18 @@ def test_report_and_dashboard_errors(hws: Hostile) -> None:
     proc = hws.main("dashboard", "--storage", hws.storage, "--host", "no such host!", "--port", "8099", config=None)
     assert_one_line_error(proc, "no such host!")
     hws.assert_untouched()
+
+
+def test_worker_on_a_tuning_that_does_not_exist_names_those_there_and_creates_nothing(hws: Hostile) -> None:
+    missing = hws.root / "none.db"
+    proc = hws.main("worker", "--storage", f"sqlite:///{missing}", "--study-name", "zz", "--wait", "0.3", config=None)
+    assert_one_line_error(proc, "'zz'", "no database there yet")
+    assert not missing.exists()
+    hws.config(base_config())
+    assert hws.hostile().returncode == 0
+    files = lambda: sorted(p.name for p in hws.results.iterdir() if not p.name.endswith(("-shm", "-wal")))  # noqa: E731 - SQLite's own
+    before = files()
+    proc = hws.main("worker", "--storage", hws.storage, "--study-name", "zz", "--wait", "0.3", config=None)
+    assert_one_line_error(proc, "'zz'", "it holds 'optuna-ds'")
+    assert files() == before
+    hws.assert_untouched()
