@@ -74,8 +74,15 @@ def _launcher_options_of(kwargs: dict[str, Any]) -> Any:
 
 
 def _check_script(script: str) -> None:
+    """An unknown option before SCRIPT arrives as SCRIPT (options pass through to the script after
+    it): refused as click refuses one, with its did-you-mean."""
     if script.startswith("-"):
-        raise click.UsageError(f"no such option: {script}")
+        import difflib
+
+        ctx = click.get_current_context()
+        name = script.split("=", 1)[0]
+        known = [o for p in ctx.command.params if not getattr(p, "hidden", False) for o in (*p.opts, *p.secondary_opts)]
+        raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, known, n=1), ctx=ctx)
 
 
 def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:

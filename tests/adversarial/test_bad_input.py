@@ -61,6 +61,15 @@ def test_bad_options(hws: Hostile, extra: list[str], words: list[str]) -> None:
     hws.assert_untouched()
 
 
+@pytest.mark.parametrize("args, words", [
+    (["tune", "--num_gpu", "1", "train.py"], ["'--num_gpu'", "Did you mean '--num_gpus'?"]),
+    (["run", "--master-prot=29501", "train.py"], ["'--master-prot'", "'--master-port'"]),
+])
+def test_a_mistyped_option_gets_a_suggestion(hws: Hostile, args: list[str], words: list[str]) -> None:
+    assert_one_line_error(hws.main(*args, config=None), *words)
+    hws.assert_untouched()
+
+
 @pytest.mark.parametrize("which", ["--results-dir", "--exps-dir"])
 def test_output_folder_is_a_file_found_before_the_profile_run(hws: Hostile, which: str) -> None:
     (hws.root / "taken").write_text("a file\n")
