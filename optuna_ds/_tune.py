@@ -50,6 +50,7 @@ from optuna_ds.reporting import write_report
 from optuna_ds.reporting import summary_markdown
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
+from optuna_ds.samplers import check_tuner_type
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import NoDatabase
 from optuna_ds.storage import TuningPlan
@@ -219,6 +220,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     resources = discover_resources(options.launcher_options)
     check_gpus(user, total_gpus=resources.total_gpus)
     check_with_deepspeed(user)
+    check_tuner_type(a.tuner_type, fast=a.fast)
     for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
         writable_folder(folder, what=what)
 
@@ -402,6 +404,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
     with storage_failures(options.storage, advice=_RESUME):
         storage, plan = _wait_for_plan(options, observer.log)
         user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
+        check_tuner_type(user.autotuning.tuner_type, fast=user.autotuning.fast)
         for path, what in ((plan.cwd, "working directory"), (plan.script, "training script")):
             if not os.path.exists(path):
                 raise ConfigError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,14 @@ def test_bad_config_values(hws: Hostile, config: dict, words: list[str]) -> None
     hws.config(config)
     proc = hws.main()
     assert_one_line_error(proc, *words)
+    assert hws.events() == []
+    hws.assert_untouched()
+
+
+def test_the_model_based_sampler_without_xgboost_names_the_extra(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "xgboost", None)  # not installed
+    hws.config(base_config(autotuning={"enabled": True, "fast": False, "model_info": {"num_params": 1000000}}))
+    assert_one_line_error(hws.main(), "model_based", "pip install 'optuna-ds[xgboost]'")
     assert hws.events() == []
     hws.assert_untouched()
 
