@@ -31,7 +31,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
-	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf,bench,xgboost]'
 	touch $@
 
 example: venv

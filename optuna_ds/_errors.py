@@ -28,6 +28,13 @@ class PlanMismatchError(OptunaDSError):
     """The study name already holds a tuning of a different plan."""
 
 
+class ScriptError(OptunaDSError):
+    """An experiment failed in a way no config can fix (the script's arguments, a missing module
+    or file): every other experiment would fail alike, so the tuning stops at the first one."""
+
+    exit_code = 1
+
+
 class ResultsError(OptunaDSError):
     """The results or experiments folder can no longer be written (disk full, turned read-only):
     the tuning stops, its running trial to be run again once the user has fixed it."""

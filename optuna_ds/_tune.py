@@ -23,6 +23,7 @@ from optuna_ds._errors import ConfigError
 from optuna_ds._errors import OptunaDSError
 from optuna_ds.config import UserConfig
 from optuna_ds.config import check_gpus
+from optuna_ds.config import check_with_deepspeed
 from optuna_ds.config import load_user_config
 from optuna_ds.config import parse_user_config
 from optuna_ds.launcher import CommandBuilder
@@ -49,7 +50,9 @@ from optuna_ds.reporting import write_report
 from optuna_ds.reporting import summary_markdown
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
+from optuna_ds.samplers import check_tuner_type
 from optuna_ds.storage import ExperimentRecord
+from optuna_ds.storage import NoDatabase
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
 from optuna_ds.storage import claim_folder
@@ -59,6 +62,7 @@ from optuna_ds.storage import delete_tuning
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import redact_url
 from optuna_ds.storage import storage_failures
+from optuna_ds.storage import tuning_names
 from optuna_ds.storage import tuning_study_names
 from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
@@ -225,6 +229,8 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     overwrite = a.overwrite if options.overwrite is None else options.overwrite
     resources = discover_resources(options.launcher_options)
     check_gpus(user, total_gpus=resources.total_gpus)
+    check_with_deepspeed(user)
+    check_tuner_type(a.tuner_type, fast=a.fast)
     for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
         writable_folder(folder, what=what)
 
@@ -331,6 +337,7 @@ class WorkerOptions:
     launcher_options: LauncherOptions = LauncherOptions()
     deepspeed_bin: str | None = None
     seed: int | None = None
+    wait: float = 300.0  # seconds to wait for the tuning to be started
 
 
 def worker_seed(seed: int | None, *, host: str, pid: int) -> int | None:
@@ -342,18 +349,46 @@ def worker_seed(seed: int | None, *, host: str, pid: int) -> int | None:
     return int.from_bytes(hashlib.sha256(f"{seed}|{host}|{pid}".encode()).digest()[:4], "big")
 
 
-def _wait_for_plan(storage: optuna.storages.BaseStorage, options: WorkerOptions, log: Callable[[str], None]) -> TuningPlan:
-    """The tuning's plan, once stored. A worker started first does its slow start-up (importing
-    DeepSpeed) while it waits and looks often: the tuning may have little work left by the time
-    the worker could start any."""
-    plan = load_plan(storage, options.study_name)
-    if plan is None:
-        log(f"waiting for tuning '{options.study_name}' to be started in {redact_url(options.storage)}")
-        import_deepspeed()
-    while plan is None:
+def _wait_for_plan(options: WorkerOptions, log: Callable[[str], None]) -> tuple[optuna.storages.RDBStorage, TuningPlan]:
+    """The storage and the tuning's plan, once stored, waiting at most ``options.wait`` seconds.
+
+    A worker started first does its slow start-up (importing DeepSpeed) while it waits and
+    looks often: the tuning may have little work left by the time the worker could start any.
+    A missing SQLite file is waited for, never created: a mistyped name or path must leave
+    nothing behind. The tunings the storage holds are named at once, so a typo shows.
+    """
+    deadline = time.monotonic() + options.wait
+    shown = redact_url(options.storage)
+    storage: optuna.storages.RDBStorage | None = None
+    told = False
+    while True:
+        if storage is None:
+            try:
+                create_storage(options.storage, create=False)
+                storage = create_storage(options.storage)  # it exists: opened as tune opens it, under its lock
+            except NoDatabase:
+                pass
+        plan = load_plan(storage, options.study_name) if storage is not None else None
+        if plan is not None:
+            return storage, plan
+        held = _held_tunings(storage)
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"{shown} holds no tuning named '{options.study_name}' ({held}) after {options.wait:g} s: "
+                f"start it with optuna-ds tune --study-name {options.study_name}, or give the name of one it holds"
+            )
+        if not told:
+            log(f"waiting up to {options.wait:g} s for tuning '{options.study_name}' to be started in {shown} ({held})")
+            import_deepspeed()
+            told = True
         time.sleep(_PLAN_POLL_SECONDS)
-        plan = load_plan(storage, options.study_name)
-    return plan
+
+
+def _held_tunings(storage: optuna.storages.RDBStorage | None) -> str:
+    if storage is None:
+        return "no database there yet"
+    names = tuning_names(storage)
+    return f"it holds {', '.join(repr(n) for n in names)}" if names else "it holds no tuning yet"
 
 
 def worker_launcher_options(*, mine: LauncherOptions, planned: LauncherOptions) -> LauncherOptions:
@@ -376,10 +411,12 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
     node's GPUs until it is done. Everything else comes from the plan in the storage."""
     observer = observer or PrintObserver()
     check_study_name(options.study_name)
-    storage = create_storage(options.storage)
+    if not (math.isfinite(options.wait) and options.wait >= 0):
+        raise ConfigError(f"--wait must be a non-negative number of seconds, got {options.wait}")
     with storage_failures(options.storage, advice=_RESUME):
-        plan = _wait_for_plan(storage, options, observer.log)
+        storage, plan = _wait_for_plan(options, observer.log)
         user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
+        check_tuner_type(user.autotuning.tuner_type, fast=user.autotuning.fast)
         for path, what in ((plan.cwd, "working directory"), (plan.script, "training script")):
             if not os.path.exists(path):
                 raise ConfigError(

@@ -15,6 +15,7 @@ file for an experiment. The performance surface and the faults come from the JSO
     hang_at     micro-batch sizes that never finish   (with a child process, to test group kill)
     no_metrics_at  sizes that exit 0 without metrics
     profile_fail   the profile run crashes
+    script_error   printed to stderr by every run but training, which exits 2 (the script's argparse refusing its arguments)
     num_params, activation_mem_per_gpu               the model info written by the profile run
     knob_gain   {knob: {value: factor}}              multiplies throughput
     knob_gain_at {stage: {knob: {value: factor}}}    ...at one stage only, on top
@@ -110,6 +111,10 @@ def main():
             entry["training"] = True
             print(f"training with micro-batch {mbs}", flush=True)
             return int(os.environ.get("FAKE_DS_TRAIN_EXIT", "0"))
+        if surface.get("script_error"):
+            print(surface["script_error"], file=sys.stderr)
+            print(f"[ERROR] [launch.py:325:sigkill_handler] ['python', '-u', '{script}'] exits with return code = 2", file=sys.stderr)
+            return 2
         if auto.get("model_info", {}).get("profile"):
             entry["profile"] = True
             if surface.get("profile_fail"):

@@ -150,3 +150,22 @@ def test_auto_values_without_mappings_use_the_trainers_flags() -> None:
     raw["autotuning"]["arg_mappings"] = {"train_micro_batch_size_per_gpu": "--batch"}
     assert _user(raw).arg_mappings["train_micro_batch_size_per_gpu"] == "--batch"
     assert _user({"train_micro_batch_size_per_gpu": 4, "autotuning": {"enabled": True}}).arg_mappings == {}
+
+
+def _checked(raw: dict) -> None:
+    from optuna_ds.config import check_with_deepspeed
+
+    check_with_deepspeed(_user({**raw, "autotuning": {"enabled": True}}))
+
+
+def test_deepspeed_checks_every_tuned_value_at_every_stage() -> None:
+    # Valid: "all" stages, tuned lists, the Trainer's "auto" values, stage-3 knobs.
+    _checked({"train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto", "fp16": {"enabled": "auto"},
+              "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+              "zero_optimization": {"stage": "all", "overlap_comm": [True, False], "reduce_bucket_size": [5e8, 1e8],
+                                    "stage3_max_live_parameters": [1e9, 2e9], "offload_optimizer": {"device": "cpu"}}})
+    # The last value of one list, and a stage the list of stages names: each is checked.
+    with pytest.raises(ConfigError, match=r"allgather_bucket_size = 0\.5"):
+        _checked({"zero_optimization": {"stage": [1, 2], "overlap_comm": [True, False], "allgather_bucket_size": [5e8, 2e8, 0.5]}})
+    with pytest.raises(ConfigError, match="did you mean 'overlap_comm'"):
+        _checked({"zero_optimization": {"stage": "all", "overlap_com": [True, False]}})

@@ -251,7 +251,7 @@ def test_deepspeeds_short_flags_and_pass_through_flags_reach_every_launch(ws: Wo
         (["--no_ssh"], "--no_ssh cannot be honoured"),
         (["--node_rank", "1"], "--node_rank cannot be honoured"),
         (["--autotuning", "tune"], "--autotuning cannot be honoured"),
-        (["--elastic_training"], "no such option: --elastic_training"),
+        (["--elastic_training"], "No such option '--elastic_training'"),
         (["--module", "--no_python"], "--module and --no_python cannot be used together"),
     ],
 )

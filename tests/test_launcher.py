@@ -44,6 +44,24 @@ def test_failures_are_classified_from_structured_signals(returncode, metrics, st
     assert got is reason and detail
 
 
+@pytest.mark.parametrize(
+    ("stderr", "reason", "line"),
+    [
+        ("usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --num_gpus 1\n[ERROR] [launch.py:325] exits with return code = 2",
+         FailureReason.SCRIPT, "train.py: error: unrecognized arguments: --num_gpus 1"),
+        ("[rank0]: ModuleNotFoundError: No module named 'datasets'", FailureReason.SCRIPT, "No module named 'datasets'"),
+        ("/usr/bin/python: can't open file '/x/train.py': [Errno 2] No such file or directory", FailureReason.SCRIPT, "can't open file"),
+        ("FileNotFoundError: [Errno 2] No such file or directory: 'data/train.bin'", FailureReason.SCRIPT, "data/train.bin"),
+        # DeepSpeed building an op (which ops depends on the optimizer and offload): the config's.
+        ('File "/d/deepspeed/ops/op_builder/builder.py"\nFileNotFoundError: [Errno 2] No such file or directory: \'nvcc\'', FailureReason.ERROR, "nvcc"),
+        ("RuntimeError: error: something in the engine", FailureReason.ERROR, "RuntimeError"),
+    ],
+)
+def test_a_failure_no_config_can_fix_is_told_apart(stderr: str, reason: FailureReason, line: str) -> None:
+    got, detail = classify(returncode=2, timed_out=False, metrics=None, stdout_tail="", stderr_tail=stderr)
+    assert got is reason and line in detail
+
+
 def test_a_lost_exit_status_is_judged_by_the_measurement_never_made_up() -> None:
     """The launch server died with the status: a metrics file is a result, an explicit OOM is an
     OOM, anything else runs again (interrupted), never "exit status 1"."""

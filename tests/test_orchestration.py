@@ -160,6 +160,22 @@ def test_failures_do_not_end_the_search_and_keep_their_reason(ws: Workspace) -> 
     assert "failed" in (ws.results / "summary.txt").read_text()
 
 
+def test_a_failure_no_config_can_fix_stops_the_tuning_at_once_and_runs_again_on_resume(ws: Workspace) -> None:
+    ws.config({**FAST, "train_micro_batch_size_per_gpu": [2, 4, 8, 16], "autotuning": {**FAST["autotuning"], "model_info": {"num_params": 1000}}})
+    argparse = "usage: train.py [-h] [--deepspeed_config DEEPSPEED_CONFIG]\ntrain.py: error: unrecognized arguments: --num_gpus 1"
+    p = ws.tune(surface={"script_error": argparse})
+    assert p.returncode == 1, p.stdout + p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert "unrecognized arguments: --num_gpus 1" in line and "stderr.log" in line, line
+    assert len(_launched(ws)) == 1  # not once per config
+    (trial,) = _study(ws, "optuna-ds-z1").get_trials()
+    assert trial.user_attrs["reason"] == "script" and "unrecognized arguments" in trial.user_attrs["detail"]
+    # Fixed, the same command resumes: the failed experiment runs again.
+    assert ws.tune().returncode == 0
+    done = {t.params["train_micro_batch_size_per_gpu"] for t in _study(ws, "optuna-ds-z1").get_trials() if t.state.name == "COMPLETE"}
+    assert trial.params["train_micro_batch_size_per_gpu"] in done
+
+
 def test_given_model_info_skips_the_profile_run(ws: Workspace) -> None:
     ws.config({**FAST, "autotuning": {**FAST["autotuning"], "model_info": {"num_params": 1000}}})
     assert ws.tune().returncode == 0

@@ -74,8 +74,15 @@ def _launcher_options_of(kwargs: dict[str, Any]) -> Any:
 
 
 def _check_script(script: str) -> None:
+    """An unknown option before SCRIPT arrives as SCRIPT (options pass through to the script after
+    it): refused as click refuses one, with its did-you-mean."""
     if script.startswith("-"):
-        raise click.UsageError(f"no such option: {script}")
+        import difflib
+
+        ctx = click.get_current_context()
+        name = script.split("=", 1)[0]
+        known = [o for p in ctx.command.params if not getattr(p, "hidden", False) for o in (*p.opts, *p.secondary_opts)]
+        raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, known, n=1), ctx=ctx)
 
 
 def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -167,14 +174,17 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 @_deepspeed_bin_option("The deepspeed executable (default: the tuning's, else deepspeed on PATH).")
 @click.option("--seed", type=int, default=None,
               help="Seed of the samplers, mixed with this worker's host and process: workers given one seed draw differently.")
+@click.option("--wait", type=float, default=300.0, show_default=True,
+              help="Seconds to wait for the tuning to be started before giving up.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only warnings.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr.")
-def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int | None, quiet: bool, verbose: bool, **launcher_kwargs: Any) -> None:
+def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int | None, wait: float, quiet: bool, verbose: bool,
+           **launcher_kwargs: Any) -> None:
     """Join a tuning started by `optuna-ds tune`: run its experiments on this node's GPUs.
 
     The plan (script, arguments, config, stages) comes from the storage; the script must be
-    at the same path here (a shared file system or a copy). Waits if the tuning has not been
-    started yet; exits 0 once it is done.
+    at the same path here (a shared file system or a copy). Waits up to --wait seconds if the
+    tuning has not been started yet (naming the tunings the storage holds); exits 0 once it is done.
     """
     from optuna_ds._tune import WorkerOptions
     from optuna_ds._tune import work
@@ -183,7 +193,7 @@ def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int |
     _quiet_optuna()
     progress = Progress(quiet=quiet, verbose=verbose)
     options = WorkerOptions(storage=storage, study_name=study_name, launcher_options=_launcher_options_of(launcher_kwargs),
-                            deepspeed_bin=deepspeed_bin, seed=seed)
+                            deepspeed_bin=deepspeed_bin, seed=seed, wait=wait)
     try:
         result = work(options, observer=progress)
     finally:

@@ -2,6 +2,7 @@
 
 from optuna_ds.config._autotuning import AutotuningConfig
 from optuna_ds.config._autotuning import parse_autotuning_config
+from optuna_ds.config._deepspeed_check import check_with_deepspeed
 from optuna_ds.config._integers import with_integer_sizes
 from optuna_ds.config._metric import Metric
 from optuna_ds.config._script_args import find_arg
@@ -27,6 +28,7 @@ __all__ = [
     "UserConfig",
     "ZERO_KEY",
     "check_gpus",
+    "check_with_deepspeed",
     "find_arg",
     "find_config_path",
     "load_json_file",

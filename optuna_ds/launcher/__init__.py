@@ -4,6 +4,7 @@ from optuna_ds.launcher._classify import OOM_PATTERNS
 from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import clean_text
 from optuna_ds.launcher._classify import read_metrics
+from optuna_ds.launcher._classify import script_failure
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
@@ -56,6 +57,7 @@ __all__ = [
     "Slot",
     "SlotPool",
     "classify",
+    "script_failure",
     "clean_text",
     "deferred_signals",
     "dies_with_this_process",

@@ -24,6 +24,24 @@ OOM_PATTERNS = re.compile(
 # the node's state, not the config's fault.
 PORT_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 _TAIL_BYTES = 256 * 1024
+# Failures that do not depend on the config: the script's command line (argparse's "PROG: error:
+# unrecognized arguments", a launcher flag put after the script), a module it imports or a file
+# it opens that is missing, the script itself missing or not valid Python. They happen before
+# DeepSpeed reads the config, and experiments differ only in their config and in the batch-size
+# flags, which are positive integers: every experiment would fail alike.
+_SCRIPT_FAILURES = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?("
+    r"(?![\w.]*(?:Error|Exception|Warning):)[\w./-]+: error: .+"
+    r"|ModuleNotFoundError: No module named .+"
+    r"|ImportError: cannot import name .+"
+    r"|\S+: can't open file .+"
+    r"|FileNotFoundError: \[Errno 2\] No such file or directory: .+"
+    r"|(?:SyntaxError|IndentationError|TabError): .+"
+    r")$"
+)
+# ...unless DeepSpeed was building one of its ops (a compiler, a header or a module missing): which
+# ops it builds depends on the optimizer and offload, so on the config.
+_OP_BUILD = re.compile(r"op_builder|cpp_extension|torch_extensions")
 
 
 # Terminal escape sequences, then any other control byte but newline and tab: a run's output
@@ -65,6 +83,18 @@ def telling_line(stderr_tail: str) -> str:
         if OOM_PATTERNS.search(line) or _ERROR_LINE.search(line):
             return line
     return lines[-1] if lines else ""
+
+
+def script_failure(stderr_tail: str) -> str:
+    """The line of a failed run's stderr that says it failed whatever the config (see
+    ``_SCRIPT_FAILURES``); ``""`` when nothing says so."""
+    if _OP_BUILD.search(stderr_tail):
+        return ""
+    for line in stderr_tail.splitlines():
+        match = _SCRIPT_FAILURES.match(line.strip())
+        if match:
+            return match.group(1)
+    return ""
 
 
 class BadMetrics(ValueError):
@@ -132,6 +162,8 @@ def classify(
         r"return code = -9\b", stdout_tail + stderr_tail
     ):
         return FailureReason.OOM, "a process was killed by SIGKILL, most likely by the kernel's OOM killer"
+    if returncode != 0 and (cause := script_failure(stderr_tail)):
+        return FailureReason.SCRIPT, f"exit status {returncode}: {cause[:300]}"
     if returncode != 0:
         cause = telling_line(stderr_tail)
         return FailureReason.ERROR, f"exit status {returncode}" + (f": {cause[:200]}" if cause else "")

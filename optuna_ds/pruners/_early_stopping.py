@@ -6,7 +6,6 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.storage import ExperimentRecord
 
@@ -36,9 +35,10 @@ class TunerEarlyStoppingPruner(BasePruner):
 
     def _counts(self, trial: FrozenTrial) -> bool:
         # A re-measurement (the planner's, of a setting that ran) is not a trial of the search,
-        # nor is an interrupted one (Ctrl-C, a dead worker): its experiment runs again.
+        # nor is an interrupted one (Ctrl-C, a dead worker, a script failing whatever the config):
+        # its experiment runs again.
         record = ExperimentRecord.from_trial(trial)
-        interrupted = trial.state == TrialState.FAIL and record.reason in (None, FailureReason.INTERRUPTED)
+        interrupted = trial.state == TrialState.FAIL and (record.reason is None or not record.reason.judges_config)
         return (self._phase is None or record.phase is self._phase) and not record.repeat and not interrupted
 
     def exhausted(self, study: optuna.Study, *, before: int | None = None) -> bool:

@@ -10,6 +10,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._errors import ConfigError
 from optuna_ds.samplers._distributions import contains
 from optuna_ds.samplers._xgboost import XGBoostSampler
 
@@ -26,6 +27,25 @@ def create_sampler(tuner_type: str, search_space: Mapping[str, Sequence[Any]], *
     if tuner_type == "model_based":
         return XGBoostSampler(search_space, seed=seed)
     raise ValueError(f"unknown tuner_type {tuner_type!r}")
+
+
+def check_tuner_type(tuner_type: str, *, fast: bool) -> None:
+    """Refuse, before anything is launched, a knob search whose sampler cannot be built:
+    ``model_based`` (DeepSpeed's default ``tuner_type``) needs xgboost, an extra, so that a CPU
+    install does not pull xgboost's CUDA libraries in for a sampler only ``"fast": false`` uses."""
+    import importlib.util
+
+    if fast or tuner_type != "model_based":
+        return
+    try:
+        found = importlib.util.find_spec("xgboost") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(
+            'autotuning.tuner_type "model_based" (DeepSpeed\'s default for "fast": false) needs xgboost: '
+            "pip install 'optuna-ds[xgboost]', or set tuner_type to \"gridsearch\" or \"random\""
+        )
 
 
 class _ListedRandomSampler(optuna.samplers.RandomSampler):

@@ -14,7 +14,6 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds.launcher import FailureReason
 from optuna_ds.samplers._distributions import contains
 from optuna_ds.storage import ExperimentRecord
 
@@ -149,7 +148,7 @@ class XGBoostSampler(BaseSampler):
                 taken.add(index)
             if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value):
                 scored.append((index, sign * t.value))
-            elif t.state == TrialState.FAIL and ExperimentRecord.from_trial(t).reason is not FailureReason.INTERRUPTED:
+            elif t.state == TrialState.FAIL and (reason := ExperimentRecord.from_trial(t).reason) is not None and reason.judges_config:
                 # An interrupted experiment says nothing of its config: it was stopped from outside.
                 failed.add(index)
         untried = [i for i in range(len(self._candidates)) if i not in taken] or list(range(len(self._candidates)))

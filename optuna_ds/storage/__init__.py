@@ -12,8 +12,10 @@ from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import open_stage_study
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
+from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
 from optuna_ds.storage._record import ExperimentRecord
+from optuna_ds.storage._storage import NoDatabase
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
 from optuna_ds.storage._storage import database_error
@@ -23,6 +25,7 @@ from optuna_ds._redact import redact_url
 
 __all__ = [
     "ExperimentRecord",
+    "NoDatabase",
     "StorageError",
     "TrialCache",
     "TuningPlan",
@@ -41,5 +44,6 @@ __all__ = [
     "stage_of",
     "stage_study_name",
     "storage_failures",
+    "tuning_names",
     "tuning_study_names",
 ]

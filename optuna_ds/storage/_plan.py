@@ -165,6 +165,11 @@ def load_plan(storage: optuna.storages.BaseStorage, study_name: str) -> TuningPl
     return TuningPlan.from_dict(stored) if stored else None
 
 
+def tuning_names(storage: optuna.storages.BaseStorage) -> list[str]:
+    """The tunings the storage holds: the studies with a plan (stage studies have none)."""
+    return sorted(s.study_name for s in storage.get_all_studies() if _PLAN_ATTR in s.user_attrs)
+
+
 def stage_of(study_name: str, name: str) -> int | None:
     """The ZeRO stage of ``name`` if it is a stage study of the tuning ``study_name``."""
     suffix = name[len(study_name) + 2 :] if name.startswith(f"{study_name}-z") else ""

@@ -39,6 +39,10 @@ class StorageError(OptunaDSError):
     """The storage URL is invalid or its database cannot be reached."""
 
 
+class NoDatabase(StorageError):
+    """``create=False`` and the SQLite file does not exist (yet: a worker may wait for it)."""
+
+
 def default_storage_url(results_dir: str) -> str:
     return f"sqlite:///{os.path.abspath(os.path.join(results_dir, DB_FILENAME))}"
 
@@ -84,7 +88,7 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
         if parsed.database and parsed.database != ":memory:":
             sqlite_path = os.path.abspath(parsed.database)
             if not create and not os.path.isfile(sqlite_path):
-                raise StorageError(f"no SQLite database at {sqlite_path}")
+                raise NoDatabase(f"no SQLite database at {sqlite_path}")
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
         engine_kwargs.update(pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW, pool_timeout=_POOL_WAIT)

@@ -64,13 +64,17 @@ class ExperimentBuilder:
         config.pop("autotuning", None)
         return with_integer_sizes(config)
 
+    def result_dir(self, name: str) -> str:
+        """Where the experiment ``name`` writes its files."""
+        return os.path.join(self._results_dir, name)
+
     def build(self, *, stage: int, phase: Phase, mbs: int, gas: int, space: KnobSpace, knobs: dict[str, Any] | None = None,
               repeat: int = 0) -> Experiment:
         """The experiment of one config; ``repeat`` > 0 names a re-measurement of one that ran."""
         knobs = dict(knobs or {})
         name = experiment_name(stage=stage, mbs=mbs, gas=gas, knobs=knobs) + (f"_{space.offload}" if space.offload else "")
         name += f"_r{repeat}" if repeat else ""
-        result_dir = os.path.join(self._results_dir, name)
+        result_dir = self.result_dir(name)
         files = ExperimentFiles(result_dir)
         config = self._base(stage=stage, mbs=mbs, gas=gas, zero={**copy.deepcopy(space.fixed), **knobs})
         a = self._user.autotuning

@@ -18,8 +18,8 @@ from optuna_ds.planner import measured_noise
 from optuna_ds.storage import ExperimentRecord
 
 # Failures that say something about the config itself; anything else (an interrupt, a dead
-# worker) leaves the experiment to be run again.
-DEFINITIVE_FAILURES = frozenset(r for r in FailureReason if r is not FailureReason.INTERRUPTED)
+# worker, a script that fails whatever the config) leaves the experiment to be run again.
+DEFINITIVE_FAILURES = frozenset(r for r in FailureReason if r.judges_config)
 
 
 def is_finished_experiment(trial: FrozenTrial) -> bool:
@@ -114,7 +114,7 @@ def stage_result(study: optuna.Study, stage: int, *, status: str = "tuned", reas
         reason = record.reason.value if record.reason else "failed"
         # stderr says why a run crashed; a timeout or a missing metric is said by our own detail
         # (the last stderr line of a killed run is whatever it printed last).
-        crashed = record.reason in (FailureReason.ERROR, FailureReason.OOM)
+        crashed = record.reason in (FailureReason.ERROR, FailureReason.OOM, FailureReason.SCRIPT)
         line = telling_line(record.stderr_tail or "") if crashed else record.detail or ""
         last_failure = f"{record.exp_name}: {reason}" + (f": {line}" if line else "")
     return StageResult(

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._errors import ScriptError
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
 from optuna_ds.config import Metric
@@ -88,6 +89,7 @@ class _Attempt:
     claimed: Callable[[], None] = lambda: None
     stood_down: bool = False
     competitor: FrozenTrial | None = None  # the trial it stood down to
+    script_failed: ExperimentResult | None = None  # failed whatever its config: the tuning stops
 
 
 class _Turn:
@@ -380,6 +382,8 @@ class StageTuner:
                                       duration=result.duration, outcome=f"failed ({result.reason.value}: {result.detail})")
                 if result.stderr_tail:
                     ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
+                if result.reason is FailureReason.SCRIPT:
+                    attempt.script_failed = result
                 raise ExperimentFailed(result)
             value = float(result.metrics[ctx.metric.key])
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
@@ -393,6 +397,14 @@ class StageTuner:
         attempt = _Attempt(claimed=claimed) if claimed is not None else _Attempt()
         run_trial(study, self._objective(phase, tuning_list, lease, attempt, space=space, repeat=repeat), catch=(ExperimentFailed,))
         self._duplicates = self._duplicates + 1 if attempt.stood_down else 0
+        failed = attempt.script_failed
+        if failed is not None:
+            # Recorded (reason "script", run again on resume); the other slots are stopped.
+            raise ScriptError(
+                f"{failed.name} failed whatever its config ({failed.detail}): every experiment would; "
+                f"fix the script, its arguments or its environment and run again -- see "
+                f"{self._ctx.builder.result_dir(failed.name)}/stderr.log"
+            )
         return attempt
 
     # -- one step ---------------------------------------------------------------------------

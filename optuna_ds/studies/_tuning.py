@@ -16,6 +16,7 @@ from optuna_ds._errors import ResourceError
 from optuna_ds.config import UserConfig
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import SlotPool
+from optuna_ds.launcher import telling_line
 from optuna_ds.launcher import gpu_memory_support
 from optuna_ds.launcher import Resources
 from optuna_ds.planner import Arm
@@ -157,7 +158,7 @@ class Tuning:
         finally:
             self._pool.release(lease)
         if not result.ok:
-            cause = result.stderr_tail.strip().splitlines()[-1] if result.stderr_tail.strip() else result.detail
+            cause = telling_line(result.stderr_tail) or result.detail
             raise ProfileError(
                 f"the profile run failed ({result.reason.value if result.reason else 'error'}: {result.detail}): "
                 f"{cause} -- see {experiment.result_dir}/stderr.log"

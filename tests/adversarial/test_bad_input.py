@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,26 @@ def _zero(**zero: object) -> dict:
     (_zero(offload_param={"device": "gpu"}), ["offload_param.device"]),
     (base_config(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2, train_batch_size=7), ["train_batch_size"]),
     (base_config(autotuning={"enabled": True, "mp_size": 2, "model_info": {"num_params": 1000}}), ["mp_size"]),
+    # What DeepSpeed's own config models refuse, found before the first launch (issue #26).
+    (_zero(overlap_com=True), ["zero_optimization.overlap_com", "did you mean 'overlap_comm'"]),
+    (_zero(offload_param={"device": "nvme", "nvme_pth": "/x"}), ["zero_optimization.offload_param.nvme_pth", "'nvme_path'"]),
+    (_zero(reduce_bucket_size=[5e8, 0.5]), ["zero_optimization.reduce_bucket_size = 0.5"]),
+    (base_config(fp16={"enabled": True, "loss_scale_windw": 100}), ["fp16.loss_scale_windw", "'loss_scale_window'"]),
+    (base_config(fp16={"enabled": True}, bf16={"enabled": True}), ["bfloat16 and fp16"]),
+    (base_config(tensorboard={"enabled": True, "output_pth": "tb"}), ["tensorboard.output_pth"]),
 ])
 def test_bad_config_values(hws: Hostile, config: dict, words: list[str]) -> None:
     hws.config(config)
     proc = hws.main()
     assert_one_line_error(proc, *words)
+    assert hws.events() == []
+    hws.assert_untouched()
+
+
+def test_the_model_based_sampler_without_xgboost_names_the_extra(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "xgboost", None)  # not installed
+    hws.config(base_config(autotuning={"enabled": True, "fast": False, "model_info": {"num_params": 1000000}}))
+    assert_one_line_error(hws.main(), "model_based", "pip install 'optuna-ds[xgboost]'")
     assert hws.events() == []
     hws.assert_untouched()
 
@@ -51,6 +67,15 @@ def test_bad_options(hws: Hostile, extra: list[str], words: list[str]) -> None:
     hws.config(base_config())
     assert_one_line_error(hws.main(*extra), *words)
     assert hws.events() == []
+    hws.assert_untouched()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["tune", "--num_gpu", "1", "train.py"], ["'--num_gpu'", "Did you mean '--num_gpus'?"]),
+    (["run", "--master-prot=29501", "train.py"], ["'--master-prot'", "'--master-port'"]),
+])
+def test_a_mistyped_option_gets_a_suggestion(hws: Hostile, args: list[str], words: list[str]) -> None:
+    assert_one_line_error(hws.main(*args, config=None), *words)
     hws.assert_untouched()
 
 
@@ -87,4 +112,19 @@ def test_report_and_dashboard_errors(hws: Hostile) -> None:
     assert "Listening" not in proc.stdout + proc.stderr
     proc = hws.main("dashboard", "--storage", hws.storage, "--host", "no such host!", "--port", "8099", config=None)
     assert_one_line_error(proc, "no such host!")
+    hws.assert_untouched()
+
+
+def test_worker_on_a_tuning_that_does_not_exist_names_those_there_and_creates_nothing(hws: Hostile) -> None:
+    missing = hws.root / "none.db"
+    proc = hws.main("worker", "--storage", f"sqlite:///{missing}", "--study-name", "zz", "--wait", "0.3", config=None)
+    assert_one_line_error(proc, "'zz'", "no database there yet")
+    assert not missing.exists()
+    hws.config(base_config())
+    assert hws.hostile().returncode == 0
+    files = lambda: sorted(p.name for p in hws.results.iterdir() if not p.name.endswith(("-shm", "-wal")))  # noqa: E731 - SQLite's own
+    before = files()
+    proc = hws.main("worker", "--storage", hws.storage, "--study-name", "zz", "--wait", "0.3", config=None)
+    assert_one_line_error(proc, "'zz'", "it holds 'optuna-ds'")
+    assert files() == before
     hws.assert_untouched()

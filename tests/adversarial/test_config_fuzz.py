@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from optuna_ds._errors import ConfigError
 from optuna_ds.config import check_gpus
+from optuna_ds.config import check_with_deepspeed
 from optuna_ds.config import parse_user_config
 from optuna_ds.config._autotuning import _FIELDS
 from optuna_ds.config._user_config import _ZERO_BOOLS
@@ -60,6 +61,7 @@ def test_a_config_is_refused_in_one_line_or_tuned(config: dict, gpus: int, args:
     try:
         user = parse_user_config(config, path="ds_config.json", script_args=args)
         check_gpus(user, total_gpus=gpus)
+        check_with_deepspeed(user)
     except ConfigError as e:
         assert str(e) and "\n" not in str(e)
         return

@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import logging
+import os
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+from optuna_ds._errors import ConfigError
+from optuna_ds.config._integers import with_integer_sizes
+from optuna_ds.config._user_config import GAS_KEY
+from optuna_ds.config._user_config import MBS_KEY
+from optuna_ds.config._user_config import TBS_KEY
+from optuna_ds.config._user_config import ZERO_KEY
+from optuna_ds.config._user_config import UserConfig
+
+
+def check_with_deepspeed(user: UserConfig) -> None:
+    """Give every config the tuning could launch to DeepSpeed's own config parser
+    (``DeepSpeedConfig``: its pydantic models for ZeRO, fp16/bf16, monitors... and its
+    assertions), and raise :class:`ConfigError` naming the key it rejects.
+
+    DeepSpeed parses the config only once the engine starts, in every experiment: a typo such
+    as ``overlap_com`` would otherwise fail every one of them, after minutes each. Each stage
+    is checked with every value of every tuned ``zero_optimization`` list (the other lists at
+    their first value), so a bad value in a list is found although the search might never
+    reach it.
+    """
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from pydantic import ValidationError
+
+    name = os.path.basename(user.path)
+    with _quiet_deepspeed():
+        for config, stage, value in _candidates(user):
+            try:
+                DeepSpeedConfig(config)
+            except ValidationError as e:
+                # The message names the key and its value: the tuned value is in it.
+                raise ConfigError(f"{name}{stage}: {_describe(e, config)}") from None
+            except Exception as e:  # noqa: BLE001 - DeepSpeed asserts and indexes: any error is its verdict
+                raise ConfigError(f"{name}{stage}{value}: DeepSpeed rejects the config: {type(e).__name__}: {e}") from None
+
+
+def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
+    """The configs to check, each with its stage and tuned value as the message says them."""
+    base = _without_auto(copy.deepcopy(user.raw))
+    base.pop("autotuning", None)  # checked by our own model; DeepSpeed's autotuner reads it differently
+    mbs = user.micro_batch_sizes[0] if user.micro_batch_sizes else user.min_micro_batch_size
+    gas = user.gradient_accumulation_steps
+    # DeepSpeed checks them against its world size (1 here); check_gpus checks the real one.
+    base.update({MBS_KEY: mbs, GAS_KEY: gas, TBS_KEY: mbs * gas})
+    zero = base.get(ZERO_KEY) if isinstance(base.get(ZERO_KEY), dict) else {}
+    lists = {k: v for k, v in zero.items() if isinstance(v, list) and k != "stage" and v}
+    first = {k: v[0] for k, v in lists.items()}
+    variants = [({}, "")] + [({k: v}, f" with {ZERO_KEY}.{k} = {v!r}") for k, vs in lists.items() for v in vs[1:]]
+    for stage in user.stages:
+        at = f" at ZeRO stage {stage}" if len(user.stages) > 1 else ""
+        for change, value in variants:
+            config = {**base, ZERO_KEY: {**zero, **first, **change, "stage": stage}}
+            yield with_integer_sizes(config), at, value
+
+
+def _without_auto(value: Any) -> Any:
+    """``value`` without the ``"auto"`` entries that the Hugging Face Trainer fills in before
+    DeepSpeed reads the config (DeepSpeed's models drop them too): they take DeepSpeed's defaults."""
+    if isinstance(value, dict):
+        return {k: _without_auto(v) for k, v in value.items() if v != "auto"}
+    return value
+
+
+@contextlib.contextmanager
+def _quiet_deepspeed() -> Iterator[None]:
+    """DeepSpeed logs the parsed config and its deprecations at every parse: not for the user here."""
+    from deepspeed.utils import logger
+
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _describe(error: Any, config: dict[str, Any]) -> str:
+    """The first problem of a pydantic ``ValidationError``, as the config's key path and what is wrong."""
+    first = error.errors()[0]
+    loc = tuple(str(p) for p in first["loc"])
+    path = ".".join(_section_of(loc, config, error.title) + loc)
+    if first["type"] == "extra_forbidden":
+        return f"DeepSpeed does not know {path}{_suggest(loc, error.title)}"
+    shown = f" = {first['input']!r}" if "input" in first and not isinstance(first["input"], dict) else ""
+    return f"DeepSpeed rejects {path}{shown}: {first['msg']}"
+
+
+# The sections DeepSpeed's models parse, where a key such as "enabled" could be anyone's.
+_SECTIONS = {"DeepSpeedZeroConfig": (ZERO_KEY,), "DeepSpeedFP16Config": ("fp16",), "DeepSpeedBF16Config": ("bf16", "bfloat16")}
+
+
+def _section_of(loc: tuple[str, ...], config: dict[str, Any], title: str) -> tuple[str, ...]:
+    """The top-level key whose section the model that failed parsed: the one holding ``loc``."""
+    for key in _SECTIONS.get(title, ()):
+        if key in config:
+            return (key,)
+    if loc and loc[0] in config:
+        return ()
+    for key, section in config.items():
+        if isinstance(section, dict) and (not loc or loc[0] in section):
+            return (key,)
+    return (title,)
+
+
+def _suggest(loc: tuple[str, ...], title: str) -> str:
+    fields = _fields_at(title, loc[:-1])
+    close = difflib.get_close_matches(loc[-1], sorted(fields), n=1, cutoff=0.6) if loc else []
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _fields_at(title: str, path: tuple[str, ...]) -> set[str]:
+    """The keys (names and aliases) the DeepSpeed model named ``title`` accepts at ``path``."""
+    from pydantic import BaseModel
+
+    model = _models().get(title)
+    for key in path:
+        if model is None:
+            return set()
+        field = model.model_fields.get(key) or next((f for f in model.model_fields.values() if f.alias == key), None)
+        if field is None:
+            return set()
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    if model is None:
+        return set()
+    return {n for name, f in model.model_fields.items() for n in (name, f.alias) if n}
+
+
+def _models() -> dict[str, type]:
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+
+    found: dict[str, type] = {}
+    todo = [DeepSpeedConfigModel]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return found
