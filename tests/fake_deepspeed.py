@@ -23,6 +23,7 @@ file for an experiment. The performance surface and the faults come from the JSO
     duration, duration_at {mbs: seconds}             how long an experiment takes
     knob_duration {knob: {value: seconds}}           ...with that knob set so (say, to interrupt one knob experiment)
     noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ)
+    offload_factor  throughput with the optimizer offloaded, as a share   default 0.5 (a real offload is never faster)
 
 A config without an ``autotuning`` section is a training run: it prints and exits with
 ``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times
@@ -150,6 +151,8 @@ def main():
         for knob, gains in tables:
             gains = {_key(json.loads(value)): factor for value, factor in gains.items()}
             throughput *= float(gains.get(_key(zero.get(knob)), 1.0))
+        if isinstance(zero.get("offload_optimizer"), dict) and zero["offload_optimizer"].get("device", "none") != "none":
+            throughput *= float(surface.get("offload_factor", 0.5))
         if surface.get("noise"):
             throughput *= 1.0 + float(surface["noise"]) * random.Random(os.path.basename(os.path.dirname(auto["metric_path"]))).gauss(0.0, 1.0)
         latency = mbs * gas * 1e6 / throughput

@@ -118,8 +118,10 @@ def test_latency_is_minimised(ws: Workspace) -> None:
     assert study.direction == optuna.study.StudyDirection.MINIMIZE
     complete = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
     assert study.best_trial.value == min(t.user_attrs["metrics"]["latency"] for t in complete)
-    # Latency per step grows with the micro-batch: the smallest wins, unlike throughput.
-    assert study.best_trial.params["train_micro_batch_size_per_gpu"] == 2
+    # Latency per step grows with the micro-batch: the smallest wins, unlike throughput (the
+    # choice bracketed below, down to 1).
+    sizes = [t.params["train_micro_batch_size_per_gpu"] for t in complete]
+    assert study.best_trial.params["train_micro_batch_size_per_gpu"] == min(sizes) <= 2
 
 
 def test_stages_that_cannot_fit_are_skipped_with_the_reason(ws: Workspace) -> None:
@@ -290,7 +292,8 @@ def test_stage3_offloads_to_cpu_when_it_does_not_fit_otherwise(ws: Workspace) ->
     launched = _launched(ws)
     assert launched and all(l["stage"] >= 1 for l in launched)
     trials = [t for s in (1, 2, 3) for t in _study(ws, f"optuna-ds-z{s}").trials if t.state == TrialState.COMPLETE]
-    assert trials and all(t.user_attrs["exp_name"].endswith(("_offload-opt", "_offload-opt-param")) for t in trials)
+    assert trials and all(re.sub(r"_r\d+$", "", t.user_attrs["exp_name"]).endswith(("_offload-opt", "_offload-opt-param"))
+                          for t in trials)
     assert all(t.user_attrs["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu" for t in trials)
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
