@@ -48,8 +48,14 @@ def test_headline_compares_the_users_config_with_the_optimum_and_counts_gpu_hour
     assert best.state == TrialState.COMPLETE
     summary = (ws.results / "summary.txt").read_text().splitlines()
     assert summary[0] == f"Your config (z1, micro-batch 2): {mine[0].value:.4g} samples/s."
-    assert summary[1].startswith(f"Optimum ({best.user_attrs['exp_name']}): {best.value:.4g} samples/s, "
-                                 f"{best.value / mine[0].value:.3g}x faster")
+    # ...as the mean of its runs (the best so far runs twice: the noise is measured on it).
+    from optuna_ds.studies._results import runs_of
+
+    runs = runs_of(best, trials)
+    mean = sum(runs) / len(runs)
+    shown = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
+    assert summary[1].startswith(f"Optimum ({best.user_attrs['exp_name']}): {mean:.4g} samples/s{shown}, "
+                                 f"{mean / mine[0].value:.3g}x faster"), summary[1]
     assert "run-to-run noise " in summary[1]
     # The chosen stage's row of DeepSpeed's table agrees with the headline.
     assert any(line.startswith("| z1 ") and f" {best.user_attrs['exp_name']} " in line for line in summary)
