@@ -62,6 +62,17 @@ def _trials(ws: Workspace) -> dict[int, optuna.trial.FrozenTrial]:
     return {t.number: t for t in study.get_trials()}
 
 
+def _first_runs(ws: Workspace) -> list[int]:
+    """The sizes launched, each launch of a config's name once (not the planner's re-measurements,
+    ``<name>_r<k>``, which are experiments of their own)."""
+    sizes = []
+    for launch in ws.launches():
+        config = launch["args"][launch["args"].index("--deepspeed_config") + 1] if "--deepspeed_config" in launch["args"] else ""
+        if not launch.get("profile") and not re.search(r"_r\d+$", os.path.basename(os.path.dirname(config))):
+            sizes.append(launch["mbs"])
+    return sizes
+
+
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig: int, code: int) -> None:
     ws.config(CONFIG)
@@ -81,7 +92,7 @@ def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig
 
     p = ws.tune()  # no hang this time
     assert p.returncode == 0, p.stderr
-    runs = [l["mbs"] for l in ws.launches() if not l.get("profile")]
+    runs = _first_runs(ws)
     assert runs.count(2) == 1, "a finished experiment ran again"
     assert runs.count(4) == 2 and runs.count(8) == 1  # the interrupted launch, then its retry
     assert {t.user_attrs["micro_batch_size"] for t in _trials(ws).values() if t.state == TrialState.COMPLETE} == {2, 4, 8}
@@ -101,7 +112,7 @@ def test_sigkilled_tuner_resumes_ends_the_orphan_and_matches_an_uninterrupted_ru
     assert time.monotonic() - start < 50, "resume waited for the heartbeat instead of noticing the dead tuner"
     assert _gone(pids["launcher"]), "the orphaned experiment was not ended"
     assert "its process died" in p.stdout
-    runs = [l["mbs"] for l in ws.launches() if not l.get("profile")]
+    runs = _first_runs(ws)
     assert runs.count(2) == 1 and runs.count(8) == 1
 
     (tmp_path / "uninterrupted").mkdir()
