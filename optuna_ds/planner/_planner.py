@@ -195,7 +195,9 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     first = problem.arms[0] if problem.arms else None
     if baseline is not None and first is not None and (first.stage, first.offload, baseline, ()) not in state.tried:
         proposals.append(Proposal(stage=first.stage, offload=first.offload, mbs=baseline, why="your micro-batch size"))
-    if model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not state.running:
+    repeats = len(state.finished) - len({o.config for o in state.finished})
+    if (model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not state.running
+            and repeats < settings.max_remeasures):
         # Every later decision weighs gains against the noise: measure it, on the best so far.
         again = _repeat(state, (choice.stage, choice.offload, choice.mbs, choice.knobs), "re-measure the best so far: the noise")
         if again is not None:
@@ -212,7 +214,6 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
             break
         proposals.append(nxt)
     if not proposals and not state.running and choice is not None:
-        repeats = len(state.finished) - len({o.config for o in state.finished})
         for step in (lambda: _bracket(problem, state, choice),
                      lambda: _contradicted(model, state, ranked) if repeats < settings.max_remeasures else None,
                      lambda: _remeasure(model, state, ranked) if repeats < settings.max_remeasures else None):

@@ -78,17 +78,27 @@ def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
     of freedom it rests on (runs beyond each config's first; 0: the belief alone, nothing
     measured). The planner and the summary both report this figure."""
     logs = [np.sort(np.log(np.asarray(v, dtype=float))) for v in groups if len(v) > 1]
-    dof = sum(len(v) - 1 for v in logs)
     log_post = _NOISE_LOGPRIOR.copy()
     log_sigma = np.log(_NOISE_GRID)
+    branches = []
     for v in logs:
         # Either every run is a plain draw, or the slowest is a straggler and the rest are.
         plain = -(len(v) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi)) - np.sum((v - v.mean()) ** 2) / (2.0 * _NOISE_GRID**2)
         rest = v[1:]
         straggler = (-(len(rest) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi))
                      - np.sum((rest - rest.mean()) ** 2) / (2.0 * _NOISE_GRID**2) - math.log(_STRAGGLER_RANGE))
-        log_post = log_post + np.logaddexp(math.log(1 - _STRAGGLER_P) + plain, math.log(_STRAGGLER_P) + straggler)
+        plain, straggler = math.log(1 - _STRAGGLER_P) + plain, math.log(_STRAGGLER_P) + straggler
+        branches.append((len(v), plain, straggler))
+        log_post = log_post + np.logaddexp(plain, straggler)
     w = np.exp(log_post - log_post.max())
+    w /= w.sum()
+    # The runs the figure rests on: a group's slowest run counts as much as it is believed plain;
+    # a repeat judged a straggler measured nothing.
+    dof = 0.0
+    for n, plain, straggler in branches:
+        p_plain = float(w @ (1.0 / (1.0 + np.exp(np.clip(straggler - plain, -50, 50)))))
+        dof += (n - 1) - (1.0 - p_plain)
+    dof = int(round(dof))
     return float(np.exp(w @ np.log(_NOISE_GRID) / w.sum())), dof
 
 
