@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,15 @@ FAKE_LAUNCHER = str(TESTS / "fake_deepspeed.py")
 # Our option naming the deepspeed executable (DeepSpeed's own --launcher names its multi-node backend).
 LAUNCHER_OPTION = "--deepspeed-bin"
 EXAMPLES = TESTS.parent / "examples"
+
+
+def reachable(port: int) -> bool:
+    """A database server answers on 127.0.0.1 at ``port``: its tests run, else they skip."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 class Workspace:

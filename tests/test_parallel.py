@@ -24,7 +24,7 @@ from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 from test_storages import SERVERS
-from test_storages import _reachable
+from conftest import reachable
 
 # A fixed micro-batch list: the experiments are then the same however many run at once (an
 # adaptive search explores k sizes at a time with k slots), so the best must be the same.
@@ -42,7 +42,7 @@ def _storage(kind: str, ws: Workspace) -> str:
     if kind == "sqlite":
         return ws.storage
     url, port = SERVERS["postgresql"]
-    if not _reachable(port):
+    if not reachable(port):
         if os.environ.get("CI") == "true":
             pytest.fail("CI=true but no PostgreSQL server at 127.0.0.1:5432")
         pytest.skip("no PostgreSQL server at 127.0.0.1:5432")

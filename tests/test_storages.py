@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from optuna.trial import TrialState
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from conftest import reachable
 
 SERVERS = {
     "postgresql": ("postgresql+psycopg://postgres@127.0.0.1:5432/test", 5432),
@@ -35,18 +35,10 @@ CONFIG = {
 }
 
 
-def _reachable(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("server", sorted(SERVERS))
 def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None:
     url, port = SERVERS[server]
-    if not _reachable(port):
+    if not reachable(port):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{server} is not reachable at 127.0.0.1:{port} in CI")
         pytest.skip(f"{server} is not reachable at 127.0.0.1:{port}")
@@ -115,7 +107,7 @@ class LimitedRole:
 
 @pytest.fixture
 def role() -> Iterator[LimitedRole]:
-    if not _reachable(5432):
+    if not reachable(5432):
         if os.environ.get("CI") == "true":
             pytest.fail("postgresql is not reachable at 127.0.0.1:5432 in CI")
         pytest.skip("postgresql is not reachable at 127.0.0.1:5432")
@@ -263,7 +255,7 @@ def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(
         url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     else:
         url, port = SERVERS[kind]
-        if not _reachable(port):
+        if not reachable(port):
             pytest.skip(f"no {kind} server at 127.0.0.1:{port}")
     cache = TrialCache(create_storage(url))
     name = f"attrs-{uuid.uuid4().hex[:8]}"

@@ -99,7 +99,7 @@ def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
         p_plain = float(w @ (1.0 / (1.0 + np.exp(np.clip(straggler - plain, -50, 50)))))
         dof += (n - 1) - (1.0 - p_plain)
     dof = int(round(dof))
-    return float(np.exp(w @ np.log(_NOISE_GRID) / w.sum())), dof
+    return float(np.exp(w @ np.log(_NOISE_GRID))), dof
 
 
 def _combos() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -311,7 +311,7 @@ class ThroughputModel:
         prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z)
         prior_cov = z[:-1] @ self._s0 @ z[-1]
         w, means, _ = self.predict(every)
-        var_r, var_c, cov, noise = [], [], [], []
+        var_r, var_c, cov = [], [], []
         for (amplitude, _, kinv), active in zip(self._fits, self._active):
             if not len(active):
                 continue
@@ -323,10 +323,9 @@ class ThroughputModel:
                 covariance = covariance - explained[:-1] @ cross[-1]
             for out, value in ((var_r, var[:-1]), (var_c, np.full(len(rows), var[-1])), (cov, covariance)):
                 out.append(np.broadcast_to(value, (len(active), len(rows))))
-            noise.append(np.full(len(active), self.noise))
         mean_c = np.broadcast_to(means[:, -1:], means[:, :-1].shape)
         return (w, means[:, :-1], mean_c, np.concatenate(var_r), np.concatenate(var_c), np.concatenate(cov),
-                np.concatenate(noise))
+                np.full(len(w), self.noise))
 
     def expected_loss(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> np.ndarray:
         """``E[max(0, log y_row - log y_chosen)]`` for each row: what choosing ``chosen`` over

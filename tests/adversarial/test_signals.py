@@ -24,6 +24,18 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def _resumes_to_its_choice(hws: Hostile) -> None:
+    """Nothing of the stopped tuning is left running; run again, it finishes with the choice an
+    uninterrupted run makes, each experiment once, and nothing outside its places touched."""
+    hws.assert_nothing_left()
+    again = hws.hostile(table={"default": "ok"})
+    assert again.returncode == 0, again.stderr
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
 @pytest.mark.parametrize("phase, signum", [
     ("profile", signal.SIGTERM),
     ("experiment", signal.SIGINT),
@@ -50,13 +62,7 @@ def test_a_signal_at_each_phase_of_tune(hws: Hostile, phase: str, signum: int) -
     assert tuner.returncode in ((0, 128 + signum) if phase == "outputs" else (128 + signum,)), (tuner.returncode, err)
     if tuner.returncode:
         assert f"interrupted by {signal.Signals(signum).name}" in err
-    hws.assert_nothing_left()
-    again = hws.hostile(table={"default": "ok"})
-    assert again.returncode == 0, again.stderr
-    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
-    hws.assert_finished_once()
-    hws.assert_nothing_left()
-    hws.assert_untouched()
+    _resumes_to_its_choice(hws)
 
 
 def test_sigterm_during_runs_training(hws: Hostile) -> None:
@@ -103,13 +109,7 @@ def test_sighup_with_the_terminal_gone_ends_the_tuning_as_sigterm_does(hws: Host
             tuner.kill()
     assert (hws.results / "summary.txt").exists() and (hws.results / "ds_config_optimal.json").exists()
     assert "RUNNING" not in _study_states(hws)
-    hws.assert_nothing_left()
-    again = hws.hostile(table={"default": "ok"})
-    assert again.returncode == 0, again.stderr
-    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
-    hws.assert_finished_once()
-    hws.assert_nothing_left()
-    hws.assert_untouched()
+    _resumes_to_its_choice(hws)
 
 
 def test_a_sigkilled_tuner_takes_its_experiments_with_it(hws: Hostile) -> None:

@@ -4,24 +4,16 @@ right, exit status 2, nothing launched; not a lost storage to run again."""
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from conftest import reachable
 from invariants import Hostile
 from invariants import assert_one_line_error
 from invariants import base_config
 from invariants import hws  # noqa: F401
-
-
-def _reachable(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def _postgresql(name: str) -> Iterator[str]:
@@ -67,7 +59,7 @@ def _mysql(name: str) -> Iterator[str]:
 @pytest.fixture(params=["postgresql", "mysql"])
 def read_only_url(request: pytest.FixtureRequest) -> Iterator[str]:
     port = {"postgresql": 5432, "mysql": 3306}[request.param]
-    if not _reachable(port):
+    if not reachable(port):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{request.param} is not reachable at 127.0.0.1:{port} in CI")
         pytest.skip(f"{request.param} is not reachable at 127.0.0.1:{port}")
