@@ -44,7 +44,7 @@ PROFILE_STEPS_S = 10.0
 def problem_of(surface: surfaces.Surface) -> Problem:
     """What optuna-ds would know of the job after its profile run."""
     device = surface.device_gb * GB
-    arms = []
+    arms, states_fit = [], []
     variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
         (3, "offload-opt-param", {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
     ]
@@ -52,9 +52,14 @@ def problem_of(surface: surfaces.Surface) -> Problem:
         e = estimate_memory(stage=stage, num_params=int(surface.params_b * GB), trainable_params=None,
                             activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
                             precision="fp16", adam_type=True, zero=zero)
+        arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS, buffers=e.buffers)
         if e.fits:
-            arms.append(Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS, buffers=e.buffers))
-    return Problem(arms=tuple(arms), device_memory=device, per_sample=surface.act_gb * GB)
+            arms.append(arm)
+        if e.states_fit:
+            states_fit.append(arm)
+    # As optuna-ds does: where the profile's activation estimate leaves room nowhere, every
+    # variant whose states fit.
+    return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB)
 
 
 def config_of(stage: int, offload: str, mbs: int) -> surfaces.Config:

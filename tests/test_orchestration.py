@@ -135,6 +135,15 @@ def test_stages_that_cannot_fit_are_skipped_with_the_reason(ws: Workspace) -> No
         _study(ws, "optuna-ds-z0")
 
 
+def test_an_activation_estimate_that_leaves_room_nowhere_is_tried_not_believed(ws: Workspace) -> None:
+    # The profile's activation per sample can be off by a factor: where it leaves room for no
+    # sample at any stage, the stages whose model states fit are tried at the smallest size.
+    ws.config({**FAST, "zero_optimization": {"stage": [0, 1]}})
+    p = ws.tune(surface={"num_params": 1_000_000, "activation_mem_per_gpu": 10**15}, env=None)
+    assert p.returncode == 0, p.stderr
+    assert _launched(ws) and (ws.results / "ds_config_optimal.json").exists()
+
+
 def test_all_stages_are_planned_together_and_each_outcome_has_a_reason(ws: Workspace) -> None:
     # 1e9 fp32 parameters with Adam on 4 GPUs: z0 fits micro-batches up to ~46, z3 hundreds.
     ws.config({**FAST, "zero_optimization": {"stage": "all"}})

@@ -33,6 +33,12 @@ class MemoryEstimate:
     def fits(self) -> bool:
         return self.max_micro_batch_size >= 1
 
+    @property
+    def states_fit(self) -> bool:
+        """The model states alone fit: whether one sample's activations fit too rests on the
+        profile's activation estimate, which can be off by a factor."""
+        return self.instantiation < self.device_memory
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["instantiation"] = self.instantiation

@@ -267,13 +267,15 @@ class Tuning:
         the parameters too (stage 3). A stage that fits in no variant is recorded as skipped."""
         zero = self._user.zero_section()
         arms: list[Arm] = []
+        states_fit: list[tuple[int, str, MemoryEstimate]] = []
         for stage in self._user.stages:
             variants = [("", estimates[stage])]
             if stage >= 1 and not user_offloads(zero):
                 variants += [(label, self._estimate(stage, info, {**zero, **offload_sections(label)}))
                              for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
             fitting = [(label, e) for label, e in variants if e.fits]
-            if not fitting:
+            states_fit += [(stage, label, e) for label, e in variants if e.states_fit]
+            if not fitting and not any(e.states_fit for _, e in variants):
                 e = estimates[stage]
                 self._skip(stage, (
                     f"needs {_humanize(e.instantiation)}B per GPU for parameters, gradients and optimizer "
@@ -281,6 +283,18 @@ class Tuning:
                 ), e, self._log)
             arms += [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers)
                      for label, e in fitting]
+        if not arms:
+            # The profile's activation estimate leaves no room for one sample anywhere; it can be
+            # off by a factor, so every variant whose states fit is tried (once, at the smallest size).
+            arms = [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers)
+                    for stage, label, e in states_fit]
+        elif len(states_fit) > len(arms):
+            for stage in sorted({s for s, _, _ in states_fit} - {a.stage for a in arms}):
+                e = estimates[stage]
+                self._skip(stage, (
+                    f"one sample's activations ({_humanize(e.activation_per_sample)}B by the profile) leave no room "
+                    f"beside its {_humanize(e.instantiation)}B of model states"
+                ), e, self._log)
         return arms
 
     def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
