@@ -45,9 +45,12 @@ transfers (PCIe) stay even on 1 GPU. Knob effects on throughput are nil on 1 GPU
 
 Noise: a per-run factor (lognormal, sd `noise_run`, shared by the run's steps: clock, placement, data)
 x per-step jitter (Student-t, 4 d.o.f., sd `step_sd`) with stragglers (prob. `straggler_p` per step,
-1.5-3x slower). The true throughput is what a typical run reports: multipliers are divided by the
-median (over runs) of a run's mean multiplier, so median(measure) ~= true, and a long run that averages
-its stragglers in runs ~p x 1.25 below it. `noise` is the robust sd (1.4826 x MAD) of
+1.5-3x slower). A run reports what DeepSpeed's engine reports for autotuning: its step times'
+trimmed mean (`trim_mean(records, 0.1)` in deepspeed/utils/timer.py: round(10%) of the steps
+dropped at each end, none of 5, one of 10, two of 15 or 20), so a run of 10+ steps sheds a lone
+straggler and a run of 5 keeps it. The true throughput is what a typical run reports: multipliers
+are divided by the median (over runs) of a run's trimmed mean multiplier, so median(measure) ~= true.
+`noise` is the robust sd (1.4826 x MAD) of
 log(measure / true) over runs at the job's `steps`, by Monte Carlo (6000 runs) of this same model.
 """
 from __future__ import annotations
@@ -81,6 +84,13 @@ def _seed(*parts) -> int:
 
 def _logu(rng, lo, hi):
     return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+
+def _trimmed(steps: np.ndarray) -> np.ndarray:
+    """DeepSpeed's ``trim_mean(data, 0.1)`` (deepspeed/utils/timer.py) of each row."""
+    n = steps.shape[1]
+    k = int(round(n * 0.1))
+    return np.sort(steps, axis=1)[:, k:n - k].mean(axis=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +185,7 @@ class PhysicalJob:
         run = np.exp(self.noise_run * g.standard_normal(runs) - self.noise_run ** 2 / 2)
         m = np.maximum(0.3, 1 + self.step_sd * g.standard_t(4, (runs, self.steps)) / math.sqrt(2))
         m = np.where(g.random((runs, self.steps)) < self.straggler_p, m * g.uniform(1.5, 3.0, m.shape), m)
-        lr = np.log(run * m.mean(axis=1))
+        lr = np.log(run * _trimmed(m))
         return float(np.exp(np.median(lr))), float(1.4826 * np.median(np.abs(lr - np.median(lr))))
 
     # ---------------------------------------------------------------- physics
@@ -338,9 +348,11 @@ class PhysicalJob:
         return [t * m for m in self._step_mults(random.Random(_seed(self.name, config, nonce)), self.steps)]
 
     def measure(self, config: Config, nonce: int) -> float:
-        """Samples per optimizer step over the mean of this run's profiled step times (0.0 unless ok)."""
+        """Samples per optimizer step over this run's profiled step times as DeepSpeed's engine
+        averages them for autotuning (0.0 unless ok): ``SynchronizedWallClockTimer.Timer.mean``
+        is ``trim_mean(records, 0.1)``, which drops round(10%) of the steps at each end."""
         st = self.step_times(config, nonce)
-        return config.mbs * config.gas * self.num_gpus * len(st) / sum(st) if st else 0.0
+        return config.mbs * config.gas * self.num_gpus / _trimmed(np.array([st]))[0] if st else 0.0
 
     def peak_memory_gb(self, config: Config, nonce: int) -> float:
         """NVML's view: the true peak plus 0-3% allocator reserve, never above the device."""
