@@ -1,6 +1,7 @@
 """Layer 5b: what a tuning leaves for the user: summary, optimal config and command."""
 
 from optuna_ds.reporting._progress import Progress
+from optuna_ds.reporting._progress import human_number
 from optuna_ds.reporting._report import ReportData
 from optuna_ds.reporting._report import best_stage_study
 from optuna_ds.reporting._report import load_report
@@ -27,6 +28,7 @@ __all__ = [
     "ScaledLearningRate",
     "best_stage_study",
     "headline",
+    "human_number",
     "learning_rate_advice",
     "load_report",
     "optimal_config",
