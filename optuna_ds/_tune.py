@@ -43,6 +43,7 @@ from optuna_ds.launcher import new_mark
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
+from optuna_ds.reporting import partial_summary
 from optuna_ds.reporting import scale_learning_rate
 from optuna_ds.reporting import register_with_dashboard
 from optuna_ds.reporting import write_optimal
@@ -68,6 +69,7 @@ from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
 from optuna_ds.studies import TuningObserver
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import is_finished_experiment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,11 +263,12 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
             with _sigterm_raises():
                 result = tuning.run()
         except KeyboardInterrupt:
-            # Write what finished, then let the interrupt end the process (130 or 143).
+            # Interrupted is not done: a partial summary of what finished and no optimal config,
+            # then the interrupt ends the process (130 or 143).
+            resume = _resume_advice(options.overwrite, configured=a.overwrite)
             with deferred_signals():
-                outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
-                log(outcome.summary.rstrip())
-                log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
+                log(_write_partial(tuning.result(), storage=storage, plan=plan, resume=resume).rstrip())
+                log(f"interrupted: running experiments were ended and will run again; {resume}")
             raise
         return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
 
@@ -479,6 +482,30 @@ def _write_outputs(
         optimal_command=command,
         storage_url=url,
     )
+
+
+def _resume_advice(overwrite: bool | None, *, configured: bool) -> str:
+    """How to resume: the same command, unless it would start afresh and delete what finished."""
+    if overwrite:
+        return "rerun the same command without --overwrite to resume"
+    if overwrite is None and configured:
+        return "rerun the same command with --no-overwrite to resume (autotuning.overwrite would start afresh)"
+    return "rerun the same command to resume"
+
+
+def _write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage, plan: TuningPlan, resume: str) -> str:
+    """An interrupted tuning's summary, report and dashboard note, marked partial, and no
+    optimal config: the search has not ended."""
+    data = load_report(storage, plan.study_name, result=result)
+    finished = sum(is_finished_experiment(t) for study in data.studies.values() for t in study.get_trials(deepcopy=False))
+    summary = partial_summary(result, finished=finished, resume=resume)
+    files = ResultsFiles(plan.results_dir)
+    with open(files.summary, "w", encoding="utf-8") as f:
+        f.write(summary.text)
+    data = dataclasses.replace(data, headline=summary.head)
+    write_report(data, files.report, summary=summary.text)
+    register_with_dashboard(data, storage, note=summary.markdown)
+    return summary.text
 
 
 def report(*, storage: str, study_name: str, output: str) -> str:
