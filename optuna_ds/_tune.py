@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import math
 import os
@@ -259,6 +260,8 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
         log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
+        if cpu_ops_to_build():
+            log("building DeepSpeed's CPU ops once (2-3 minutes)...")
         try:
             with _sigterm_raises():
                 result = tuning.run()
@@ -271,6 +274,31 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
                 log(f"interrupted: running experiments were ended and will run again; {resume}")
             raise
         return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
+
+
+# The ops DeepSpeed's CPU accelerator JIT-builds in an experiment (shared-memory collectives, Adam).
+_CPU_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
+
+
+def cpu_ops_to_build() -> list[str]:
+    """The CPU ops the first experiment will build, silent for minutes: those of DeepSpeed's CPU
+    accelerator that torch's extension folder (``TORCH_EXTENSIONS_DIR``, else its default, one
+    folder per Python and device) lacks. None off CPU."""
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import get_default_build_root
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return []
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    missing = []
+    for builder in _CPU_OPS:
+        name = accelerator.create_op_builder(builder).name
+        pattern = os.path.join(glob.escape(root), name, f"{name}.so") if root else \
+            os.path.join(glob.escape(get_default_build_root()), "*", name, f"{name}.so")
+        if not glob.glob(pattern):
+            missing.append(name)
+    return missing
 
 
 _PLAN_POLL_SECONDS = 0.2  # a waiting worker reads the plan this often: one small query
