@@ -38,6 +38,10 @@ example: venv
 	cd examples && ../$(BIN)/optuna-ds tune --num_gpus 1 \
 		train.py --deepspeed_config ds_config.json
 	@echo "optimal config: examples/autotuning_results/ds_config_optimal.json"
+	@echo "next: run it yourself (the same command resumes; DS_ACCELERATOR and TORCH_EXTENSIONS_DIR as make set them):"
+	@echo "  source $(VENV)/bin/activate"
+	@echo "  export DS_ACCELERATOR=$(DS_ACCELERATOR) TORCH_EXTENSIONS_DIR=$(TORCH_EXTENSIONS_DIR)"
+	@echo "  cd examples && optuna-ds tune --num_gpus 1 train.py --deepspeed_config ds_config.json"
 
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import math
 import os
@@ -43,6 +44,7 @@ from optuna_ds.launcher import new_mark
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
+from optuna_ds.reporting import partial_summary
 from optuna_ds.reporting import scale_learning_rate
 from optuna_ds.reporting import register_with_dashboard
 from optuna_ds.reporting import write_optimal
@@ -68,6 +70,7 @@ from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
 from optuna_ds.studies import TuningObserver
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import is_finished_experiment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,17 +260,45 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
         log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
+        if cpu_ops_to_build():
+            log("building DeepSpeed's CPU ops once (2-3 minutes)...")
         try:
             with _sigterm_raises():
                 result = tuning.run()
         except KeyboardInterrupt:
-            # Write what finished, then let the interrupt end the process (130 or 143).
+            # Interrupted is not done: a partial summary of what finished and no optimal config,
+            # then the interrupt ends the process (130 or 143).
+            resume = _resume_advice(options.overwrite, configured=a.overwrite)
             with deferred_signals():
-                outcome = _write_outputs(tuning.result(), storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
-                log(outcome.summary.rstrip())
-                log("interrupted: running experiments were ended and will run again; rerun the same command to resume")
+                log(_write_partial(tuning.result(), storage=storage, plan=plan, resume=resume).rstrip())
+                log(f"interrupted: running experiments were ended and will run again; {resume}")
             raise
         return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
+
+
+# The ops DeepSpeed's CPU accelerator JIT-builds in an experiment (shared-memory collectives, Adam).
+_CPU_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
+
+
+def cpu_ops_to_build() -> list[str]:
+    """The CPU ops the first experiment will build, silent for minutes: those of DeepSpeed's CPU
+    accelerator that torch's extension folder (``TORCH_EXTENSIONS_DIR``, else its default, one
+    folder per Python and device) lacks. None off CPU."""
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import get_default_build_root
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return []
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    missing = []
+    for builder in _CPU_OPS:
+        name = accelerator.create_op_builder(builder).name
+        pattern = os.path.join(glob.escape(root), name, f"{name}.so") if root else \
+            os.path.join(glob.escape(get_default_build_root()), "*", name, f"{name}.so")
+        if not glob.glob(pattern):
+            missing.append(name)
+    return missing
 
 
 _PLAN_POLL_SECONDS = 0.2  # a waiting worker reads the plan this often: one small query
@@ -479,6 +510,30 @@ def _write_outputs(
         optimal_command=command,
         storage_url=url,
     )
+
+
+def _resume_advice(overwrite: bool | None, *, configured: bool) -> str:
+    """How to resume: the same command, unless it would start afresh and delete what finished."""
+    if overwrite:
+        return "rerun the same command without --overwrite to resume"
+    if overwrite is None and configured:
+        return "rerun the same command with --no-overwrite to resume (autotuning.overwrite would start afresh)"
+    return "rerun the same command to resume"
+
+
+def _write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage, plan: TuningPlan, resume: str) -> str:
+    """An interrupted tuning's summary, report and dashboard note, marked partial, and no
+    optimal config: the search has not ended."""
+    data = load_report(storage, plan.study_name, result=result)
+    finished = sum(is_finished_experiment(t) for study in data.studies.values() for t in study.get_trials(deepcopy=False))
+    summary = partial_summary(result, finished=finished, resume=resume)
+    files = ResultsFiles(plan.results_dir)
+    with open(files.summary, "w", encoding="utf-8") as f:
+        f.write(summary.text)
+    data = dataclasses.replace(data, headline=summary.head)
+    write_report(data, files.report, summary=summary.text)
+    register_with_dashboard(data, storage, note=summary.markdown)
+    return summary.text
 
 
 def report(*, storage: str, study_name: str, output: str) -> str:

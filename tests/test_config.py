@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import inspect
 import json
+import re
 
+import pydantic
 import pytest
 
+from optuna_ds.config import AutotuningConfig
 from optuna_ds.config import find_config_path
 from optuna_ds.config import load_json_file
 from optuna_ds.config import parse_autotuning_config
@@ -47,6 +51,20 @@ def test_metric_keys_and_directions(metric: str, key: str, direction: str) -> No
         ({"model_info": {"num_param": 5}}, "unknown key autotuning.model_info.num_param; did you mean 'num_params'?"),
         ({"max_train_micro_batch_size_per_gpu": 2, "min_train_micro_batch_size_per_gpu": 4}, "max_train_micro_batch_size_per_gpu (2) is below"),
         ([], "autotuning must be a JSON object"),
+        # Typed by the model: each key's type, what it got, and an unknown key's nearest name.
+        ({"mp_size": "2"}, "autotuning.mp_size must be a positive integer, got '2'"),
+        ({"tuner_num_trials": True}, "autotuning.tuner_num_trials must be a positive integer, got True"),
+        ({"start_profile_step": -1}, "autotuning.start_profile_step must be a non-negative integer, got -1"),
+        ({"results_dir": 3}, "autotuning.results_dir must be a non-empty string, got 3"),
+        ({"exps_dir": " "}, "autotuning.exps_dir must be a non-empty string, got ' '"),
+        ({"metric_path": ["m.json"]}, "autotuning.metric_path must be a string or null, got ['m.json']"),
+        ({"arg_mappings": ["--lr"]}, "autotuning.arg_mappings must be an object mapping config keys to script flags, got ['--lr']"),
+        ({"arg_mappings": {"train_batch_size": 8}}, "autotuning.arg_mappings.train_batch_size must be a script flag"),
+        ({"model_info": {"num_params": "1B"}}, "autotuning.model_info.num_params must be a positive integer, got '1B'"),
+        ({"model_info": {"activation_mem_per_gpu": -1}}, "autotuning.model_info.activation_mem_per_gpu must be a non-negative integer, got -1"),
+        ({"model_info": {"profile": "yes"}}, "autotuning.model_info.profile must be true or false, got 'yes'"),
+        ({"num_tuning_micro_batch_size": 3}, "unknown key autotuning.num_tuning_micro_batch_size; did you mean 'num_tuning_micro_batch_sizes'?"),
+        ({"max_train_batch_size": 4, "min_train_batch_size": 8}, "autotuning.max_train_batch_size (4) is below autotuning.min_train_batch_size (8)"),
     ],
 )
 def test_invalid_autotuning_sections_name_the_key(section: object, message: str) -> None:
@@ -54,6 +72,20 @@ def test_invalid_autotuning_sections_name_the_key(section: object, message: str)
         parse_autotuning_config(section)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_every_key_deepspeed_reads_is_typed_and_nulls_are_the_defaults() -> None:
+    """Each key DeepSpeed's autotuner reads from the section (its constants) is one of ours;
+    the README writes ``null`` for the folders and arg_mappings: their defaults."""
+    from deepspeed.autotuning import config as ds_config
+
+    read = re.findall(r"get_(?:scalar|dict)_param\(\s*autotuning_dict,\s*(AUTOTUNING_[A-Z_]+)", inspect.getsource(ds_config))
+    keys = {getattr(ds_config, name) for name in read} | {ds_config.MODEL_INFO}
+    assert keys == set(AutotuningConfig.model_fields)
+    c = parse_autotuning_config({"enabled": True, "results_dir": None, "exps_dir": None, "arg_mappings": None})
+    assert (c.results_dir, c.exps_dir, c.arg_mappings) == ("autotuning_results", "autotuning_exps", {})
+    with pytest.raises(pydantic.ValidationError):  # frozen: what was checked stays so
+        c.enabled = False  # type: ignore[misc]
 
 
 def test_arg_mapping_keys_are_stripped() -> None:
@@ -169,3 +201,16 @@ def test_deepspeed_checks_every_tuned_value_at_every_stage() -> None:
         _checked({"zero_optimization": {"stage": [1, 2], "overlap_comm": [True, False], "allgather_bucket_size": [5e8, 2e8, 0.5]}})
     with pytest.raises(ConfigError, match="did you mean 'overlap_comm'"):
         _checked({"zero_optimization": {"stage": "all", "overlap_com": [True, False]}})
+
+
+@pytest.mark.parametrize(("zero", "message"), [
+    ({"stage": "all", "reduce_bucket_size": [5e8, "5e7"]}, "zero_optimization.reduce_bucket_size must be a non-negative number"),
+    ({"stage": 3, "stage3_prefetch_bucket_size": ["big"]}, "zero_optimization.stage3_prefetch_bucket_size must be a non-negative number"),
+    ({"stage": 2, "overlap_comm": [1, 0]}, "zero_optimization.overlap_comm must be true, false or a list of them"),
+    ({"stage": 2, "offload_optimizer": [{"device": "cpu"}, {"device": "none"}]}, "zero_optimization.offload_optimizer must be an object"),
+])
+def test_tuning_space_overrides_are_typed_before_launch(zero: dict, message: str) -> None:
+    """A list in zero_optimization overrides the knob's tuned values: each must be of the knob's type."""
+    with pytest.raises(ConfigError) as e:
+        _user({"zero_optimization": zero, "autotuning": {"enabled": True, "fast": False}})
+    assert message in str(e.value) and "\n" not in str(e.value)

@@ -86,12 +86,18 @@ def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig
 
     states = {t.user_attrs["micro_batch_size"]: (t.state, t.user_attrs.get("reason")) for t in _trials(ws).values()}
     assert states == {2: (TrialState.COMPLETE, None), 4: (TrialState.FAIL, "interrupted")}
+    # Interrupted is not done: a partial summary of what finished, no optimum and no verdicts.
     summary = (ws.results / "summary.txt").read_text()
-    assert "z1_gas1_tmbspg2" in summary  # what finished is reported
-    assert json.loads((ws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 2
+    assert summary.startswith("PARTIAL: interrupted after 1 experiment(s); rerun the same command to resume."), summary
+    assert "z1_gas1_tmbspg2" in summary and summary in out  # what finished is reported, and shown
+    assert "optimum" not in summary.lower() and "expected no gain" not in summary
+    assert not (ws.results / "ds_config_optimal.json").exists() and not (ws.results / "cmd_optimal.txt").exists()
+    assert "PARTIAL: interrupted" in (ws.results / "report.html").read_text()
 
     p = ws.tune()  # no hang this time
     assert p.returncode == 0, p.stderr
+    assert not (ws.results / "summary.txt").read_text().startswith("PARTIAL")
+    assert json.loads((ws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] in (2, 4, 8)
     runs = _first_runs(ws)
     assert runs.count(2) == 1, "a finished experiment ran again"
     assert runs.count(4) == 2 and runs.count(8) == 1  # the interrupted launch, then its retry

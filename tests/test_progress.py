@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import io
+import re
 
 from optuna_ds.config import Metric
 from optuna_ds.reporting import Progress
+from optuna_ds.reporting import human_number
 
 
 class Clock:
@@ -21,8 +23,8 @@ def _feed(progress: Progress, clock: Clock | None = None) -> None:
     clock.now += 10
     progress.finished(stage=1, number=0, name="z1_gas1_tmbspg4", value=120.0, duration=10.0, outcome="throughput=120")
     progress.started(stage=1, number=1, name="z1_gas1_tmbspg8", slot="localhost:0,1")
-    clock.now += 5
-    progress.finished(stage=1, number=1, name="z1_gas1_tmbspg8", value=None, duration=5.0, outcome="failed (oom: out of memory)")
+    clock.now += 10
+    progress.finished(stage=1, number=1, name="z1_gas1_tmbspg8", value=None, duration=10.0, outcome="failed (oom: out of memory)")
     progress.started(stage=2, number=0, name="z2_gas1_tmbspg4", slot="localhost:2,3")
 
 
@@ -30,24 +32,70 @@ def test_status_shows_best_first_a_bar_over_the_estimate_and_time_left() -> None
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
     _feed(progress, clock)
+    clock.now += 5  # z2 under way for half the mean duration
     lines = progress.status().splitlines()
-    assert lines[0].startswith("best 120 z1_gas1_tmbspg4 | z1 120")
-    assert lines[1].startswith("2/~5 ") and " 40% " in lines[1]
-    assert "~0:00:22 left" in lines[1]  # 3 more at 2 finished in 15 s
-    assert lines[2].startswith("localhost:2,3 0:00:00 z2_gas1_tmbspg4")
+    assert lines[0].startswith("best 120 samples/s z1_gas1_tmbspg4 | z1 120")
+    # 2 done + 1 running + the planner's 5 to start; 2.5 of 8 done, rounded down
+    assert lines[1].startswith("2/~8 (1 running) ") and " 31% " in lines[1]
+    # 2.5 experiments' work in the 25 s since the first started: 5.5 left at 10 s each
+    assert re.search(r" 0:00:25 elapsed, ~0:00:5[56] left$", lines[1]), lines[1]  # rich rounds up
+    assert lines[2].startswith("localhost:2,3 0:00:05 z2_gas1_tmbspg4")
 
 
-def test_remaining_time_follows_the_rate_of_all_slots() -> None:
-    """Two slots finishing 10 s experiments side by side: one experiment every 5 s, not 10."""
+def test_the_time_left_counts_the_running_experiments_share_and_holds_while_one_runs() -> None:
+    """One slot, 60 s experiments: while the next runs its share grows with the clock, so the
+    time left falls with it instead of growing (the rate of finished experiments alone fell
+    while an experiment ran, and the estimate grew)."""
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
     progress.plan(10, metric=Metric.named("throughput"))
     for i in range(2):
-        progress.started(stage=0, number=i, name=f"a{i}", slot=f"localhost:{i}")
-    clock.now += 10
-    for i in range(2):
-        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0 + i, duration=10.0, outcome="ok")
-    assert progress.remaining() == 40.0  # 8 left at 2 per 10 s
+        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
+        clock.now += 60
+        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=60.0, outcome="ok")
+    progress.started(stage=0, number=2, name="a2", slot="localhost:0")
+    lefts = []
+    for _ in range(5):
+        clock.now += 10
+        lefts.append(progress.remaining())
+    assert all(9 <= a - b <= 11 for a, b in zip(lefts, lefts[1:])), lefts  # falls with the clock
+    assert abs(lefts[-1] - (13 - 2 - 50 / 60) * 60) <= 1, lefts  # one a minute: what is left of 2 + 1 + 10
+
+
+def test_the_time_left_follows_the_rate_of_all_slots() -> None:
+    """Two slots running 10 s experiments side by side: one experiment every 5 s, not 10."""
+    clock = Clock()
+    progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
+    progress.plan(10, metric=Metric.named("throughput"))
+    number = 0
+    for _ in range(2):
+        for slot in range(2):
+            progress.started(stage=0, number=number, name=f"a{number}", slot=f"localhost:{slot}")
+            number += 1
+        clock.now += 10
+        for n in range(number - 2, number):
+            progress.finished(stage=0, number=n, name=f"a{n}", value=1.0, duration=10.0, outcome="ok")
+    assert abs(progress.remaining() - 50) <= 1  # 10 left at 2 per 10 s (rich rounds up)
+
+
+def test_never_100_percent_while_one_runs_or_the_planner_has_not_stopped() -> None:
+    """The users' ``7/~7 100%`` for seven minutes: the planner's estimate ran out while it went on."""
+    clock = Clock()
+    progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
+    progress.plan(1, metric=Metric.named("throughput"))
+    for i in range(3):  # the planner keeps going past its estimate and says nothing new
+        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
+        clock.now += 100  # far past the mean: still not counted as done
+        assert " 100% " not in progress.status() and "/~" in progress.status()
+        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=1.0, outcome="ok")
+        assert " 100% " not in progress.status()
+    progress.started(stage=0, number=3, name="a3", slot="localhost:0")
+    progress.plan(0, metric=Metric.named("throughput"))  # the planner stopped; one still runs
+    bar = progress.status().splitlines()[1]
+    assert bar.startswith("3/4 (1 running) ") and " 100% " not in bar
+    progress.finished(stage=0, number=3, name="a3", value=1.0, duration=1.0, outcome="ok")
+    bar = progress.status().splitlines()[1]
+    assert bar.startswith("4/4 ") and " 100% " in bar and "left" not in bar
 
 
 def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
@@ -58,15 +106,26 @@ def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
     for i, slot in enumerate(("localhost:0,1,2,3", "localhost:4,5,6,7")):
         progress.started(stage=3, number=i, name=long + str(i), slot=slot)
     clock.now += 61
-    progress.finished(stage=3, number=0, name=long + "0", value=160.4, duration=61.0, outcome="ok")
+    progress.finished(stage=3, number=0, name=long + "0", value=15970.4, duration=61.0, outcome="ok")
     progress.started(stage=3, number=2, name=long + "2", slot="localhost:0,1,2,3")
     clock.now += 3600
     lines = progress.render(width=80).splitlines()
     assert all(len(line) <= 80 for line in lines), lines
     assert len(lines) == 4  # best, bar, one line per busy slot
-    assert lines[0].startswith("best 160.4 z3_gas16")
-    assert lines[1].startswith("1/~38 ") and "elapsed" in lines[1] and "left" in lines[1]
+    assert lines[0].startswith("best 15,970 samples/s z3_gas16")
+    assert lines[1].startswith("1/~41 (2 running) ") and "elapsed" in lines[1] and lines[1].endswith(" left")
     assert lines[2].startswith("localhost:0,1,2,3 1:00:00 z3_gas16") and lines[3].startswith("localhost:4,5,6,7 1:01:01 z3_gas16")
+
+
+def test_numbers_are_written_for_people() -> None:
+    assert [human_number(v) for v in (15970.3, 160.44, 0.01234, 312.5e12, 2.5e6, 999.96)] == [
+        "15,970", "160.4", "0.01234", "312T", "2.5M", "1,000"]
+    out = io.StringIO()
+    progress = Progress(stream=out, tty=False)
+    progress.plan(2, metric=Metric.named("throughput"))
+    progress.finished(stage=1, number=0, name="a", value=15970.4, duration=1.0, outcome="throughput=1.597e+04")
+    assert "[z1] trial 0: a throughput 15,970 samples/s in 1.0s" in out.getvalue()
+    assert "e+0" not in out.getvalue() + progress.status()
 
 
 def test_a_changed_estimate_is_said() -> None:
@@ -75,7 +134,7 @@ def test_a_changed_estimate_is_said() -> None:
     progress.plan(37, metric=Metric.named("throughput"))
     progress.finished(stage=0, number=0, name="a", value=1.0, duration=1.0, outcome="ok")
     progress.plan(41, metric=Metric.named("throughput"))
-    assert "estimate: ~42 experiments in all (was ~37)" in out.getvalue()
+    assert "estimate: ~42 experiments in all (was ~38)" in out.getvalue()
     progress.plan(41, metric=Metric.named("throughput"))
     assert out.getvalue().count("estimate:") == 1
 
@@ -86,7 +145,7 @@ def test_a_terminal_gets_the_live_block_and_the_log_lines_above_it() -> None:
     _feed(progress)
     progress.close()
     text = out.getvalue()
-    assert "[z1] trial 1: z1_gas1_tmbspg8 failed (oom: out of memory) in 5.0s" in text
+    assert "[z1] trial 1: z1_gas1_tmbspg8 failed (oom: out of memory) in 10.0s" in text
     assert "━" in text  # the bar was drawn
     assert "\x1b[" in text  # and redrawn in place
 
@@ -96,7 +155,7 @@ def test_plain_lines_when_not_a_terminal_and_nothing_when_quiet() -> None:
     _feed(Progress(stream=out, tty=False))
     lines = out.getvalue().splitlines()
     assert lines[0] == "[z1] trial 0: running z1_gas1_tmbspg4 on localhost:0,1"
-    assert "[z1] trial 1: z1_gas1_tmbspg8 failed (oom: out of memory) in 5.0s" in lines
+    assert "[z1] trial 1: z1_gas1_tmbspg8 failed (oom: out of memory) in 10.0s" in lines
     assert "━" not in out.getvalue()
     quiet = io.StringIO()
     _feed(Progress(stream=quiet, tty=False, quiet=True))
@@ -111,4 +170,4 @@ def test_verbose_adds_details_and_latency_best_is_the_minimum() -> None:
     progress.finished(stage=0, number=0, name="a", value=5.0, duration=1.0, outcome="latency=5")
     progress.finished(stage=0, number=1, name="b", value=3.0, duration=1.0, outcome="latency=3")
     assert "  cd /x && deepspeed ..." in out.getvalue()
-    assert progress.best_line().startswith("best 3 b")
+    assert progress.best_line().startswith("best 3 ms b")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import tempfile
@@ -25,39 +26,64 @@ def _refuse(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
+_LAUNCHER_GROUP = "DeepSpeed launcher options"
+
+
+class _LauncherOption(click.Option):
+    """A flag of DeepSpeed's launcher, shown in a group of its own."""
+
+    group = _LAUNCHER_GROUP
+
+
+class _GroupedCommand(click.Command):
+    """Help with the command's own options first, then DeepSpeed's launcher flags in their group."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {"Options": [], _LAUNCHER_GROUP: []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None  # arguments: in the usage
+            if record is not None:
+                groups[getattr(param, "group", "Options")].append(record)
+        for title, records in groups.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+
 def _launcher_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Every flag of DeepSpeed's launcher, in its spelling (short forms included) and the dashed one."""
+    option = functools.partial(click.option, cls=_LauncherOption)
     options = [
-        click.option("-H", "--hostfile", type=click.Path(dir_okay=False), default=None, help="DeepSpeed hostfile (default /job/hostfile if present)."),
-        click.option("-i", "--include", default="", help="GPUs to use, e.g. localhost:0,1 or worker-0@worker-1:0,2."),
-        click.option("-e", "--exclude", default="", help="GPUs not to use, same syntax as --include."),
-        click.option("--num_nodes", "--num-nodes", "num_nodes", type=int, default=-1, help="Nodes per experiment (default: all)."),
-        click.option("--num_gpus", "--num-gpus", "--num_accelerators", "--num-accelerators", "num_gpus", type=int, default=-1,
+        option("-H", "--hostfile", type=click.Path(dir_okay=False), default=None, help="DeepSpeed hostfile (default /job/hostfile if present)."),
+        option("-i", "--include", default="", help="GPUs to use, e.g. localhost:0,1 or worker-0@worker-1:0,2."),
+        option("-e", "--exclude", default="", help="GPUs not to use, same syntax as --include."),
+        option("--num_nodes", "--num-nodes", "num_nodes", type=int, default=-1, help="Nodes per experiment (default: all)."),
+        option("--num_gpus", "--num-gpus", "--num_accelerators", "--num-accelerators", "num_gpus", type=int, default=-1,
                      help="GPUs per experiment per node (default: all)."),
-        click.option("--master_port", "--master-port", "master_port", type=int, default=None,
+        option("--master_port", "--master-port", "master_port", type=int, default=None,
                      help="Rendezvous port of the first slot's experiments (default 29500); the optimal command keeps it only if given."),
-        click.option("--master_addr", "--master-addr", "master_addr", default="", help="Rendezvous address for multi-node experiments."),
-        click.option("--launcher", default="pdsh", show_default=True, help="DeepSpeed's multi-node backend: pdsh, openmpi, mvapich, slurm, mpich, impi."),
-        click.option("--launcher_args", "--launcher-args", "launcher_args", default="", help="Arguments of the multi-node backend, as one quoted string."),
-        click.option("--module", is_flag=True, help="Run the script as a Python module (python -m)."),
-        click.option("--no_python", "--no-python", "no_python", is_flag=True, help="Execute the script directly, without python."),
-        click.option("--no_local_rank", "--no-local-rank", "no_local_rank", is_flag=True, help="Do not pass --local_rank to the script."),
-        click.option("--no_ssh_check", "--no-ssh-check", "no_ssh_check", is_flag=True, help="Skip DeepSpeed's ssh check of multi-node experiments."),
-        click.option("--force_multi", "--force-multi", "force_multi", is_flag=True, help="Use the multi-node backend even for one node."),
-        click.option("--save_pid", "--save-pid", "save_pid", is_flag=True, help="DeepSpeed's pid file, for the final training."),
-        click.option("--enable_each_rank_log", "--enable-each-rank-log", "enable_each_rank_log", default="None",
+        option("--master_addr", "--master-addr", "master_addr", default="", help="Rendezvous address for multi-node experiments."),
+        option("--launcher", default="pdsh", show_default=True, help="DeepSpeed's multi-node backend: pdsh, openmpi, mvapich, slurm, mpich, impi."),
+        option("--launcher_args", "--launcher-args", "launcher_args", default="", help="Arguments of the multi-node backend, as one quoted string."),
+        option("--module", is_flag=True, help="Run the script as a Python module (python -m)."),
+        option("--no_python", "--no-python", "no_python", is_flag=True, help="Execute the script directly, without python."),
+        option("--no_local_rank", "--no-local-rank", "no_local_rank", is_flag=True, help="Do not pass --local_rank to the script."),
+        option("--no_ssh_check", "--no-ssh-check", "no_ssh_check", is_flag=True, help="Skip DeepSpeed's ssh check of multi-node experiments."),
+        option("--force_multi", "--force-multi", "force_multi", is_flag=True, help="Use the multi-node backend even for one node."),
+        option("--save_pid", "--save-pid", "save_pid", is_flag=True, help="DeepSpeed's pid file, for the final training."),
+        option("--enable_each_rank_log", "--enable-each-rank-log", "enable_each_rank_log", default="None",
                      help="Directory of per-rank logs (each experiment in its own subfolder)."),
-        click.option("--bind_cores_to_rank", "--bind-cores-to-rank", "bind_cores_to_rank", is_flag=True, help="Bind each rank to its own cores."),
-        click.option("--bind_core_list", "--bind-core-list", "bind_core_list", default=None, help="Cores to bind to, e.g. 1,3-5,7."),
-        click.option("--ssh_port", "--ssh-port", "ssh_port", type=int, default=None, help="SSH port of multi-node experiments."),
-        click.option("--venv_script", "--venv-script", "venv_script", default=None, help="Virtual environment activation script of multi-node experiments."),
-        click.option("--log_level", "--log-level", "log_level", default="info", show_default=True, help="Log level of DeepSpeed's launcher."),
-        click.option("--no_ssh", "--no-ssh", "no_ssh", is_flag=True, hidden=True, expose_value=False, callback=_refuse),
-        click.option("--node_rank", "--node-rank", "node_rank", default=None, hidden=True, expose_value=False, callback=_refuse),
-        click.option("--autotuning", default=None, hidden=True, expose_value=False, callback=_refuse),
+        option("--bind_cores_to_rank", "--bind-cores-to-rank", "bind_cores_to_rank", is_flag=True, help="Bind each rank to its own cores."),
+        option("--bind_core_list", "--bind-core-list", "bind_core_list", default=None, help="Cores to bind to, e.g. 1,3-5,7."),
+        option("--ssh_port", "--ssh-port", "ssh_port", type=int, default=None, help="SSH port of multi-node experiments."),
+        option("--venv_script", "--venv-script", "venv_script", default=None, help="Virtual environment activation script of multi-node experiments."),
+        option("--log_level", "--log-level", "log_level", default="info", show_default=True, help="Log level of DeepSpeed's launcher."),
+        option("--no_ssh", "--no-ssh", "no_ssh", is_flag=True, hidden=True, expose_value=False, callback=_refuse),
+        option("--node_rank", "--node-rank", "node_rank", default=None, hidden=True, expose_value=False, callback=_refuse),
+        option("--autotuning", default=None, hidden=True, expose_value=False, callback=_refuse),
     ]
-    for option in reversed(options):
-        f = option(f)
+    for decorator in reversed(options):
+        f = decorator(f)
     return f
 
 
@@ -130,7 +156,7 @@ def cli() -> None:
     """Find the fastest DeepSpeed configuration for a training script, with Optuna."""
 
 
-@cli.command(context_settings=_PASS_THROUGH)
+@cli.command(cls=_GroupedCommand, context_settings=_PASS_THROUGH)
 @_launcher_options
 @_tuner_options
 @click.argument("script")
@@ -146,7 +172,7 @@ def tune(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
         sys.exit(1)
 
 
-@cli.command(context_settings=_PASS_THROUGH)
+@cli.command(cls=_GroupedCommand, context_settings=_PASS_THROUGH)
 @_launcher_options
 @_tuner_options
 @click.argument("script")
@@ -167,7 +193,7 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
     sys.exit(run_training(outcome.optimal_command))
 
 
-@cli.command()
+@cli.command(cls=_GroupedCommand)
 @_launcher_options
 @click.option("--storage", required=True, envvar="OPTUNA_STORAGE", show_envvar=True, help="The tuning's Optuna storage URL, as given to `optuna-ds tune`.")
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="The tuning's name.")

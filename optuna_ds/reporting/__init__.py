@@ -1,6 +1,9 @@
 """Layer 5b: what a tuning leaves for the user: summary, optimal config and command."""
 
+from optuna_ds.reporting._partial import PartialSummary
+from optuna_ds.reporting._partial import partial_summary
 from optuna_ds.reporting._progress import Progress
+from optuna_ds.reporting._progress import human_number
 from optuna_ds.reporting._report import ReportData
 from optuna_ds.reporting._report import best_stage_study
 from optuna_ds.reporting._report import load_report
@@ -22,14 +25,17 @@ from optuna_ds.reporting._summary import write_summary
 
 __all__ = [
     "LearningRateAdvice",
+    "PartialSummary",
     "Progress",
     "ReportData",
     "ScaledLearningRate",
     "best_stage_study",
     "headline",
+    "human_number",
     "learning_rate_advice",
     "load_report",
     "optimal_config",
+    "partial_summary",
     "register_with_dashboard",
     "render_report",
     "scale_learning_rate",

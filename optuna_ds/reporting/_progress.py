@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import math
 import sys
 import threading
 import time
@@ -12,23 +13,98 @@ from rich.console import Console
 from rich.console import Group
 from rich.console import RenderableType
 from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.progress import BarColumn
+from rich.progress import Progress as RichProgress
+from rich.progress import ProgressColumn
+from rich.progress import Task
+from rich.table import Column
 from rich.text import Text
 
 from optuna_ds.config import Metric
+
+
+# Rates are taken over this window: long enough to span several experiments, short enough to
+# follow a tuning whose experiments grow (larger micro-batches, later stages).
+_RATE_WINDOW = 3600.0
+# A running experiment's share is sampled at most this often: rich keeps 1000 samples, so the
+# window above holds, and a redraw twice a second does not crowd out older samples.
+_SAMPLE_SECONDS = 5.0
+# A running experiment past the mean duration is most of one, never a whole one: only its
+# end says it is done.
+_RUNNING_CAP = 0.9
+# rich measures a rate from its first sample on, that sample's progress left out: the first
+# start leaves this much, so the rate counts from there.
+_ANCHOR = 1e-9
+
+
+def human_number(value: float) -> str:
+    """A measurement as people read it: ``15,970``, ``160.4``, ``312T``; never ``1.597e+04``."""
+    size = abs(value)
+    if size >= 1e6:
+        for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+            if size >= scale:
+                return f"{value / scale:.3g}{prefix}"
+    short = f"{value:.4g}"
+    return f"{value:,.0f}" if abs(float(short)) >= 1000 else short
+
+
+class _CountColumn(ProgressColumn):
+    """``7/~20 (2 running)``: experiments finished of the estimate, ``~`` until the planner
+    stopped, and those under way."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=True))
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("starting")
+        approx = "" if task.fields["stopped"] else "~"
+        running = f" ({task.fields['running']} running)" if task.fields["running"] else ""
+        return Text(f"{task.fields['done']}/{approx}{int(task.total)}{running}", no_wrap=True)
+
+
+class _PercentColumn(ProgressColumn):
+    """Rounded down, so 100% means every experiment ended and the planner stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=True))
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        share = 1.0 if task.finished else min(task.completed / task.total if task.total else 0.0, 0.99)
+        return Text(f"{int(share * 100):3d}%")
+
+
+class _TimesColumn(ProgressColumn):
+    """Elapsed, then rich's estimate of the time left from the task's rate (``task.time_remaining``)."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=True))
+
+    def render(self, task: Task) -> Text:
+        text = f"{_clock(task.elapsed or 0)} elapsed"
+        left = task.time_remaining
+        if left is not None and not task.finished:
+            text += f", ~{_clock(left)} left"
+        return Text(text, no_wrap=True)
 
 
 class Progress:
     """What a tuning tells the person watching it.
 
     On a terminal, a live block stays at the bottom: the best so far first (globally, then per
-    stage), a progress bar over the planner's current estimate of the experiments with elapsed
-    and remaining time, then one line per busy GPU slot; finished experiments scroll above it.
-    The remaining time comes from the observed rate of finished experiments across all slots,
-    so parallel slots shorten it. When the estimate changes, a line says so. Elsewhere (a log
-    file, CI) plain lines. ``quiet`` prints nothing but warnings; ``verbose`` adds each command
-    and the end of each failure's stderr.
+    stage), a ``rich.progress`` bar with elapsed and remaining time, then one line per busy GPU
+    slot; finished experiments scroll above it. Elsewhere (a log file, CI) plain lines.
+    ``quiet`` prints nothing but warnings; ``verbose`` adds each command and the end of each
+    failure's stderr.
+
+    The bar's total is the experiments finished, those running and the planner's estimate of
+    those still to start; its progress counts a running experiment by its share of the mean
+    duration so far (half of it: half an experiment). rich's rate over that progress, all slots
+    together, gives the time left, which so stays put while one long experiment runs. The total
+    is ``~`` and the bar short of 100% until the planner stopped and nothing runs. When the
+    planner's estimate changes, a line says so.
     """
 
     def __init__(self, *, quiet: bool = False, verbose: bool = False, stream: TextIO | None = None, tty: bool | None = None,
@@ -39,13 +115,19 @@ class Progress:
         self._tty = self._stream.isatty() if tty is None else tty
         self._clock = clock
         self._lock = threading.RLock()
-        self._planned = 0
+        self._to_start: int | None = None  # the planner's estimate of the experiments not yet started
         self._done = 0
+        self._durations = 0.0
         self._running: dict[tuple[int, int], tuple[str, str, float]] = {}
         self._best: dict[int, tuple[float, str]] = {}
         self._metric = Metric.named("throughput")  # until the tuning says its own
-        self._start = clock()
-        self._first_start: float | None = None
+        self._sampled = -math.inf
+        self._bar = RichProgress(
+            _CountColumn(), BarColumn(bar_width=None, table_column=Column(ratio=1)), _PercentColumn(), _TimesColumn(),
+            get_time=clock, speed_estimate_period=_RATE_WINDOW, auto_refresh=False, expand=True,
+            console=Console(file=io.StringIO()),
+        )
+        self._task = self._bar.add_task("experiments", total=None, done=0, running=0, stopped=False)
         self._live: Live | None = None
 
     # -- what the tuning reports -------------------------------------------------------------
@@ -62,29 +144,34 @@ class Progress:
             self._write(text)
 
     def plan(self, remaining: int, *, metric: Metric) -> None:
+        """The planner's estimate of the experiments still to start; 0 once it stopped."""
         with self._lock:
-            old, self._planned = self._planned, self._done + remaining
+            old = self._total()
+            self._to_start = remaining
             self._metric = metric
-        if old and self._planned != old:
-            self.log(f"estimate: ~{self._planned} experiments in all (was ~{old}), from what the stages so far showed")
+            new = self._total()
+            self._update(sample=True)
+        if old is not None and new != old:
+            self.log(f"estimate: ~{new} experiments in all (was ~{old}), from what the stages so far showed")
         self._start_live()
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
         with self._lock:
-            now = self._clock()
-            self._first_start = now if self._first_start is None else self._first_start
-            self._running[(stage, number)] = (name, slot, now)
+            self._running[(stage, number)] = (name, slot, self._clock())
+            self._update(sample=True)
         self.log(f"[z{stage}] trial {number}: running {name} on {slot}")
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
         with self._lock:
             self._running.pop((stage, number), None)
             self._done += 1
-            self._planned = max(self._planned, self._done)
+            self._durations += duration
             if value is not None:
                 best = self._best.get(stage)
                 if best is None or self._metric.better(value, best[0]):
                     self._best[stage] = (value, name)
+                outcome = f"{self._metric.name} {self._with_unit(value)}"
+            self._update(sample=True)
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
 
     def close(self) -> None:
@@ -92,24 +179,61 @@ class Progress:
             self._live.stop()
             self._live = None
 
-    # -- rendering ----------------------------------------------------------------------------
+    # -- the estimate -------------------------------------------------------------------------
+
+    def _total(self) -> int | None:
+        if self._to_start is None:
+            return None
+        return self._done + len(self._running) + self._to_start
+
+    def _under_way(self, now: float) -> float:
+        """The running experiments as a number of experiments: each its time so far over the
+        mean duration of those that finished; none before one finished."""
+        if not self._done or not self._durations:
+            return 0.0
+        mean = self._durations / self._done
+        return sum(min((now - since) / mean, _RUNNING_CAP) for _, _, since in self._running.values())
+
+    def _update(self, *, sample: bool) -> None:
+        """Bring the rich task up to date; ``sample`` records the progress for the rate (events
+        always; a redraw at most every ``_SAMPLE_SECONDS``)."""
+        now = self._clock()
+        task = self._bar.tasks[0]
+        total = self._total()
+        # Never backwards (a rate counts only progress), never a finished experiment's worth
+        # for a running one.
+        ceiling = self._done + _RUNNING_CAP * len(self._running)
+        completed = min(max(task.completed, self._done + self._under_way(now), _ANCHOR if self._running else 0.0), ceiling)
+        if not (sample or now - self._sampled >= _SAMPLE_SECONDS):
+            completed = task.completed
+        if completed > task.completed:
+            self._sampled = now
+        # Set directly: update(total=...) starts the task afresh, dropping the rate's samples,
+        # and this total is an estimate that moves with each experiment.
+        task.total = float(total) if total is not None else None
+        self._bar.update(self._task, completed=completed, done=self._done, running=len(self._running),
+                         stopped=self._to_start == 0)
 
     def remaining(self) -> float | None:
-        """Seconds left: the experiments still planned over the rate at which experiments have
-        finished since the first started, all slots together; ``None`` before one finished."""
+        """Seconds left, as the bar shows them; ``None`` while no rate is known."""
         with self._lock:
-            if not self._done or self._first_start is None or self._planned <= self._done:
-                return None
-            rate = self._done / max(self._clock() - self._first_start, 1e-9)
-            return (self._planned - self._done) / rate
+            self._update(sample=False)
+            task = self._bar.tasks[0]
+            return None if task.finished else task.time_remaining
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def _with_unit(self, value: float) -> str:
+        unit = self._metric.unit
+        return f"{human_number(value)} {unit}" if unit else human_number(value)
 
     def best_line(self) -> str:
         with self._lock:
             if not self._best:
                 return "best: none yet"
             value, name = self._metric.best(self._best.values(), key=lambda b: b[0])
-            stages = " ".join(f"z{s} {v:.4g}" for s, (v, _) in sorted(self._best.items()))
-            return f"best {value:.4g} {name} | {stages}"
+            stages = " ".join(f"z{s} {human_number(v)}" for s, (v, _) in sorted(self._best.items()))
+            return f"best {self._with_unit(value)} {name} | {stages}"
 
     def slot_lines(self) -> list[str]:
         with self._lock:
@@ -119,7 +243,7 @@ class Progress:
 
     def status(self) -> str:
         """The whole live block as plain text, one line per row."""
-        return "\n".join(self.render(width=1000).splitlines())
+        return "\n".join(line.rstrip() for line in self.render(width=1000).splitlines())
 
     def render(self, *, width: int) -> str:
         """The live block as a terminal ``width`` wide shows it (no colours)."""
@@ -129,18 +253,10 @@ class Progress:
 
     def _renderable(self) -> RenderableType:
         with self._lock:
-            done, planned = self._done, self._planned
-            elapsed = self._clock() - self._start
-        left = self.remaining()
-        bar = Table.grid(padding=(0, 1), expand=True)
-        bar.add_column(no_wrap=True)
-        bar.add_column(ratio=1)
-        bar.add_column(no_wrap=True)
-        share = done / planned if planned else 0.0
-        times = f"{share:4.0%} {_clock(elapsed)} elapsed" + (f", ~{_clock(left)} left" if left is not None else "")
-        bar.add_row(f"{done}/~{planned}", ProgressBar(total=max(planned, 1), completed=done), times)
-        lines: list[RenderableType] = [Text(self.best_line(), no_wrap=True, overflow="ellipsis"), bar]
-        lines += [Text(line, no_wrap=True, overflow="ellipsis") for line in self.slot_lines()]
+            self._update(sample=False)
+            lines: list[RenderableType] = [Text(self.best_line(), no_wrap=True, overflow="ellipsis"),
+                                           self._bar.make_tasks_table(self._bar.tasks)]
+            lines += [Text(line, no_wrap=True, overflow="ellipsis") for line in self.slot_lines()]
         return Group(*lines)
 
     def _start_live(self) -> None:

@@ -9,6 +9,7 @@ from optuna_ds.studies._results import BestExperiment
 from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
+from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import noise_phrase
 from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._tuning import ProfileError
@@ -27,6 +28,7 @@ __all__ = [
     "Tuning",
     "TuningObserver",
     "TuningResult",
+    "is_finished_experiment",
     "noise_phrase",
     "load_result",
     "observation_of",

@@ -336,26 +336,34 @@ class Tuning:
         if not arms:
             return
         coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root)
+        ended = False
         try:
             coordinator.run()
+            ended = True
         finally:
-            self._record_outcome(coordinator, tuners, estimates)
+            self._record_outcome(coordinator, tuners, estimates, ended=ended)
 
     def _record_outcome(self, coordinator: Coordinator, tuners: dict[int, StageTuner],
-                        estimates: dict[int, MemoryEstimate]) -> None:
-        """Each stage's status, the chosen config and the noise, on the root study."""
+                        estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
+        """Each stage's status, the chosen config and the noise, on the root study. A stage left
+        out and the choice are the planner's verdicts once its search ``ended``; interrupted,
+        an unexplored stage is only not reached yet (unless a process whose search ended said more)."""
         observations = coordinator.observations()
+        recorded = recorded_stages(self._root)
         for stage, tuner in tuners.items():
             mine = [o for o in observations if o.stage == stage]
             if not mine:
-                self._record_stage(stage, "skipped", "the planner expected no gain from it", memory=estimates[stage].to_dict())
+                if ended:
+                    self._record_stage(stage, "skipped", "the planner expected no gain from it", memory=estimates[stage].to_dict())
+                elif f"z{stage}" not in recorded:
+                    self._record_stage(stage, "pending", "not reached yet", memory=estimates[stage].to_dict())
                 continue
             edge = max((o.mbs for o in mine if o.status is Status.OK and not o.knobs), default=0)
             offloads = sorted({o.offload for o in mine if o.offload})
             self._record_stage(stage, "tuned", memory=estimates[stage].to_dict(), max_runnable_micro_batch_size=edge,
                                offload=",".join(offloads))
         decision = coordinator.decision
-        if decision is None or decision.choice is None or not decision.done:
+        if not ended or decision is None or decision.choice is None or not decision.done:
             return
         c = decision.choice
         metric = self._user.autotuning.tuned_metric
@@ -391,8 +399,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
         if study is not None:
             trials[stage] = study.get_trials(deepcopy=False)
-        if entry.get("status") == "skipped":
-            results.append(StageResult(stage=stage, status="skipped", reason=entry.get("reason", "")))
+        if entry.get("status") in ("skipped", "pending"):
+            results.append(StageResult(stage=stage, status=entry["status"], reason=entry.get("reason", "")))
         elif study is not None:
             result = stage_result(study, stage)
             if result.best is None:

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import dataclasses
+
+from optuna_ds.reporting._summary import summary_table
+from optuna_ds.studies import TuningResult
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialSummary:
+    """An interrupted tuning's summary: ``head`` (what the report's headline shows), ``text``
+    (summary.txt) and ``markdown`` (optuna-dashboard's note)."""
+
+    head: tuple[str, ...]
+    body: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return "\n".join([*self.head, "", *self.body]) + "\n"
+
+    @property
+    def markdown(self) -> str:
+        return "\n\n".join(self.head) + "\n\n" + "\n".join(self.body) + "\n"
+
+
+def partial_summary(result: TuningResult, *, finished: int, resume: str) -> PartialSummary:
+    """What an interrupted tuning leaves, marked partial at the top: the best measured so far,
+    DeepSpeed's table, the stages' notes.
+
+    The planner's verdicts (the optimum, a stage skipped for no expected gain) are made when its
+    search ends: an interrupted tuning claims none of them, and writes no optimal config.
+    """
+    result = dataclasses.replace(result, chosen=None)
+    metric, best, base, spend = result.metric, result.best, result.baseline, result.spend
+    head = [f"PARTIAL: interrupted after {finished} experiment(s); {resume}.",
+            "No optimal config yet: the planner chooses it when its search ends."]
+    head.append(f"Best so far ({best.name}): {metric.with_unit(best.value)}." if best is not None
+                else "Best so far: none, no experiment finished successfully.")
+    if base is not None and base.value is not None:
+        head.append(f"Your config ({base.name}): {metric.with_unit(base.value)}.")
+    head.append(f"Spent so far: {spend.gpu_hours:.3g} GPU-hours.")
+    notes = []
+    for stage in result.stages:
+        if stage.status in ("skipped", "pending"):
+            notes.append(f"{stage.name} {stage.status}: {stage.reason}")
+        elif stage.num_failed:
+            notes.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
+    return PartialSummary(head=tuple(head), body=(summary_table(result), "", *notes))
