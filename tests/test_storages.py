@@ -264,12 +264,12 @@ def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(
         trial = study.ask()
         trial.set_user_attr("slot", "old")
         record = ExperimentRecord(slot="localhost:0", ds_config={"zero_optimization": {"stage": 1}}, micro_batch_size=8, exp_name="z1_x")
-        cache.set_trial_user_attrs(trial._trial_id, record.attrs())
+        cache.set_trial_user_attrs(trial_id(trial), record.attrs())
         stored = optuna.load_study(study_name=name, storage=url).trials[0]  # a fresh reader
         assert ExperimentRecord.from_trial(stored) == record  # the old value overwritten
         study.tell(trial, 1.0)
         with pytest.raises(RuntimeError):
-            cache.set_trial_user_attrs(trial._trial_id, {"exp_name": "late"})
+            cache.set_trial_user_attrs(trial_id(trial), {"exp_name": "late"})
     finally:
         optuna.delete_study(study_name=name, storage=url)
 
