@@ -63,7 +63,7 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert 16 <= best.params["train_micro_batch_size_per_gpu"] <= 32  # the peak is at 24
     root = _study(ws, "optuna-ds")
     assert root.user_attrs["model_info"]["num_params"] == 1_000_000
-    assert "z1" in root.user_attrs["memory"] and study.user_attrs["memory"]["stage"] == 1
+    assert root.user_attrs["stage:z1"]["memory"]["stage"] == 1 and study.user_attrs["memory"]["stage"] == 1
 
     name = best.user_attrs["exp_name"]
     res = ws.results

@@ -306,8 +306,6 @@ class Tuning:
             f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
         )
         estimates = self._estimates(info)
-        if not self._worker:
-            self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
         arms = self._arms(info, estimates)
         ctx = self._context(LockedObserver(self._observer))
         tuners: dict[int, StageTuner] = {}
