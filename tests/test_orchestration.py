@@ -85,6 +85,20 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert p.stdout.index(stopped[0]) < p.stdout.index("| global ")
 
 
+def test_no_experiment_runs_below_min_train_batch_size(ws: Workspace) -> None:
+    ws.config({**FAST, "autotuning": {**FAST["autotuning"], "min_train_batch_size": 48, "fast": False, "tuner_type": "gridsearch",
+                                      "tuner_num_trials": 4}})
+    p = ws.tune(surface={"oom_above": {"1": 40}, "peak": 24})
+    assert p.returncode == 0, p.stderr + p.stdout
+    records = [t.user_attrs for t in _study(ws, "optuna-ds-z1").get_trials() if "ds_config" in t.user_attrs]
+    assert any(r["phase"] == "knobs" for r in records)
+    for r in records:
+        c = r["ds_config"]
+        assert c["train_batch_size"] == c["train_micro_batch_size_per_gpu"] * c["gradient_accumulation_steps"] >= 48, c
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] * optimal["gradient_accumulation_steps"] >= 48
+
+
 def test_decision_log_has_one_line_per_launch(ws: Workspace) -> None:
     # `make bench-parallel` reads it: the time from a driver's step to its launch.
     ws.config(FAST)

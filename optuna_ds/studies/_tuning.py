@@ -229,7 +229,7 @@ class Tuning:
             early_stopping=a.tuner_early_stopping,
             num_trials=a.tuner_num_trials,
             mbs_high=mbs_high,
-            gas_high=max(self._user.gradient_accumulation_steps, bound),
+            gas_high=max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu()),
             timeout=self._timeout(),
             observer=observer,
             seed=self._seed,
