@@ -47,6 +47,8 @@ def test_metric_keys_and_directions(metric: str, key: str, direction: str) -> No
         ({"model_info": {"num_param": 5}}, "unknown key autotuning.model_info.num_param; did you mean 'num_params'?"),
         ({"max_train_micro_batch_size_per_gpu": 2, "min_train_micro_batch_size_per_gpu": 4}, "max_train_micro_batch_size_per_gpu (2) is below"),
         ([], "autotuning must be a JSON object"),
+        ({"metric_path": "m.json"}, "autotuning.metric_path cannot be set: each experiment writes its own metrics.json"),
+        ({"model_info_path": None}, "autotuning.model_info_path cannot be set: each experiment writes its own model_info.json"),
     ],
 )
 def test_invalid_autotuning_sections_name_the_key(section: object, message: str) -> None:

@@ -43,8 +43,6 @@ class AutotuningConfig:
     tuner_num_trials: int = 50
     arg_mappings: dict[str, str] = dataclasses.field(default_factory=dict)
     model_info: dict[str, Any] | None = None
-    metric_path: str | None = None
-    model_info_path: str | None = None
 
     @property
     def tuned_metric(self) -> Metric:
@@ -58,7 +56,9 @@ class AutotuningConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(AutotuningConfig)}
 _BOOL_KEYS = {"enabled", "overwrite", "fast"}
 _STR_KEYS = {"results_dir", "exps_dir", "metric", "tuner_type"}
-_OPTIONAL_STR_KEYS = {"metric_path", "model_info_path"}
+# Where DeepSpeed's engine writes an experiment's metrics and the profile run's model info: one
+# path of the user's would be every experiment's, so optuna-ds sets each experiment's own.
+_PER_EXPERIMENT_KEYS = {"metric_path": "metrics.json", "model_info_path": "model_info.json"}
 _POSITIVE_INT_KEYS = {
     "min_train_batch_size",
     "min_train_micro_batch_size_per_gpu",
@@ -93,6 +93,9 @@ def parse_autotuning_config(section: Any, *, where: str = "autotuning") -> Autot
     values: dict[str, Any] = {}
     for raw_key, value in section.items():
         key = raw_key.strip()
+        if key in _PER_EXPERIMENT_KEYS:
+            raise ConfigError(f"{where}.{key} cannot be set: each experiment writes its own {_PER_EXPERIMENT_KEYS[key]} "
+                              f"in its folder under results_dir, where optuna-ds reads it; remove the key")
         if key not in _FIELDS:
             raise ConfigError(f"unknown key {where}.{raw_key}{_suggest(key, _FIELDS)}")
         name = f"{where}.{key}"
@@ -102,9 +105,6 @@ def parse_autotuning_config(section: Any, *, where: str = "autotuning") -> Autot
         elif key in _STR_KEYS:
             if not isinstance(value, str) or not value.strip():
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
-        elif key in _OPTIONAL_STR_KEYS:
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{name} must be a string or null, got {value!r}")
         elif key in _POSITIVE_INT_KEYS:
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
