@@ -190,9 +190,6 @@ class UserConfig:
         zero = self.raw.get(ZERO_KEY)
         return copy.deepcopy(zero) if isinstance(zero, dict) else {}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "raw": self.raw}
-
 
 def _precision(raw: dict[str, Any], script_args: Sequence[str]) -> str:
     """fp16, bf16 or fp32; an "auto" switch follows the Trainer's --fp16/--bf16 flag."""

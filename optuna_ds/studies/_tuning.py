@@ -35,7 +35,6 @@ from optuna_ds.storage import load_stage_study
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
-from optuna_ds.studies._observer import LockedObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import BestExperiment
 from optuna_ds.studies._results import StageResult
@@ -307,7 +306,7 @@ class Tuning:
         )
         estimates = self._estimates(info)
         arms = self._arms(info, estimates)
-        ctx = self._context(LockedObserver(self._observer))
+        ctx = self._context(self._observer)
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
@@ -329,7 +328,7 @@ class Tuning:
                         estimates: dict[int, MemoryEstimate]) -> None:
         """Each stage's status, the chosen config and the noise, on the root study."""
         observations = coordinator.observations()
-        for stage, tuner in tuners.items():
+        for stage in tuners:
             mine = [o for o in observations if o.stage == stage]
             if not mine:
                 self._record_stage(stage, "skipped", "the planner expected no gain from it", memory=estimates[stage].to_dict())
