@@ -77,7 +77,7 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert "ds_config_optimal.json" in cmd and "train.py" in cmd
     summary = (res / "summary.txt").read_text()
     assert "| z1 " in summary and "| global " in summary and name in summary
-    assert "Total number of experiments: %d." % len(trials) in summary
+    assert f"Total number of experiments: {len(trials)}." in summary
     assert "scale the learning rate by sqrt(" in summary  # batch 2 -> the best batch
     # Why the search ended, said once, before the outcome.
     stopped = [line for line in p.stdout.splitlines() if line.startswith("the planner stopped: ")]
