@@ -282,7 +282,7 @@ def check_gpus(user: UserConfig, *, total_gpus: int) -> None:
     if mp > total_gpus or total_gpus % mp:
         raise ConfigError(f"autotuning.mp_size ({mp}) must divide the {total_gpus} GPU(s) of one experiment")
     mbs, gas, tbs = (user.raw.get(k) for k in (MBS_KEY, GAS_KEY, TBS_KEY))
-    if all(type(v) is int for v in (mbs, gas, tbs)):
+    if isinstance(mbs, int) and isinstance(gas, int) and isinstance(tbs, int) and not any(type(v) is bool for v in (mbs, gas, tbs)):
         dp = total_gpus // mp
         if tbs != mbs * gas * dp:
             raise ConfigError(

@@ -91,7 +91,7 @@ class _GridSampler(optuna.samplers.BaseSampler):
         self._search_space = {k: list(search_space[k]) for k in sorted(search_space)}
         self.param_names = list(self._search_space)
         self.points: list[tuple[Any, ...]] = list(itertools.product(*self._search_space.values()))
-        np.random.RandomState(seed or 0).shuffle(self.points)  # type: ignore[arg-type]  # a list of tuples shuffles in place
+        np.random.RandomState(seed or 0).shuffle(self.points)  # a list of tuples shuffles in place
         self._rng = np.random.RandomState(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._given: dict[int, int] = {}  # trial id: grid id

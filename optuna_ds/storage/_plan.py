@@ -121,7 +121,7 @@ def open_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
     """Create or load tuning ``tuning``'s study of ZeRO stage ``stage`` (see :func:`claim_stage_study`).
     Checked before anything reads its trials: a foreign study's running trials must not be
     taken for our orphans."""
-    study = optuna.create_study(storage=storage, study_name=stage_study_name(tuning, stage), direction=direction,
+    study = optuna.create_study(storage=storage, study_name=stage_study_name(tuning, stage), direction=optuna.study.StudyDirection[direction.upper()],
                                 load_if_exists=True)
     claim_stage_study(study, tuning, direction=direction)
     return study
@@ -130,7 +130,7 @@ def open_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
 def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, direction: str) -> optuna.Study:
     """Create the root study holding ``plan``, or load it and check it holds the same plan.
     A study of that name that holds no plan is ours only if blank (see :func:`claim_stage_study`)."""
-    study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=direction, load_if_exists=True)
+    study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=optuna.study.StudyDirection[direction.upper()], load_if_exists=True)
     study_id = storage.get_study_id_from_name(plan.study_name)
     stored = stored_plan(study.user_attrs, storage.get_study_system_attrs(study_id))
     if stored is None:

@@ -98,7 +98,9 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
     trials only). Returns the numbers of the trials completed, of those failed whose experiment
     runs again, and of those failed before their claim.
     """
-    completed, failed, unclaimed = [], [], []
+    completed: list[int] = []
+    failed: list[int] = []
+    unclaimed: list[int] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         record = ExperimentRecord.from_trial(t)
         if not (isinstance(record.worker, dict) and _dead(record.worker)):
