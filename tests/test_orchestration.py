@@ -63,7 +63,7 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert 16 <= best.params["train_micro_batch_size_per_gpu"] <= 32  # the peak is at 24
     root = _study(ws, "optuna-ds")
     assert root.user_attrs["model_info"]["num_params"] == 1_000_000
-    assert "z1" in root.user_attrs["memory"] and study.user_attrs["memory"]["stage"] == 1
+    assert root.user_attrs["stage:z1"]["memory"]["stage"] == 1 and study.user_attrs["memory"]["stage"] == 1
 
     name = best.user_attrs["exp_name"]
     res = ws.results
@@ -77,12 +77,26 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     assert "ds_config_optimal.json" in cmd and "train.py" in cmd
     summary = (res / "summary.txt").read_text()
     assert "| z1 " in summary and "| global " in summary and name in summary
-    assert "Total number of experiments: %d." % len(trials) in summary
+    assert f"Total number of experiments: {len(trials)}." in summary
     assert "scale the learning rate by sqrt(" in summary  # batch 2 -> the best batch
     # Why the search ended, said once, before the outcome.
     stopped = [line for line in p.stdout.splitlines() if line.startswith("the planner stopped: ")]
     assert stopped == ["the planner stopped: no experiment left is expected to pay"], p.stdout
     assert p.stdout.index(stopped[0]) < p.stdout.index("| global ")
+
+
+def test_no_experiment_runs_below_min_train_batch_size(ws: Workspace) -> None:
+    ws.config({**FAST, "autotuning": {**FAST["autotuning"], "min_train_batch_size": 48, "fast": False, "tuner_type": "gridsearch",
+                                      "tuner_num_trials": 4}})
+    p = ws.tune(surface={"oom_above": {"1": 40}, "peak": 24})
+    assert p.returncode == 0, p.stderr + p.stdout
+    records = [t.user_attrs for t in _study(ws, "optuna-ds-z1").get_trials() if "ds_config" in t.user_attrs]
+    assert any(r["phase"] == "knobs" for r in records)
+    for r in records:
+        c = r["ds_config"]
+        assert c["train_batch_size"] == c["train_micro_batch_size_per_gpu"] * c["gradient_accumulation_steps"] >= 48, c
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] * optimal["gradient_accumulation_steps"] >= 48
 
 
 def test_decision_log_has_one_line_per_launch(ws: Workspace) -> None:

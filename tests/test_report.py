@@ -164,3 +164,19 @@ def test_dashboard_without_a_storage_is_one_line_and_status_2(tuned: Workspace) 
     p = tuned.cli("dashboard", env=env)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "optuna-ds: error (optuna-ds dashboard): give the storage: optuna-ds dashboard STORAGE, --storage URL or OPTUNA_STORAGE"]
+
+
+def test_optuna_studies_stays_readable_after_a_tuning(tuned: Workspace) -> None:
+    """`optuna studies` prints every user attr of a study on its line: the tuning's plan (the
+    user's whole config, the script's arguments, the launcher's options) is kept out of them,
+    and read from the storage alone."""
+    from test_optuna_contract import optuna_studies
+
+    from optuna_ds.storage import load_plan
+
+    lines = optuna_studies(tuned.storage).splitlines()
+    assert any("optuna-ds-z1" in line for line in lines)
+    assert "train.py" not in "".join(lines) and "launcher_options" not in "".join(lines)
+    assert max(map(len, lines)) < 1500, max(map(len, lines))
+    plan = load_plan(optuna.storages.RDBStorage(tuned.storage), "optuna-ds")
+    assert plan is not None and plan.script == str(tuned.script) and plan.user_config["autotuning"]["enabled"]

@@ -1,10 +1,7 @@
 """Layer 4: launching DeepSpeed experiments on GPUs and classifying what happened."""
 
-from optuna_ds.launcher._classify import OOM_PATTERNS
 from optuna_ds.launcher._classify import BadMetrics
-from optuna_ds.launcher._classify import clean_text
 from optuna_ds.launcher._classify import read_metrics
-from optuna_ds.launcher._classify import script_failure
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
@@ -50,15 +47,12 @@ __all__ = [
     "LauncherOptions",
     "MARK_VAR",
     "Lease",
-    "OOM_PATTERNS",
     "PeakGpuMemory",
     "Phase",
     "Resources",
     "Slot",
     "SlotPool",
     "classify",
-    "script_failure",
-    "clean_text",
     "deferred_signals",
     "dies_with_this_process",
     "discover_resources",

@@ -63,9 +63,6 @@ class Resources:
         mine = {h: ids for h, ids in self.hosts.items() if h in names}
         return dataclasses.replace(self, hosts=mine) if mine else self
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @functools.cache
 def local_host_names() -> frozenset[str]:

@@ -440,12 +440,12 @@ def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStora
 def best_stage_study(storage: optuna.storages.BaseStorage) -> tuple[int, str] | None:
     """The stage study holding the best experiment of the storage's tunings, ``(id, name)``:
     where the dashboard should open, rather than a root study that has no trials."""
-    best: tuple[float, int, str] | None = None
+    best: tuple[float, str] | None = None
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=True):
         trial = summary.best_trial
         if trial is None or trial.value is None or not ExperimentRecord.from_trial(trial).claimed:
             continue
         score = trial.value if summary.direction == optuna.study.StudyDirection.MAXIMIZE else -trial.value
         if best is None or score > best[0]:
-            best = (score, summary._study_id, summary.study_name)
-    return (best[1], best[2]) if best else None
+            best = (score, summary.study_name)
+    return (storage.get_study_id_from_name(best[1]), best[1]) if best else None

@@ -12,7 +12,6 @@ from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import noise_phrase
 from optuna_ds.studies._stage import StageTuner
-from optuna_ds.studies._tuning import ProfileError
 from optuna_ds.studies._tuning import Tuning
 from optuna_ds.studies._tuning import load_result
 
@@ -21,7 +20,6 @@ __all__ = [
     "BestExperiment",
     "ExperimentBuilder",
     "PrintObserver",
-    "ProfileError",
     "Spend",
     "StageResult",
     "StageTuner",

@@ -18,6 +18,9 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._optuna_compat import optimize_once
+from optuna_ds._optuna_compat import storage_of
+from optuna_ds._optuna_compat import trial_id
 from optuna_ds._errors import ScriptError
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
@@ -101,12 +104,13 @@ class _Turn:
         lock.acquire()
         self._lock: threading.Lock | None = lock
         self._study = study
-        self._cache = study._storage if isinstance(study._storage, TrialCache) else None
+        storage = storage_of(study)
+        self._cache = storage if isinstance(storage, TrialCache) else None
 
     def read(self) -> list[FrozenTrial]:
         """The study's trials, read now; what the rest of the turn reads."""
         if self._cache is not None:
-            self._cache.freeze(self._study._study_id)
+            self._cache.freeze(self._study)
         return self._study.get_trials(deepcopy=False)
 
     def release(self) -> None:
@@ -162,9 +166,9 @@ def _log_decision(*, stage: int, number: int, name: str) -> None:
 def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
     """Write ``record`` to the trial: in one transaction where the storage allows (``exp_name``
     is then seen with the rest of its claim), else field by field, ``exp_name`` last."""
-    storage = trial.study._storage
+    storage = storage_of(trial.study)
     if isinstance(storage, TrialCache):
-        storage.set_trial_user_attrs(trial._trial_id, record.attrs())
+        storage.set_trial_user_attrs(trial_id(trial), record.attrs())
     else:
         record.write(trial.set_user_attr)
 
@@ -175,16 +179,9 @@ def decision_started() -> None:
 
 
 def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], *, catch: tuple[type[Exception], ...]) -> None:
-    """One trial of ``objective`` with Optuna's heartbeat. When the storage fails both to record
-    the trial and to read it back, Optuna's ``_run_trial`` raises ``UnboundLocalError`` from its
-    ``finally`` (optuna/optuna#5280): the storage's error is raised instead, so that the user
-    is told the database failed, not shown a bug."""
-    try:
-        study.optimize(objective, n_trials=1, catch=catch, gc_after_trial=False)
-    except UnboundLocalError as e:
-        if e.__context__ is None or database_error(e.__context__) is None:
-            raise
-        raise e.__context__  # noqa: B904 - with its own cause, the driver's error
+    """One trial of ``objective`` with Optuna's heartbeat; a failed database is raised as such
+    (see :func:`optimize_once`)."""
+    optimize_once(study, objective, catch=catch, storage_failed=lambda e: database_error(e) is not None)
 
 
 class StageTuner:
@@ -251,7 +248,7 @@ class StageTuner:
 
     def _load(self, **kwargs: Any) -> optuna.Study:
         """This stage's study with a sampler or pruner of its own, on :attr:`study`'s cache."""
-        return optuna.load_study(storage=self.study._storage, study_name=self._study_name, **kwargs)
+        return optuna.load_study(storage=storage_of(self.study), study_name=self._study_name, **kwargs)
 
     # -- reading the study ------------------------------------------------------------------
 
@@ -284,7 +281,7 @@ class StageTuner:
     def _should_prune(trial: optuna.Trial) -> bool:
         """``trial.should_prune()`` on the trials the claim's check just read: the pruner counts
         finished trials and those started ahead of this one, which that read holds."""
-        cache = trial.study._storage
+        cache = storage_of(trial.study)
         if not isinstance(cache, TrialCache):
             return trial.should_prune()
         with cache.held():

@@ -35,7 +35,6 @@ from optuna_ds.storage import load_stage_study
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
-from optuna_ds.studies._observer import LockedObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import BestExperiment
 from optuna_ds.studies._results import StageResult
@@ -229,7 +228,7 @@ class Tuning:
             early_stopping=a.tuner_early_stopping,
             num_trials=a.tuner_num_trials,
             mbs_high=mbs_high,
-            gas_high=max(self._user.gradient_accumulation_steps, bound),
+            gas_high=max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu()),
             timeout=self._timeout(),
             observer=observer,
             seed=self._seed,
@@ -320,10 +319,8 @@ class Tuning:
             f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
         )
         estimates = self._estimates(info)
-        if not self._worker:
-            self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
         arms = self._arms(info, estimates)
-        ctx = self._context(LockedObserver(self._observer))
+        ctx = self._context(self._observer)
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
@@ -350,7 +347,7 @@ class Tuning:
         an unexplored stage is only not reached yet (unless a process whose search ended said more)."""
         observations = coordinator.observations()
         recorded = recorded_stages(self._root)
-        for stage, tuner in tuners.items():
+        for stage in tuners:
             mine = [o for o in observations if o.stage == stage]
             if not mine:
                 if ended:
