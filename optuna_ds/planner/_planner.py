@@ -143,6 +143,13 @@ def _repeat(state: _State, config: tuple[Any, ...], why: str) -> Proposal | None
     return Proposal(stage=config[0], offload=config[1], mbs=config[2], knobs=config[3], repeat=n, why=why)
 
 
+def _confirm(state: _State, ranked: list[_Ranked]) -> Proposal | None:
+    """The choice, when it rests on one run: one lucky run is not a result."""
+    if not ranked or ranked[0][3] > 1:
+        return None
+    return _repeat(state, ranked[0][0], "re-measure the choice: it ran once")
+
+
 def _contradicted(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> Proposal | None:
     """A config measured better than the choice by more than one noise deviation of the
     difference: whichever of the two ran fewer times runs again (the rival on a tie), so the
@@ -225,6 +232,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     if not proposals and not state.running and choice is not None:
         steps: tuple[Callable[[], Proposal | None], ...] = (
                      lambda: _bracket(problem, state, choice),
+                     lambda: _confirm(state, ranked) if repeats < settings.max_remeasures else None,
                      lambda: _contradicted(model, state, ranked) if repeats < settings.max_remeasures else None,
                      lambda: _remeasure(model, state, ranked) if repeats < settings.max_remeasures else None)
         for step in steps:
