@@ -200,7 +200,7 @@ def test_a_config_whose_runs_scatter_more_than_the_noise_is_flagged(tmp_path: Pa
 
 def test_numbers_read_as_people_write_them() -> None:
     cases = {15_973.2: "15,970", 1.597e4: "15,970", 2_089.4: "2,089", 123.456: "123.5", 2.0: "2", 0.01234: "0.01234",
-             9_999.6: "10,000", 1_234_567: "1,235,000", 1.2e13: "12 T", 0: "0"}
+             9_999.6: "10,000", 1_234_567: "1.23M", 2.5e6: "2.5M", 312.5e12: "312T", 0.000012345: "0.00001234", 0: "0"}
     assert {v: format_number(v) for v in cases} == cases
 
 

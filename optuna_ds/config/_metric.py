@@ -9,17 +9,18 @@ from typing import TypeVar
 _T = TypeVar("_T")
 
 
-_LARGE = ((1e15, "P"), (1e12, "T"), (1e9, "G"))
+_LARGE = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
 
 
 def format_number(value: float, digits: int = 4) -> str:
     """A figure as people read it: ``digits`` significant digits, thousands separated, never an
-    exponent (``15,970``, ``123.5``, ``0.01234``); from a billion up, a prefix (``12.35 T``)."""
+    exponent (``15,970``, ``123.5``, ``0.01234``); from a million up, three digits and a prefix
+    (``2.5M``, ``312T``)."""
     if value != value or value in (float("inf"), float("-inf")):
         return str(value)
     for scale, prefix in _LARGE:
         if abs(value) >= scale:
-            return f"{format_number(value / scale, digits)} {prefix}"
+            return f"{format_number(value / scale, 3)}{prefix}"
     if value == 0:
         return "0"
     decimals = digits - 1 - math.floor(math.log10(abs(value)))
