@@ -530,8 +530,8 @@ def _write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage
     files = ResultsFiles(plan.results_dir)
     with open(files.summary, "w", encoding="utf-8") as f:
         f.write(summary.text)
-    data = dataclasses.replace(data, headline=summary.head)
-    write_report(data, files.report, summary=summary.text)
+    data = dataclasses.replace(data, headline=summary.head, notes=summary.notes)
+    write_report(data, files.report)
     register_with_dashboard(data, storage, note=summary.markdown)
     return summary.text
 

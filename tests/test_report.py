@@ -270,7 +270,7 @@ def test_report_shows_what_a_person_looks_for(tuned: Workspace) -> None:
     name = (tuned.results / "summary.txt").read_text().splitlines()[1].split("(", 1)[1].split(":", 1)[0]
     assert json.loads((tuned.results / name / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == \
         optimal["train_micro_batch_size_per_gpu"]
-    assert f'<span class="chosen-badge">chosen: ' in page and page.count('"name":"chosen"') >= 4
+    assert '<span class="chosen-badge">chosen: ' in page and page.count('"name":"chosen"') >= 4
 
 
 @pytest.mark.parametrize("width", [1280, 1920])

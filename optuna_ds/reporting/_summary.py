@@ -25,7 +25,7 @@ SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "runs", "b
 def summary_rows(result: TuningResult) -> list[tuple[str, ...]]:
     """DeepSpeed's summary table, without its header: one row per tuned space, each with its
     best (:func:`~optuna_ds.studies.leader`: the chosen stage's is the optimum), then the optimum."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for stage in result.stages:
         if stage.status == "tuned":
             rows.append((stage.name, str(stage.num_experiments), *_best_cells(stage.best)))
@@ -227,8 +227,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     differs, skipped stages, failures, the learning-rate advice."""
     lines = []
     duration = datetime.timedelta(seconds=round(result.duration))
-    lines.append(f"Tuning time {duration}; {result.num_experiments} experiment(s). Each best_metric_val is the mean of "
-                 f"its config's runs.")
+    lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}. "
+                 f"Each best_metric_val is the mean of its config's runs.")
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     if note := optuna_best_note(result):

@@ -326,7 +326,7 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
                else "your config gives no micro-batch size (set one, or map \"auto\" to a script flag)")
         return Baseline(stage=stage, micro_batch_size=None, reason=why, listed=listed)
     if not explored:
-        return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=f"z{stage} was skipped: {skipped.get(stage, '')}",
+        return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=f"z{stage} was skipped: {skipped.get(stage, '') if stage is not None else ''}",
                         listed=listed)
     assert stage is not None
     runs = [(t, r) for t in stages.get(stage, []) if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed

@@ -400,9 +400,9 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         if entry.get("status") in ("skipped", "pending"):
             results.append(StageResult(stage=stage, status=entry["status"], reason=entry.get("reason", "")))
         elif study is not None:
-            mine = {"chosen_trial": int(choice["trial"]), "estimate": choice.get("estimate"), "final": True} \
-                if choice and int(choice["stage"]) == stage else {}
-            result = stage_result(study, stage, metric=a.tuned_metric, **mine)
+            chosen = bool(choice) and int(choice["stage"]) == stage
+            result = stage_result(study, stage, metric=a.tuned_metric, chosen_trial=int(choice["trial"]) if chosen else None,
+                                  estimate=choice.get("estimate") if chosen else None, final=chosen)
             if result.best is None:
                 result = dataclasses.replace(result, reason="no experiment ran successfully")
             results.append(result)
