@@ -10,14 +10,13 @@ from typing import Any
 
 from optuna_ds.config import UserConfig
 from optuna_ds.config import find_arg
+from optuna_ds.config import format_number
 from optuna_ds.config import set_arg
 from optuna_ds.config import with_integer_sizes
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import shell_line
-from optuna_ds.config import format_number
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
-
 
 SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "runs", "best_exp_name")
 
