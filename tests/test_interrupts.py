@@ -192,7 +192,8 @@ def test_a_tuner_killed_before_its_claim_resumes_with_nothing_lost_or_counted(ws
     summary = (ws.results / "summary.txt").read_text()
     assert f"Total number of experiments: {len(runs)}." in summary and "failed" not in summary and "None" not in summary
     page = (ws.results / "report.html").read_text()
-    assert page.count('<tr class="complete">') == page.count("<tr class=") == len(runs)  # one row per experiment
+    rows = page.split('<table class="experiments', 1)[1]
+    assert rows.count('<tr class="complete') == rows.count("<tr class=") == len(runs)  # one row per experiment
     import optuna_dashboard
 
     note = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))

@@ -19,6 +19,7 @@ from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
+from optuna_ds.launcher._resources import device_kind
 from optuna_ds.launcher._resources import discover_resources
 from optuna_ds.launcher._resources import import_deepspeed
 from optuna_ds.launcher._resources import local_host_names
@@ -55,9 +56,10 @@ __all__ = [
     "classify",
     "deferred_signals",
     "dies_with_this_process",
-    "discover_resources",
     "end_marked",
     "gpu_memory_support",
+    "device_kind",
+    "discover_resources",
     "import_deepspeed",
     "kill_process_group",
     "local_host_names",

@@ -77,6 +77,13 @@ def _accelerator() -> Any:
     return get_accelerator()
 
 
+def device_kind() -> str:
+    """What the accelerator's devices are, in words for people: ``GPU`` for CUDA (and ROCm),
+    else DeepSpeed's accelerator name (``CPU``, ``XPU``, ``HPU``...)."""
+    name = str(_accelerator().device_name())
+    return "GPU" if name == "cuda" else name.upper()
+
+
 def import_deepspeed() -> None:
     """Import what :func:`discover_resources` needs from DeepSpeed (and so torch): seconds of
     CPU, more on a node busy with experiments. A worker does it while it waits for the tuning's
