@@ -5,7 +5,7 @@ import re
 
 from optuna_ds.config import Metric
 from optuna_ds.reporting import Progress
-from optuna_ds.reporting import human_number
+from optuna_ds.config import format_number
 
 
 class Clock:
@@ -118,7 +118,7 @@ def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
 
 
 def test_numbers_are_written_for_people() -> None:
-    assert [human_number(v) for v in (15970.3, 160.44, 0.01234, 312.5e12, 2.5e6, 999.96)] == [
+    assert [format_number(v) for v in (15970.3, 160.44, 0.01234, 312.5e12, 2.5e6, 999.96)] == [
         "15,970", "160.4", "0.01234", "312T", "2.5M", "1,000"]
     out = io.StringIO()
     progress = Progress(stream=out, tty=False)
@@ -171,3 +171,14 @@ def test_verbose_adds_details_and_latency_best_is_the_minimum() -> None:
     progress.finished(stage=0, number=1, name="b", value=3.0, duration=1.0, outcome="latency=3")
     assert "  cd /x && deepspeed ..." in out.getvalue()
     assert progress.best_line().startswith("best 3 ms b")
+
+
+def test_a_resumed_tuning_starts_from_the_best_it_has() -> None:
+    progress = Progress(stream=io.StringIO(), tty=False)
+    progress.resumed(stage=1, name="z1_gas1_tmbspg8", value=15970.4, metric=Metric.named("throughput"))
+    progress.resumed(stage=1, name="z1_gas1_tmbspg4", value=9000.0, metric=Metric.named("throughput"))
+    assert progress.best_line().startswith("best 15,970 samples/s z1_gas1_tmbspg8")
+    latency = Progress(stream=io.StringIO(), tty=False)
+    for name, value in (("a", 3.0), ("b", 2.0)):
+        latency.resumed(stage=0, name=name, value=value, metric=Metric.named("latency"))
+    assert " b " in latency.best_line() + " "

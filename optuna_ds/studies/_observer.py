@@ -19,6 +19,10 @@ class TuningObserver(Protocol):
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None: ...
 
+    def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
+        """An experiment an earlier run of the tuning measured: a resumed tuning's best so far
+        starts from the results it already has."""
+
 
 class PrintObserver:
     """Plain lines on stdout: the default for API users."""
@@ -37,3 +41,6 @@ class PrintObserver:
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
+
+    def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
+        pass

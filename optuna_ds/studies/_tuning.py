@@ -334,6 +334,10 @@ class Tuning:
         if not arms:
             return
         coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root)
+        for stage, tuner in tuners.items():
+            for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                if t.value is not None and "exp_name" in t.user_attrs:
+                    ctx.observer.resumed(stage=stage, name=t.user_attrs["exp_name"], value=t.value, metric=a.tuned_metric)
         ended = False
         try:
             coordinator.run()
