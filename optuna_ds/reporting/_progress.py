@@ -83,7 +83,7 @@ class _TimesColumn(ProgressColumn):
 class Progress:
     """What a tuning tells the person watching it.
 
-    On a terminal, a live block stays at the bottom: the best so far first (globally, then per
+    On a terminal, a live block stays at the bottom: the fastest single run so far first (globally, then per
     stage), a ``rich.progress`` bar with elapsed and remaining time, then one line per busy GPU
     slot; finished experiments scroll above it. Elsewhere (a log file, CI) plain lines.
     ``quiet`` prints nothing but warnings; ``verbose`` adds each command and the end of each
@@ -228,10 +228,10 @@ class Progress:
     def best_line(self) -> str:
         with self._lock:
             if not self._best:
-                return "best: none yet"
+                return "fastest run: none yet"
             value, name = self._metric.best(self._best.values(), key=lambda b: b[0])
             stages = " ".join(f"z{s} {format_number(v)}" for s, (v, _) in sorted(self._best.items()))
-            return f"best {self._with_unit(value)} {name} | {stages}"
+            return f"fastest run {self._with_unit(value)} {name} | {stages}"
 
     def slot_lines(self) -> list[str]:
         with self._lock:
