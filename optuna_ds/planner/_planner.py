@@ -320,7 +320,8 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[tu
     # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
     measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
     incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
-    gain = p_run * model.expected_improvement(rows, incumbent + settings.margin)
+    # A gain a run cannot show is none: under large measured noise the walk down a plateau stops.
+    gain = p_run * model.expected_improvement(rows, incumbent + max(settings.margin, settings.noise_margin * model.noise))
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
     i = int(np.argmax(gain / cost))
     if gain[i] < settings.min_gain:
