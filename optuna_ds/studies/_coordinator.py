@@ -33,7 +33,6 @@ from optuna_ds.studies._stage import StageContext
 from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._stage import Step
 from optuna_ds.studies._stage import Stopped
-from optuna_ds.studies._stage import decision_started
 
 KNOB_MARGIN = 0.05
 KNOB_SEARCH_ATTR = "knob_search"  # on the root study, "done" once a process's knob search is over
@@ -132,7 +131,6 @@ class Coordinator:
     def _next(self) -> Proposal | None:
         """The next experiment for a free slot; ``None`` when there is none now. Sets
         ``_phase_done`` once the planner is done."""
-        decision_started()
         with self._lock:
             if self._phase_done or time.monotonic() < self._idle_until:
                 return None  # nothing changed here since a slot found nothing to start
@@ -222,10 +220,11 @@ class Coordinator:
                 raise Stopped
             proposal = None
             try:
+                free_since = time.monotonic()
                 proposal = self._next()
                 if proposal is not None:
-                    self._tuners[proposal.stage].run_config(proposal.mbs, lease, offload=proposal.offload, knobs=dict(proposal.knobs),
-                                                            repeat=proposal.repeat, why=proposal.why)
+                    self._tuners[proposal.stage].run_config(proposal.mbs, lease, free_since=free_since, offload=proposal.offload,
+                                                            knobs=dict(proposal.knobs), repeat=proposal.repeat, why=proposal.why)
             finally:
                 self._pool.release(lease)
                 if proposal is not None:

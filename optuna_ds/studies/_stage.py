@@ -4,7 +4,6 @@ import dataclasses
 import datetime
 import enum
 import itertools
-import json
 import os
 import random
 import threading
@@ -56,8 +55,6 @@ _SAMPLER_DUPLICATES = 3
 _REAP_SECONDS = 2.0
 _CLAIM_WAIT_SECONDS = 10.0
 _IDLE_SECONDS = 0.5  # a knob search with nothing to start reads the storage again after this (or when one of ours ends)
-_DECISION_LOG_VAR = "OPTUNA_DS_DECISION_LOG"
-_decision = threading.local()  # when this slot became free: the decision's start
 
 
 class Step(enum.Enum):
@@ -151,18 +148,6 @@ class StageContext:
     seed: int | None = None
 
 
-def _log_decision(*, stage: int, number: int, name: str) -> None:
-    """With ``OPTUNA_DS_DECISION_LOG=<path>``, append how long this slot took from becoming free
-    (:func:`decision_started`) to launching: the decision's cost that `make bench-parallel` reports."""
-    path = os.environ.get(_DECISION_LOG_VAR)
-    start = getattr(_decision, "start", None)
-    if not path or start is None:
-        return
-    entry = {"pid": os.getpid(), "stage": stage, "trial": number, "name": name, "seconds": round(time.monotonic() - start, 6)}
-    with open(path, "a") as f:
-        f.write(json.dumps(entry) + "\n")
-
-
 def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
     """Write ``record`` to the trial: in one transaction where the storage allows (``exp_name``
     is then seen with the rest of its claim), else field by field, ``exp_name`` last."""
@@ -171,11 +156,6 @@ def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
         storage.set_trial_user_attrs(trial_id(trial), record.attrs())
     else:
         record.write(trial.set_user_attr)
-
-
-def decision_started() -> None:
-    """Mark the start of a decision on this slot's thread, for :func:`_log_decision`."""
-    _decision.start = time.monotonic()
 
 
 def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], *, catch: tuple[type[Exception], ...]) -> None:
@@ -321,7 +301,7 @@ class StageTuner:
 
     # -- running one trial ------------------------------------------------------------------
 
-    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, attempt: _Attempt, *,
+    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, attempt: _Attempt, *, free_since: float,
                    space: KnobSpace | None = None, repeat: int = 0) -> Callable[[optuna.Trial], float]:
         ctx = self._ctx
         space = space or self._space
@@ -354,7 +334,7 @@ class StageTuner:
                 ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
                 self._early_stopped = True
                 raise optuna.TrialPruned("the knob search is over")
-            _log_decision(stage=self._stage, number=trial.number, name=experiment.name)
+            ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
             try:
                 result = ctx.runner.run(
@@ -389,10 +369,11 @@ class StageTuner:
 
         return objective
 
-    def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *,
+    def _optimize_one(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *, free_since: float,
                       space: KnobSpace | None = None, repeat: int = 0, claimed: Callable[[], None] | None = None) -> _Attempt:
         attempt = _Attempt(claimed=claimed) if claimed is not None else _Attempt()
-        run_trial(study, self._objective(phase, tuning_list, lease, attempt, space=space, repeat=repeat), catch=(ExperimentFailed,))
+        objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat)
+        run_trial(study, objective, catch=(ExperimentFailed,))
         self._duplicates = self._duplicates + 1 if attempt.stood_down else 0
         failed = attempt.script_failed
         if failed is not None:
@@ -406,11 +387,12 @@ class StageTuner:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def run_config(self, mbs: int, lease: Lease, *, offload: str = "", knobs: dict[str, Any] | None = None,
+    def run_config(self, mbs: int, lease: Lease, *, free_since: float, offload: str = "", knobs: dict[str, Any] | None = None,
                    repeat: int = 0, why: str = "") -> None:
         """Run the planner's experiment on ``lease``: size ``mbs`` with the offload variant
         ``offload`` and the default knobs, or ``knobs`` (a knob setting that ran, measured
-        again); ``repeat``: how many times it ran before."""
+        again); ``repeat``: how many times it ran before; ``free_since``: when the slot became
+        free (``time.monotonic()``), the start of the decision the observer is told the time of."""
         self.reap()
         space = self._space.with_offload(offload) if offload else self._space
         # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
@@ -421,7 +403,8 @@ class StageTuner:
         if why:
             setting = f" {knobs}" if knobs else ""
             self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {mbs}{' ' + offload if offload else ''}{setting}: {why}")
-        attempt = self._optimize_one(study, Phase.KNOBS if knobs else Phase.MICRO_BATCH, [mbs], lease, space=space, repeat=repeat)
+        attempt = self._optimize_one(study, Phase.KNOBS if knobs else Phase.MICRO_BATCH, [mbs], lease, free_since=free_since,
+                                     space=space, repeat=repeat)
         self._check_settled(attempt.competitor)
 
     def _check_settled(self, competitor: FrozenTrial | None) -> None:
@@ -447,13 +430,13 @@ class StageTuner:
         slots of a process never ask for one config and the study is read once per decision;
         the experiments themselves run side by side.
         """
-        decision_started()
+        free_since = time.monotonic()
         turn = _Turn(self._deciding, self.study)
         try:
             study = self._next_knob_study(turn)
             if isinstance(study, Step):
                 return study
-            self._optimize_one(study, Phase.KNOBS, sorted(self._sizes), lease, claimed=turn.release)
+            self._optimize_one(study, Phase.KNOBS, sorted(self._sizes), lease, free_since=free_since, claimed=turn.release)
         finally:
             turn.release()
         self._idle_until = 0.0  # one of ours ended: whatever waits may start now
