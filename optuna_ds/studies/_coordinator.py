@@ -28,11 +28,10 @@ from optuna_ds.space import transferred_knobs
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import given_up
-from optuna_ds.studies._stage import KnobSearch
-from optuna_ds.studies._stage import StageContext
+from optuna_ds.studies._context import StageContext
+from optuna_ds.studies._knob_search import KnobSearch
+from optuna_ds.studies._knob_search import Step
 from optuna_ds.studies._stage import StageTuner
-from optuna_ds.studies._stage import Step
-from optuna_ds.studies._stage import Stopped
 
 KNOB_MARGIN = 0.05
 KNOB_SEARCH_ATTR = "knob_search"  # on the root study, "done" once a process's knob search is over
@@ -43,6 +42,10 @@ _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or w
 _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
 _IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
 _KNOB_WAIT_SECONDS = 0.2  # a knob slot with nothing to start looks again after this (the tuner reads at most every 0.5 s)
+
+
+class Stopped(Exception):
+    """The tuning was stopped (Ctrl-C, SIGTERM, or another driver failed)."""
 
 
 def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
@@ -72,7 +75,7 @@ class Coordinator:
     The planner sees every stage study's trials (this process's, and those of workers elsewhere,
     running ones included) plus the proposals this process handed out but not yet claimed in
     the storage, so two slots never get the same experiment; across processes a trial's claim
-    (:meth:`StageTuner._competitor`) settles a race. When the planner has nothing left, the knob
+    (:func:`._claims.competitor`) settles a race. When the planner has nothing left, the knob
     search runs (unless in fast mode, or once it is over: see :meth:`run`), then the planner
     again, which may measure knob settings again before its choice; the choice is stored on the
     root study.
