@@ -44,10 +44,6 @@ _IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decid
 _KNOB_WAIT_SECONDS = 0.2  # a knob slot with nothing to start looks again after this (the tuner reads at most every 0.5 s)
 
 
-class Stopped(Exception):
-    """The tuning was stopped (Ctrl-C, SIGTERM, or another driver failed)."""
-
-
 def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
     """What a stage study's trial tells the planner; ``None`` for a trial that launched nothing or
     whose experiment must run again (interrupted, its worker died)."""
@@ -160,36 +156,33 @@ class Coordinator:
         knob search (unless fast). Ctrl-C or SIGTERM stops every slot: each ends its running
         experiment by process group and marks its trial ``interrupted``."""
         self._slots(self._plan_slot)
-        if self._stop.is_set():
-            raise Stopped
         if not self._ctx.fast:
             # Once over, the knob search is not run again (a rerun, a worker joining the finals):
             # its steps follow the choice, which its own results and the finals have moved since,
             # so they would search afresh.
             if self._root.user_attrs.get(KNOB_SEARCH_ATTR) != "done":
                 self._knob_search()
-                if self._stop.is_set():
-                    raise Stopped
                 self._root.set_user_attr(KNOB_SEARCH_ATTR, "done")
             # The planner again, with the knob results: finalists within the noise of each other
             # (knob settings measured once) are measured again before the choice.
             with self._lock:
                 self._phase_done, self._idle_until, self._finals = False, 0.0, True
             self._slots(self._plan_slot)
-            if self._stop.is_set():
-                raise Stopped
         with self._lock:
             self._decide()
 
     def _slots(self, target: Callable[[], None]) -> None:
+        """Run ``target`` on every slot of this process until each returns. A slot's error or an
+        interrupt of this thread sets the stop, which ends every slot, and is raised once they
+        have ended: so a return says the slots were not stopped."""
         errors: list[BaseException] = []
         finished = [threading.Event() for _ in range(self._pool.size)]
 
         def slot(index: int) -> None:
             try:
                 target()
-            except (Stopped, ExperimentInterrupted):
-                pass
+            except ExperimentInterrupted:
+                pass  # the stop, seen by a running experiment: this slot is done
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 errors.append(e)
                 self._stop.set()
@@ -205,7 +198,7 @@ class Coordinator:
             for done in finished:
                 while not done.wait(0.1):
                     pass
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - re-raised: an interrupt (Ctrl-C, SIGTERM) first stops every slot
             self._stop.set()
             with self._lock:
                 self._changed.notify_all()
@@ -220,7 +213,7 @@ class Coordinator:
         while not self._stop.is_set():
             lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
-                raise Stopped
+                return  # stopped
             proposal = None
             try:
                 free_since = time.monotonic()
@@ -272,8 +265,6 @@ class Coordinator:
             tuners = [self._tuners[stage].with_knobs(KnobSearch.ONE, sizes=(mbs,), offload=offload)
                       for (stage, offload), mbs in others]
             self._slots(lambda: self._knob_slot(*tuners))
-            if self._stop.is_set():
-                raise Stopped
             tried |= {arm for arm, _ in others}
             with self._lock:
                 choice = self._decide().choice
@@ -289,8 +280,6 @@ class Coordinator:
             _, (stage, offload), mbs = max(knobbed)
         search = self._knob_tuner(stage, offload, mbs)
         self._slots(lambda: self._knob_slot(search))
-        if self._stop.is_set():
-            raise Stopped
         self._transfer()
         self._leaner()
 
@@ -328,8 +317,6 @@ class Coordinator:
         if not tuners:
             return
         self._slots(lambda: self._knob_slot(*tuners))
-        if self._stop.is_set():
-            raise Stopped
         with self._lock:
             choice = self._decide().choice
         if choice is not None and (choice.stage, choice.offload) != chosen:
@@ -358,8 +345,6 @@ class Coordinator:
         while setting is not None and size <= cap:
             lean = tuner.with_knobs(KnobSearch.ONE, sizes=(size,), offload=choice.offload, setting=setting)
             self._slots(lambda: self._knob_slot(lean))
-            if self._stop.is_set():
-                raise Stopped
             with self._lock:
                 choice = self._decide().choice
             if choice is None or (choice.stage, choice.offload, choice.mbs) != (*arm, size) or dict(choice.knobs) != setting:
@@ -390,13 +375,13 @@ class Coordinator:
             for tuner in list(pending):
                 lease = self._pool.acquire(self._stop, on_wait=self._log)
                 if lease is None:
-                    raise Stopped
+                    return  # stopped
                 try:
                     step = tuner.step_knobs(lease)
                 finally:
                     self._pool.release(lease)
                 if self._stop.is_set():
-                    raise Stopped
+                    return
                 if step is Step.DONE:
                     pending.remove(tuner)
                 ran |= step is Step.RAN

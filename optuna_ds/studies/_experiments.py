@@ -3,6 +3,7 @@ outcome stored on the trial; and the planner's experiments, one such trial each.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shlex
 import time
@@ -40,15 +41,6 @@ from optuna_ds.studies._owner import this_process
 
 class UnreadableTrial(OptunaDSError):
     """A settled trial claims an experiment the planner wants, with a record it cannot read."""
-
-
-class ExperimentFailed(Exception):
-    """Raised by the objective so that Optuna records the trial as failed; the reason is in
-    the trial's user attrs."""
-
-    def __init__(self, result: ExperimentResult) -> None:
-        super().__init__(f"{result.reason.value if result.reason else 'failed'}: {result.detail}")
-        self.result = result
 
 
 @dataclasses.dataclass
@@ -110,7 +102,7 @@ class StageExperiments:
         attempt = Attempt()
         objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat,
                                     claimed=claimed, early_stopped=early_stopped)
-        run_trial(study, objective, catch=(ExperimentFailed,))
+        run_trial(study, objective, catch=())
         failed = attempt.script_failed
         if failed is not None:
             # Recorded (reason "script", run again on resume); the other slots are stopped.
@@ -127,6 +119,8 @@ class StageExperiments:
         ctx = self._ctx
         space = space or self._space
 
+        # A trial that stands down or ends the knob search is pruned: Optuna's optimize knows no
+        # other way than its objective raising TrialPruned.
         def objective(trial: optuna.Trial) -> float:
             ExperimentRecord(worker=this_process()).write(trial.set_user_attr)
             if phase is Phase.MICRO_BATCH:
@@ -170,7 +164,7 @@ class StageExperiments:
                     pass_fds=lease.fds,
                     mark=mark,
                 )
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
                 ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                 raise
             _store(trial, ExperimentRecord.outcome(result))
@@ -182,7 +176,7 @@ class StageExperiments:
                     ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
                 if result.reason is FailureReason.SCRIPT:
                     attempt.script_failed = result
-                raise ExperimentFailed(result)
+                return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
             value = float(result.metrics[ctx.metric.key])
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
                                   duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
