@@ -11,7 +11,6 @@ from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import noise_phrase
-from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._tuning import Tuning
 from optuna_ds.studies._tuning import load_result
 
@@ -22,7 +21,6 @@ __all__ = [
     "PrintObserver",
     "Spend",
     "StageResult",
-    "StageTuner",
     "Tuning",
     "TuningObserver",
     "TuningResult",
