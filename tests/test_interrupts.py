@@ -154,8 +154,8 @@ def test_an_interrupted_knob_experiment_runs_again_on_resume(ws: Workspace) -> N
 # trial was taken (its `worker` written, its params asked), before its experiment is claimed.
 _KILLED_AT_CLAIM = """
 import os, signal
-import optuna_ds.studies._stage as stage
-stage._store = lambda trial, record: os.kill(os.getpid(), signal.SIGKILL)
+import optuna_ds.studies._experiments as experiments
+experiments._store = lambda trial, record: os.kill(os.getpid(), signal.SIGKILL)
 from optuna_ds.cli import main
 main()
 """

@@ -106,6 +106,20 @@ def test_optimize_once_raises_the_storage_error_instead(is_storage_error: bool) 
         optimize_once(study, _losing(storage), catch=(), storage_failed=lambda e: is_storage_error)
 
 
+def test_an_objective_that_returns_nan_fails_its_trial_and_optimize_goes_on(url: str) -> None:
+    # A failed experiment's objective returns NaN (optuna_ds.studies._experiments): the trial is
+    # FAIL, with no value, its user attrs kept, and optimize returns as for any other trial.
+    study = optuna.create_study(storage=url)
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.set_user_attr("reason", "oom")
+        return float("nan")
+
+    optimize_once(study, objective, catch=(), storage_failed=lambda e: False)
+    [trial] = study.get_trials()
+    assert (trial.state, trial.value, trial.user_attrs) == (TrialState.FAIL, None, {"reason": "oom"})
+
+
 def test_cached_storage_reads_trials_through_read_trials_from_remote_storage(url: str) -> None:
     # TrialCache.freeze relies on it: every read of a study's trials refreshes them there first,
     # so skipping it serves the trials as last read.

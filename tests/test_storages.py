@@ -188,7 +188,7 @@ def test_a_trial_whose_storage_fails_at_its_end_raises_the_storage_error(role: L
     then to read it back, raises UnboundLocalError (optuna/optuna#5280); the database's error it is."""
     from optuna_ds.storage import create_storage
     from optuna_ds.storage import database_error
-    from optuna_ds.studies._stage import run_trial
+    from optuna_ds.studies._experiments import run_trial
 
     role.limit(10)
     storage = create_storage(role.url)

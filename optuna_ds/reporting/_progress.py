@@ -145,6 +145,9 @@ class Progress:
             self.log(f"estimate: ~{new} experiments in all (was ~{old}), from what the stages so far showed")
         self._start_live()
 
+    def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
+        pass
+
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
         with self._lock:
             self._running[(stage, number)] = (name, slot, self._clock())

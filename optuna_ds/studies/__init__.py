@@ -14,7 +14,6 @@ from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import failure_text
 from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import leader
-from optuna_ds.studies._stage import StageTuner
 from optuna_ds.studies._tuning import Tuning
 from optuna_ds.studies._tuning import load_result
 
@@ -27,7 +26,6 @@ __all__ = [
     "PrintObserver",
     "Spend",
     "StageResult",
-    "StageTuner",
     "Tuning",
     "TuningObserver",
     "TuningResult",

@@ -15,6 +15,11 @@ class TuningObserver(Protocol):
 
     def plan(self, remaining: int, *, metric: Metric) -> None: ...
 
+    def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
+        """Trial ``number`` is about to launch ``name``, ``seconds`` after its slot became free:
+        the decision's cost (the planner's or the knob search's, and the claim), which
+        `make bench-parallel` reports."""
+
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None: ...
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None: ...
@@ -34,6 +39,9 @@ class PrintObserver:
         pass
 
     def plan(self, remaining: int, *, metric: Metric) -> None:
+        pass
+
+    def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
         pass
 
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:

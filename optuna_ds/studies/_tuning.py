@@ -45,7 +45,7 @@ from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
-from optuna_ds.studies._stage import StageContext
+from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._stage import StageTuner
 
 STAGE_ATTR_PREFIX = "stage:"
