@@ -144,8 +144,9 @@ def _repeat(state: _State, config: tuple[Any, ...], why: str) -> Proposal | None
 
 
 def _confirm(state: _State, ranked: list[_Ranked]) -> Proposal | None:
-    """The choice, when it rests on one run: one lucky run is not a result."""
-    if not ranked or ranked[0][3] > 1:
+    """The choice, when it rests on one run and another config could have been chosen: one
+    lucky run is not a result."""
+    if len(ranked) < 2 or ranked[0][3] > 1:
         return None
     return _repeat(state, ranked[0][0], "re-measure the choice: it ran once")
 
