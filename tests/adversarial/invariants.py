@@ -53,9 +53,11 @@ class Hostile(Workspace):
         return super().env(surface, **{"OPTUNA_DS_LOCK_DIR": str(self.base / "locks"), **extra})
 
     def hostile(self, config: str = "ds_config.json", *extra: str, table: dict[str, Any] | None = None,
-                command: str = "tune", timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                command: str = "tune", timeout: float = 120, env: dict[str, str] | None = None,
+                process: bool = False) -> subprocess.CompletedProcess[str]:
         env = env or self.env(HOSTILE_DS_TABLE=json.dumps(table or {}))
-        return self.cli(command, LAUNCHER_OPTION, HOSTILE, *extra, "train.py", "--deepspeed_config", config, env=env, timeout=timeout)
+        return self.cli(command, LAUNCHER_OPTION, HOSTILE, *extra, "train.py", "--deepspeed_config", config, env=env, timeout=timeout,
+                        process=process)
 
     def popen(self, *args: str, table: dict[str, Any] | None = None, **extra_env: str) -> subprocess.Popen[str]:
         env = self.env(HOSTILE_DS_TABLE=json.dumps(table or {}), **extra_env)
