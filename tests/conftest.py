@@ -44,7 +44,7 @@ def run_in_process(args: Sequence[str], *, cwd: Path, env: Mapping[str, str] | N
 
     ``env`` replaces the environment for the run (the launches it starts inherit it), as a
     child's would be. A thread the run leaves behind fails the test: a process would hang on
-    it at exit, or lose its work."""
+    it at exit or end it unfinished; here it would run on into the next test."""
     import optuna
 
     from optuna_ds.cli import main
@@ -102,8 +102,8 @@ class Workspace:
     def cli(self, *args: str, surface: dict[str, Any] | None = None, timeout: float = 300, env: dict[str, str] | None = None,
             process: bool = False) -> subprocess.CompletedProcess[str]:
         """The CLI on this workspace, in this process (:func:`run_in_process`), or with
-        ``process`` in a new one: where only a process shows it (its signals, its exit, what
-        outlives it, an environment fixed at import)."""
+        ``process`` in a new one, killed after ``timeout``: where only a process shows it (its
+        exit status as a training's, what outlives it, the database connections it holds)."""
         if not process:
             return run_in_process(args, cwd=self.root, env=env or self.env(surface))
         return subprocess.run(
