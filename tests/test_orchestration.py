@@ -272,7 +272,7 @@ def test_early_stopping_ends_the_knob_search(ws: Workspace) -> None:
 def test_run_trains_with_the_optimal_config_and_returns_its_status(ws: Workspace) -> None:
     ws.config(FAST)
     p = ws.cli("run", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
-               env=ws.env({}, FAKE_DS_TRAIN_EXIT="3"))
+               env=ws.env({}, FAKE_DS_TRAIN_EXIT="3"), process=True)  # the training's exit status, as the process's
     assert p.returncode == 3, p.stderr
     training = [l for l in ws.launches() if l.get("training")]
     assert len(training) == 1

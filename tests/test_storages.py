@@ -45,7 +45,7 @@ def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None
         pytest.skip(f"{server} is not reachable at 127.0.0.1:{port}")
     name = f"t-{uuid.uuid4().hex[:10]}"
     ws.config(CONFIG)
-    p = ws.tune("ds_config.json", "--storage", url, "--study-name", name)
+    p = ws.tune("ds_config.json", "--storage", url, "--study-name", name, process=True)
     assert p.returncode == 0, p.stderr
     try:
         study = optuna.load_study(study_name=f"{name}-z1", storage=url)
@@ -54,7 +54,7 @@ def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None
         assert trials[0].user_attrs["ds_config"]["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
         assert "plan" in "".join(optuna.load_study(study_name=name, storage=url).user_attrs)
         launched = len(ws.launches())
-        p = ws.tune("ds_config.json", "--storage", url, "--study-name", name)
+        p = ws.tune("ds_config.json", "--storage", url, "--study-name", name, process=True)
         assert p.returncode == 0, p.stderr
         assert len(ws.launches()) == launched
         assert not (ws.results / "optuna-ds.db").exists()  # nothing in the default SQLite file
@@ -154,7 +154,7 @@ def test_a_tuning_of_8_slots_needs_no_more_than_its_pool_of_connections(ws: Work
     (ws.root / "hostfile").write_text("localhost slots=8\n")
     ws.config({**FAST, "train_micro_batch_size_per_gpu": [2, 4, 8, 12, 16, 24, 32, 48]})
     p = ws.tune("ds_config.json", "--hostfile", "hostfile", "--num_gpus", "1", "--storage", role.url,
-                surface={"oom_above": {"1": 40}, "peak": 24, "duration": 0.5})
+                surface={"oom_above": {"1": 40}, "peak": 24, "duration": 0.5}, process=True)
     assert p.returncode == 0, p.stderr[-3000:]
     launches = [l for l in ws.launches() if not l.get("profile")]
     assert len(launches) >= 8 and len({l["include"] for l in launches}) >= 4  # slots ran side by side
