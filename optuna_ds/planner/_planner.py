@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from optuna_ds.planner._batch import remeasuring
+from optuna_ds.planner._batch import widen
 from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Choice
@@ -196,8 +198,8 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     if baseline is not None and first is not None and (first.stage, first.offload, baseline, ()) not in state.tried:
         proposals.append(Proposal(stage=first.stage, offload=first.offload, mbs=baseline, why="your micro-batch size"))
     repeats = len(state.finished) - len({o.config for o in state.finished})
-    if (model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not state.running
-            and repeats < settings.max_remeasures):
+    if (model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None
+            and not remeasuring(state) and repeats < settings.max_remeasures):
         # Every later decision weighs gains against the noise: measure it, on the best so far.
         again = _repeat(state, (choice.stage, choice.offload, choice.mbs, choice.knobs), "re-measure the best so far: the noise")
         if again is not None:
@@ -213,6 +215,8 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         if nxt is None:
             break
         proposals.append(nxt)
+    if state.ok and (state.running or proposals) and len(proposals) < free_slots:
+        proposals += widen(state, model, proposals, slots=min(free_slots, problem.max_experiments - launched) - len(proposals))
     if not proposals and not state.running and choice is not None:
         for step in (lambda: _bracket(problem, state, choice),
                      lambda: _contradicted(model, state, ranked) if repeats < settings.max_remeasures else None,

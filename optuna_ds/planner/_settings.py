@@ -44,3 +44,4 @@ class PlannerSettings:
     plausible_z: float = 2.0
     growth: float = 1.04
     noise_after: int = 3
+    batch_gain: float = 0.0005
