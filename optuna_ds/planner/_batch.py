@@ -21,6 +21,17 @@ def remeasuring(state: _State) -> bool:
     return any(o.config in finished for o in state.running)
 
 
+_LATE = 0.5  # of the usual run: an experiment running this long is in its round's second half
+
+
+def _late(state: _State, proposals: list[Proposal]) -> bool:
+    """Whether every experiment under way has run half the usual run or more: a member started
+    now ends that long after them, and if their results end the search (the sequential search
+    wants nothing more now), it only lengthens the tuning. Running experiments of unknown age
+    count as just started."""
+    return not proposals and all(o.seconds is not None and o.seconds >= _LATE * state.seconds_ok for o in state.running)
+
+
 def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, slots: int) -> list[Proposal]:
     """Experiments for up to ``slots`` slots that would sit idle while others run: the sequential
     search stopped (nothing is expected to gain ``min_gain``), yet an experiment started now
@@ -52,13 +63,19 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         return p_run[idx] * model.expected_improvement([rows[i] for i in idx], incumbent + settings.margin)
 
     gain = gains(np.arange(len(rows)))
-    if np.max(gain) < settings.min_gain:
-        # Even with nothing under way, no candidate would be worth the sequential search's bar:
-        # what runs ends the search, and a member started now would only lengthen it.
+    if np.max(gain) < settings.min_gain or _late(state, proposals):
         return []
+    # What is under way counts as measured at the model's mean, or at the best measured where
+    # that is lower: a speculative experiment (a far size, a stage not measured) does not raise
+    # the bar every other candidate must clear before it has run.
+    best = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
     measured = list(set(measured) | {o.config for o in state.running} | taken)
     pending = [(problem.arm((c[0], c[1])), c[2], c[3]) for c in {o.config for o in state.running} | taken]
-    fantasy = state.points() + [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(pending, model.mean(pending))]
+
+    def believed(rows_: list) -> list:
+        return [(a, m, k, float(np.exp(min(mu, best)))) for (a, m, k), mu in zip(rows_, model.mean(rows_))] if rows_ else []
+
+    fantasy = state.points() + believed(pending)
     model = ThroughputModel(problem, state.memory, fantasy)
     bound = gain * rate
     added: list[Proposal] = []
@@ -69,7 +86,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         added.append(Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=why))
         bound[j] = -np.inf
         measured.append((a.stage, a.offload, m, k))
-        fantasy.append((a, m, k, float(np.exp(model.mean([rows[j]])[0]))))
+        fantasy.extend(believed([rows[j]]))
         model = ThroughputModel(problem, state.memory, fantasy)
 
     # Every ZeRO stage likely to fit, once, at the size expected to run fastest: the prior holds
