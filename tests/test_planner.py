@@ -356,3 +356,18 @@ def test_a_slot_free_late_in_a_round_starts_only_what_the_sequential_search_woul
     young, late = asked(0.0), asked(50.0)  # runs take 60 s
     assert len(young) > len(late) and any(w.startswith("a slot free") for w in young)
     assert not any(w.startswith("a slot free") for w in late)
+
+
+def test_free_slots_take_the_closing_steps_together_and_the_first_is_one_slots() -> None:
+    """Both sides of a bracket, a finalist and its rival: with nothing else left, free slots take
+    the closing steps at once rather than one round each, never one config twice; the first is
+    what one slot would run."""
+    for job in (dict(noise=0.02, seed=3), dict(noise=0.03, seed=7, stage_factor=(1.0, 0.995, 0.99, 0.8))):
+        problem, surface = _job(**job)
+        observations, _ = _drive(problem, surface)
+        for k in range(len(observations)):
+            alone = plan(problem, observations[:k]).proposals
+            wide = plan(problem, observations[:k], free_slots=4).proposals
+            assert wide[:1] == alone
+            assert len({p.config for p in wide}) == len(wide)
+            assert sum(p.repeat > 0 for p in wide) <= PlannerSettings().max_remeasures

@@ -4,13 +4,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Proposal
+from optuna_ds.planner._problem import Status
 from optuna_ds.planner._surrogate import ThroughputModel
 
 if TYPE_CHECKING:
     from optuna_ds.planner._planner import _State
 
 _CHUNK = 16  # candidates whose value is brought up to date at once
+
+
+def under_way(proposals: list[Proposal]) -> list[Observation]:
+    """Proposals as running experiments, just started."""
+    return [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING, repeat=p.repeat,
+                        seconds=0.0) for p in proposals]
 
 
 def remeasuring(state: _State) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from optuna_ds.planner._batch import remeasuring
+from optuna_ds.planner._batch import under_way
 from optuna_ds.planner._batch import widen
 from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
@@ -218,13 +219,21 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     if state.ok and (state.running or proposals) and len(proposals) < free_slots:
         proposals += widen(state, model, proposals, slots=min(free_slots, problem.max_experiments - launched) - len(proposals))
     if not proposals and not state.running and choice is not None:
-        for step in (lambda: _bracket(problem, state, choice),
-                     lambda: _contradicted(model, state, ranked) if repeats < settings.max_remeasures else None,
-                     lambda: _remeasure(model, state, ranked) if repeats < settings.max_remeasures else None):
-            again = step()
-            if again is not None:
-                proposals.append(again)
+        settling = state
+        while len(proposals) < min(free_slots, problem.max_experiments - launched):
+            for step in (lambda: _bracket(problem, settling, choice),
+                         lambda: _contradicted(model, settling, ranked) if repeats < settings.max_remeasures else None,
+                         lambda: _remeasure(model, settling, ranked) if repeats < settings.max_remeasures else None):
+                again = step()
+                if again is not None and again.config not in {p.config for p in proposals}:
+                    proposals.append(again)
+                    repeats += again.repeat > 0
+                    break
+            else:
                 break
+            # Another free slot takes the next step, with those proposed under way (the other
+            # side of a bracket, a finalist's rival): each would otherwise wait a round.
+            settling = _State(problem, [*observations, *under_way(proposals)], settings)
     done = not proposals and not state.running
     return decision(proposals, done, "no experiment left is expected to pay" if done else "")
 
