@@ -1,3 +1,19 @@
+"""The width of a batch: what slots that would sit idle while others run are worth.
+
+The sequential search launches an experiment while it is expected to gain ``min_gain``: at that
+bar one run pays for its GPU-seconds by the training's. A slot free while others run is another
+matter: an experiment started there costs GPU-seconds but no wall time, and if its result is one
+the search would have waited for later, it saves a round of the tuning's wall time. So such a
+slot takes the best candidate while its expected gain per second (per run of the usual length)
+is at least ``batch_gain``, a bar below ``min_gain`` that is lower the more a wall-second is
+worth in GPU-seconds -- but only while the tuning goes on anyway: when every experiment under
+way is past half its run and the sequential search wants nothing more, their results end the
+search, and a member started then would end a whole run after them.
+
+With one slot nothing runs when the planner is asked, so none of this acts: the tuning is the
+sequential search, decision by decision.
+"""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -13,77 +29,77 @@ if TYPE_CHECKING:
     from optuna_ds.planner._planner import _State
 
 _CHUNK = 16  # candidates whose value is brought up to date at once
+_LATE = 0.5  # of the usual run: an experiment running this long is in its round's second half
+_WHY = "a slot free while others run"
 
 
 def under_way(proposals: list[Proposal]) -> list[Observation]:
-    """Proposals as running experiments, just started."""
+    """Proposals as experiments just started."""
     return [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING, repeat=p.repeat,
                         seconds=0.0) for p in proposals]
 
 
 def remeasuring(state: _State) -> bool:
     """Whether a config that ran is running again. The noise is measured on the best so far
-    while other experiments run (a slot would sit idle, and every later decision weighs gains
-    against it), but once at a time."""
+    while other experiments run (every later decision weighs gains against it), once at a time."""
     finished = {o.config for o in state.finished}
     return any(o.config in finished for o in state.running)
 
 
-_LATE = 0.5  # of the usual run: an experiment running this long is in its round's second half
-
-
 def _late(state: _State, proposals: list[Proposal]) -> bool:
-    """Whether every experiment under way has run half the usual run or more: a member started
-    now ends that long after them, and if their results end the search (the sequential search
-    wants nothing more now), it only lengthens the tuning. Running experiments of unknown age
-    count as just started."""
+    """Whether nothing was proposed now and every running experiment has run half the usual
+    run or more (one of unknown age counts as just started)."""
     return not proposals and all(o.seconds is not None and o.seconds >= _LATE * state.seconds_ok for o in state.running)
 
 
 def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, slots: int) -> list[Proposal]:
-    """Experiments for up to ``slots`` slots that would sit idle while others run: the sequential
-    search stopped (nothing is expected to gain ``min_gain``), yet an experiment started now
-    costs no wall time, and one whose result the search would have waited for later saves a
-    round of it. Each is the untried config of highest expected gain per second, as the
-    sequential search ranks them, with every experiment under way (running, or proposed in this
-    batch) counted as measured at the model's mean; added while that is at least
-    :attr:`~optuna_ds.planner.PlannerSettings.batch_gain`.
+    """Experiments for up to ``slots`` slots that would sit idle while others run (see the module).
+
+    First every ZeRO stage likely to fit that no experiment measured or has under way, at the
+    size expected to run fastest: the prior holds a stage's scale only within 6-15% of its
+    neighbour's and one run settles it, which the expected improvement, measured against a best
+    so far that counts what runs, undervalues. (An offload variant runs at 0.25-0.9x of its
+    stage: the expected improvement sees where memory makes one pay.) Then the candidates of
+    highest expected gain per second, with every experiment under way counted as measured at the
+    model's mean, or at the best measured where that is lower: a speculative experiment (a far
+    size, a stage not yet measured) does not raise the bar every other candidate must clear.
 
     Fantasies only lower a candidate's expected improvement (the best so far rises, the spread
-    narrows), so a value computed earlier bounds it: only the candidates whose bound could still
-    win are brought up to date after each addition (lazy greedy), and a batch for many slots
-    costs about one model fit per member.
+    narrows), so a value computed earlier bounds it: after each addition only the candidates
+    whose bound could still win are brought up to date (lazy greedy), about one model fit per
+    member.
     """
     problem, settings = state.problem, state.settings
+    if slots <= 0 or _late(state, proposals):
+        return []
     rows, p_run = state.candidates
     taken = {p.config for p in proposals}
     keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
-    if not keep or slots <= 0:
+    if not keep:
         return []
-    rows = [rows[i] for i in keep]
-    p_run = p_run[keep]
+    rows, p_run = [rows[i] for i in keep], p_run[keep]
     # Per second, in gain per run of the usual length: a run likely to fail ends sooner.
     rate = state.seconds_ok / (p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed)
     measured = [o.config for o in state.ok]
 
+    def at(configs: list) -> list:
+        return [(problem.arm((c[0], c[1])), c[2], c[3]) for c in configs]
+
     def gains(idx: np.ndarray) -> np.ndarray:
-        incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
+        incumbent = float(np.max(model.mean(at(measured))))
         return p_run[idx] * model.expected_improvement([rows[i] for i in idx], incumbent + settings.margin)
 
     gain = gains(np.arange(len(rows)))
-    if np.max(gain) < settings.min_gain or _late(state, proposals):
-        return []
-    # What is under way counts as measured at the model's mean, or at the best measured where
-    # that is lower: a speculative experiment (a far size, a stage not measured) does not raise
-    # the bar every other candidate must clear before it has run.
-    best = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
-    measured = list(set(measured) | {o.config for o in state.running} | taken)
-    pending = [(problem.arm((c[0], c[1])), c[2], c[3]) for c in {o.config for o in state.running} | taken]
+    if np.max(gain) < settings.min_gain:
+        return []  # nothing would be worth a launch even with nothing under way
+    best = float(np.max(model.mean(at(measured))))
 
-    def believed(rows_: list) -> list:
-        return [(a, m, k, float(np.exp(min(mu, best)))) for (a, m, k), mu in zip(rows_, model.mean(rows_))] if rows_ else []
+    def believed(points: list) -> list:
+        return [(a, m, k, float(np.exp(min(mu, best)))) for (a, m, k), mu in zip(points, model.mean(points))] if points else []
 
-    fantasy = state.points() + believed(pending)
+    pending = list({o.config for o in state.running} | taken)
+    measured += pending
+    fantasy = state.points() + believed(at(pending))
     model = ThroughputModel(problem, state.memory, fantasy)
     bound = gain * rate
     added: list[Proposal] = []
@@ -91,35 +107,26 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     def add(j: int, why: str) -> None:
         nonlocal model
         a, m, k = rows[j]
-        added.append(Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=why))
+        added.append(Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=f"{_WHY}: {why}"))
         bound[j] = -np.inf
         measured.append((a.stage, a.offload, m, k))
         fantasy.extend(believed([rows[j]]))
         model = ThroughputModel(problem, state.memory, fantasy)
 
-    # Every ZeRO stage likely to fit, once, at the size expected to run fastest: the prior holds
-    # a stage's scale only within 6-15% of its neighbour's, and one run settles it, which the
-    # expected improvement, measured against a best so far that counts what runs, undervalues.
-    # (An offload variant runs at 0.25-0.9x of its stage: the expected improvement sees where
-    # memory makes one pay.)
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p.stage, p.offload) for p in proposals}
     for arm in problem.arms:
         likely = np.array([i for i, (a, _, _) in enumerate(rows) if a.key == arm.key and p_run[i] >= 0.5], dtype=int)
-        if len(added) >= slots or arm.offload or arm.key in explored or not len(likely):
-            continue
-        add(int(likely[np.argmax(p_run[likely] * np.exp(model.mean([rows[i] for i in likely])))]),
-            "a slot free while others run: a stage not measured yet")
+        if len(added) < slots and not arm.offload and arm.key not in explored and len(likely):
+            add(int(likely[np.argmax(p_run[likely] * np.exp(model.mean([rows[i] for i in likely])))]), "a stage not measured yet")
     while len(added) < slots:
         order = np.argsort(-bound)
-        top = order[:_CHUNK]
-        top = top[bound[top] >= settings.batch_gain]
+        top = order[:_CHUNK][bound[order[:_CHUNK]] >= settings.batch_gain]
         if not len(top):
             break
         gain[top] = gains(top)
         bound[top] = gain[top] * rate[top]
         j = int(top[np.argmax(bound[top])])
         rest = order[_CHUNK:]
-        if bound[j] < settings.batch_gain or (len(rest) and bound[j] < bound[rest[0]]):
-            continue  # a candidate not brought up to date may be worth more
-        add(j, f"a slot free while others run: expected gain {gain[j]:.2%}")
+        if bound[j] >= settings.batch_gain and not (len(rest) and bound[j] < bound[rest[0]]):
+            add(j, f"expected gain {gain[j]:.2%}")
     return added
