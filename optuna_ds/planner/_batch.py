@@ -46,10 +46,29 @@ def remeasuring(state: _State) -> bool:
     return any(o.config in finished for o in state.running)
 
 
-def _late(state: _State, proposals: list[Proposal]) -> bool:
-    """Whether nothing was proposed now and every running experiment has run half the usual
-    run or more (one of unknown age counts as just started)."""
-    return not proposals and all(o.seconds is not None and o.seconds >= _LATE * state.seconds_ok for o in state.running)
+def _seconds(state: _State, model: ThroughputModel, rows: list) -> np.ndarray:
+    """The expected seconds of a run of each row. DeepSpeed's autotuning runs a fixed number of
+    steps, so a run takes a start-up plus the steps times the micro-batch over the throughput:
+    fitted to the runs that finished where they tell both apart, else the usual run."""
+    usual = np.full(len(rows), state.seconds_ok)
+    runs = np.array([(o.mbs / o.score, o.seconds) for o in state.ok if o.seconds and o.score])
+    if len(runs) < 3 or np.ptp(runs[:, 0]) <= 0 or not len(rows):
+        return usual
+    slope, start = np.polyfit(runs[:, 0], runs[:, 1], 1)
+    if slope <= 0:
+        return usual
+    sizes = np.array([m for _, m, _ in rows], dtype=float)
+    return np.maximum(start, 0.0) + slope * sizes / np.exp(model.mean(rows))
+
+
+def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> float:
+    """The expected seconds until the last experiment under way ends (one running of unknown
+    age counts as just started; one proposed now, as starting)."""
+    problem = state.problem
+    rows = [(problem.arm(o.arm), o.mbs, o.knobs) for o in state.running] + [
+        (problem.arm((p.stage, p.offload)), p.mbs, p.knobs) for p in proposals]
+    ran = np.array([o.seconds or 0.0 for o in state.running] + [0.0] * len(proposals))
+    return float(np.max(_seconds(state, model, rows) - ran, initial=0.0))
 
 
 def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, slots: int) -> list[Proposal]:
@@ -70,7 +89,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     member.
     """
     problem, settings = state.problem, state.settings
-    if slots <= 0 or _late(state, proposals):
+    if slots <= 0:
         return []
     rows, p_run = state.candidates
     taken = {p.config for p in proposals}
@@ -78,8 +97,15 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     if not keep:
         return []
     rows, p_run = [rows[i] for i in keep], p_run[keep]
+    # A member may end at most half its run after the last experiment under way: later, it
+    # would lengthen a tuning whose search those end.
+    seconds = _seconds(state, model, rows)
+    fits = seconds - _left(state, model, proposals) <= _LATE * seconds
+    if not fits.any():
+        return []
+    rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
     # Per second, in gain per run of the usual length: a run likely to fail ends sooner.
-    rate = state.seconds_ok / (p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed)
+    rate = state.seconds_ok / (p_run * seconds + (1.0 - p_run) * state.seconds_failed)
     measured = [o.config for o in state.ok]
 
     def at(configs: list) -> list:
