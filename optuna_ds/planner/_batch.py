@@ -89,6 +89,9 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     member.
     """
     problem, settings = state.problem, state.settings
+    # At most half the launches not yet finished under way at once: the rest is for what their
+    # results call for.
+    slots = min(slots, (problem.max_experiments - len(state.finished)) // 2 - len(state.running) - len(proposals))
     if slots <= 0:
         return []
     rows, p_run = state.candidates
