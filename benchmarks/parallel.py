@@ -20,8 +20,8 @@ would not); the span from the first experiment's start to the last one's end, an
 started; experiments launched; duplicates (launches of an experiment already launched); GPU overlaps
 (two experiments on one (node, GPU) at once); mean busy slots over the experiments' span; the
 slot-free -> next-start gap on each (node, GPU) (it includes storing the result, the decision, and
-the simulated launcher's Python start-up); the decision time (from entering StageTuner.step to
-launching, logged through ``OPTUNA_DS_DECISION_LOG``); and CPU per wall second of each optuna-ds
+the simulated launcher's Python start-up); the decision time (from a slot becoming free to
+launching, logged by the processes' driver, ``timed_driver.py``); and CPU per wall second of each optuna-ds
 process (its own threads, not the experiments it launches), over the run and while every process
 only waits (the micro-batch sizes running, nothing to decide; from when the process is started up), of the PostgreSQL backends serving
 them (and their peak number) and of the machine; and the trials by how they ended (a trial that
@@ -50,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 LAUNCHER = ROOT / "tests" / "fake_deepspeed.py"
+DRIVER = ROOT / "benchmarks" / "timed_driver.py"
 STORAGE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TICK = os.sysconf("SC_CLK_TCK")
 # A micro-batch experiment's name: no knob suffix.
@@ -246,12 +247,12 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
             for i in range(run.processes):
                 env = dict(os.environ, DS_ACCELERATOR="cpu", LOCAL_SIZE=str(run.slots), FAKE_DS_LOG=str(log), FAKE_DS_NODE=f"node{i}",
                            FAKE_DS_SURFACE=json.dumps(surface), OPTUNA_DS_LOCK_DIR=str(work / f"locks{i}"),
-                           OPTUNA_DS_DECISION_LOG=str(decisions), PYTHONPATH=str(ROOT), PGAPPNAME=name)
+                           PYTHONPATH=str(ROOT), PGAPPNAME=name)
                 args = (["tune", "--deepspeed-bin", str(LAUNCHER), "--num_gpus", "1", *common, "train.py", "--deepspeed_config", "ds_config.json"]
                         if i == 0 else ["worker", *common])
                 err = open(work / f"stderr{i}", "w+")
                 errs.append(err)
-                procs.append(subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=work, env=env, stdout=subprocess.PIPE,
+                procs.append(subprocess.Popen([sys.executable, str(DRIVER), str(decisions), *args], cwd=work, env=env, stdout=subprocess.PIPE,
                                               stderr=err, text=True, start_new_session=True))
                 readers.append(threading.Thread(target=_watch_ready, args=(procs[-1], i, ready), daemon=True))
                 readers[-1].start()

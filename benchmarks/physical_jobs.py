@@ -60,7 +60,8 @@ import hashlib
 import math
 import random
 import sys
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 

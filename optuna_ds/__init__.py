@@ -1,7 +1,8 @@
 """optuna-ds: find the fastest DeepSpeed configuration of a training script, with Optuna.
 
 Layers, by folder: ``config`` -> ``space`` -> ``studies``/``samplers``/``pruners`` ->
-``launcher`` -> ``storage``/``reporting`` -> ``cli``.
+``launcher`` -> ``storage``/``reporting`` -> ``cli``. Every layer reaches Optuna beyond its
+public API through ``_optuna_compat`` only.
 """
 
 from optuna_ds._errors import ConfigError

@@ -491,8 +491,8 @@ def _write_outputs(
     config = optimal_config(result)
     scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if scale_lr and advice and config else None
     summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice)
-    data = load_report(storage, plan.study_name, result=result)
-    write_report(data, files.report, summary=summary)
+    data = load_report(storage, plan.study_name, result=result, advice=scaled.note if scaled else advice)
+    write_report(data, files.report)
     register_with_dashboard(data, storage, note=summary_markdown(result, advice=scaled.note if scaled else advice))
     command: list[str] | None = None
     written = None
@@ -530,8 +530,8 @@ def _write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage
     files = ResultsFiles(plan.results_dir)
     with open(files.summary, "w", encoding="utf-8") as f:
         f.write(summary.text)
-    data = dataclasses.replace(data, headline=summary.head)
-    write_report(data, files.report, summary=summary.text)
+    data = dataclasses.replace(data, headline=summary.head, notes=summary.notes)
+    write_report(data, files.report)
     register_with_dashboard(data, storage, note=summary.markdown)
     return summary.text
 
@@ -553,7 +553,7 @@ def report(*, storage: str, study_name: str, output: str) -> str:
         summary = summary_text(result, advice=None)
         data = load_report(store, study_name, result=result)
         try:
-            write_report(data, output, summary=summary)
+            write_report(data, output)
         except OSError as e:
             raise ConfigError(f"cannot write the report {output}: {e.strerror or e}") from None
         return summary

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,46 @@ def reachable(port: int) -> bool:
         return False
 
 
+def run_in_process(args: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m optuna_ds ARGS`` in this process: the same ``main``, its exit status, stdout
+    and stderr, without a new interpreter importing optuna, torch and DeepSpeed each time.
+
+    ``env`` replaces the environment for the run (the launches it starts inherit it), as a
+    child's would be. A thread the run leaves behind fails the test: a process would hang on
+    it at exit or end it unfinished; here it would run on into the next test."""
+    import optuna
+
+    from optuna_ds.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, saved_hook = dict(os.environ), os.getcwd(), threading.excepthook
+    saved_verbosity = optuna.logging.get_verbosity()
+    threads = set(threading.enumerate())
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        threading.excepthook = saved_hook
+        optuna.logging.set_verbosity(saved_verbosity)
+    left = [t for t in threading.enumerate() if t not in threads]
+    for t in left:
+        t.join(timeout=10)
+    left = [t.name for t in left if t.is_alive()]
+    assert not left, f"threads left running after `optuna-ds {' '.join(args)}`: {left}"
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 class Workspace:
     """A temporary project: a training script, its DeepSpeed config, and the CLI to run on them."""
 
@@ -54,7 +99,13 @@ class Workspace:
         env.update(extra)
         return env
 
-    def cli(self, *args: str, surface: dict[str, Any] | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, surface: dict[str, Any] | None = None, timeout: float = 300, env: dict[str, str] | None = None,
+            process: bool = False) -> subprocess.CompletedProcess[str]:
+        """The CLI on this workspace, in this process (:func:`run_in_process`), or with
+        ``process`` in a new one, killed after ``timeout``: where only a process shows it (its
+        exit status as a training's, what outlives it, the database connections it holds)."""
+        if not process:
+            return run_in_process(args, cwd=self.root, env=env or self.env(surface))
         return subprocess.run(
             [sys.executable, "-m", "optuna_ds", *args],
             cwd=self.root,

@@ -41,6 +41,18 @@ def test_gradient_accumulation_follows_max_train_batch_size() -> None:
     assert _builder(RAW).gas_for(16) == 2
 
 
+def test_no_experiment_is_below_min_train_batch_size() -> None:
+    # As max_train_batch_size bounds the global batch (micro-batch x accumulation x data-parallel
+    # GPUs) from above, min_train_batch_size bounds it from below, by accumulating more.
+    b = _builder({**RAW, "autotuning": {"enabled": True, "min_train_batch_size": 100}}, gpus=4)
+    assert [b.gas_for(m) for m in (1, 3, 8, 25, 64)] == [25, 9, 4, 2, 2]  # the user's 2 where it is enough
+    assert all(b.train_batch_size(m, b.gas_for(m)) >= 100 for m in range(1, 80))
+    both = _builder({**RAW, "autotuning": {"enabled": True, "min_train_batch_size": 192, "max_train_batch_size": 256}}, gpus=4)
+    assert [both.gas_for(m) for m in (1, 16, 48, 64)] == [64, 4, 1, 1]
+    assert all(192 <= both.train_batch_size(m, both.gas_for(m)) <= 256 for m in (1, 2, 4, 8, 16, 32, 48, 64))
+    assert both.gas_for(40) == 2  # 1 would be 160: the floor wins over the bound (320)
+
+
 def test_users_train_batch_size_bounds_the_global_batch() -> None:
     b = _builder({**RAW, "train_batch_size": 32, "gradient_accumulation_steps": 2}, gpus=4)
     assert b.gas_for(4) == 2 and b.train_batch_size(4, 2) == 32

@@ -57,7 +57,6 @@ def test_metric_keys_and_directions(metric: str, key: str, direction: str) -> No
         ({"start_profile_step": -1}, "autotuning.start_profile_step must be a non-negative integer, got -1"),
         ({"results_dir": 3}, "autotuning.results_dir must be a non-empty string, got 3"),
         ({"exps_dir": " "}, "autotuning.exps_dir must be a non-empty string, got ' '"),
-        ({"metric_path": ["m.json"]}, "autotuning.metric_path must be a string or null, got ['m.json']"),
         ({"arg_mappings": ["--lr"]}, "autotuning.arg_mappings must be an object mapping config keys to script flags, got ['--lr']"),
         ({"arg_mappings": {"train_batch_size": 8}}, "autotuning.arg_mappings.train_batch_size must be a script flag"),
         ({"model_info": {"num_params": "1B"}}, "autotuning.model_info.num_params must be a positive integer, got '1B'"),
@@ -65,6 +64,8 @@ def test_metric_keys_and_directions(metric: str, key: str, direction: str) -> No
         ({"model_info": {"profile": "yes"}}, "autotuning.model_info.profile must be true or false, got 'yes'"),
         ({"num_tuning_micro_batch_size": 3}, "unknown key autotuning.num_tuning_micro_batch_size; did you mean 'num_tuning_micro_batch_sizes'?"),
         ({"max_train_batch_size": 4, "min_train_batch_size": 8}, "autotuning.max_train_batch_size (4) is below autotuning.min_train_batch_size (8)"),
+        ({"metric_path": "m.json"}, "autotuning.metric_path cannot be set: each experiment writes its own metrics.json"),
+        ({"model_info_path": None}, "autotuning.model_info_path cannot be set: each experiment writes its own model_info.json"),
     ],
 )
 def test_invalid_autotuning_sections_name_the_key(section: object, message: str) -> None:

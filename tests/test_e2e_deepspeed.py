@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 from browser import screenshot
 from conftest import EXAMPLES
+from optuna_ds.config import format_number
 
 pytestmark = pytest.mark.e2e
 
@@ -164,14 +165,15 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     ran = [t for t in trials if t.state != TrialState.PRUNED]
     mine = next(t for t in ran if t.params["train_micro_batch_size_per_gpu"] == 4)
     summary = (results / "summary.txt").read_text().splitlines()
-    assert summary[0] == f"Your config (z0, micro-batch 4): {mine.value:.4g} samples/s."
+    assert summary[0] == f"Your config (z0, micro-batch 4): {format_number(mine.value)} samples/s."
     # The optimum is the planner's choice, one of its runs; by the model's estimate, so not always
     # the highest measurement, but never one measured below another config by more than the noise
     # it reports explains (3 deviations: on a loaded CPU one step's timing can vary 2-fold).
-    name = summary[1][len("Optimum (") : summary[1].index(")")]
+    name = summary[1][len("Optimum (") : summary[1].index(":")]
     chosen = [t for t in ran if t.state == TrialState.COMPLETE and re.sub(r"_r\d+$", "", t.user_attrs["exp_name"]) == name]
     shown = sum(t.value for t in chosen) / len(chosen)  # the mean of its runs
-    assert summary[1].startswith(f"Optimum ({name}): {shown:.4g} samples/s"), summary
+    assert summary[1].startswith(f"Optimum ({name}: z0, "), summary
+    assert f"gradient accumulation 1): {format_number(shown)} samples/s (" in summary[1], summary
     logs: dict[str, list[float]] = {}
     for t in ran:
         if t.state == TrialState.COMPLETE:
@@ -185,7 +187,7 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     for t in ran:
         assert 0 < t.user_attrs["duration"] <= (t.datetime_complete - t.datetime_start).total_seconds()
     seconds = sum(t.user_attrs["duration"] for t in ran)  # no profile run: model_info is given
-    assert summary[2] == f"Spent: {len(ran)} experiment(s), {seconds / 3600:.3g} GPU-hours."
+    assert summary[2] == f"Spent: {len(ran)} experiment(s), {format_number(seconds / 3600, 3)} device-hours (CPU)."
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert optimal["train_micro_batch_size_per_gpu"] == chosen[0].params["train_micro_batch_size_per_gpu"]
     factor = (optimal["train_batch_size"] / 4) ** 0.5

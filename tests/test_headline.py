@@ -14,8 +14,10 @@ from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 from optuna_ds.config import Metric
+from optuna_ds.config import format_number
 from optuna_ds.reporting import headline
 from optuna_ds.studies import Baseline
+from optuna_ds.studies import Noise
 from optuna_ds.studies import Spend
 from optuna_ds.studies import StageResult
 from optuna_ds.studies import TuningResult
@@ -34,7 +36,7 @@ def _trials(ws: Workspace, stage: int = 1) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=f"optuna-ds-z{stage}", storage=ws.storage).get_trials()
 
 
-def test_headline_compares_the_users_config_with_the_optimum_and_counts_gpu_hours(ws: Workspace) -> None:
+def test_headline_compares_the_users_config_with_the_optimum_and_counts_device_hours(ws: Workspace) -> None:
     ws.config(CONFIG)
     p = ws.tune("ds_config.json", "--num_gpus", "2", surface=SURFACE,
                 env=ws.env(SURFACE, LOCAL_SIZE="2", OPTUNA_DS_LOCK_DIR=str(ws.root / "locks")))
@@ -47,30 +49,36 @@ def test_headline_compares_the_users_config_with_the_optimum_and_counts_gpu_hour
     best = next(t for t in trials if t.number == choice["trial"])
     assert best.state == TrialState.COMPLETE
     summary = (ws.results / "summary.txt").read_text().splitlines()
-    assert summary[0] == f"Your config (z1, micro-batch 2): {mine[0].value:.4g} samples/s."
-    # ...as the mean of its runs (the best so far runs twice: the noise is measured on it).
+    assert summary[0] == f"Your config (z1, micro-batch 2): {format_number(mine[0].value)} samples/s."
+    # ...as the mean of its runs (the best so far runs twice: the noise is measured on it),
+    # with the planner's estimate beside them: the figure the tuning printed when it chose.
     from optuna_ds.studies._results import runs_of
 
     runs = runs_of(best, trials)
     mean = sum(runs) / len(runs)
-    shown = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
-    assert summary[1].startswith(f"Optimum ({best.user_attrs['exp_name']}): {mean:.4g} samples/s{shown}, "
-                                 f"{mean / mine[0].value:.3g}x faster"), summary[1]
-    assert "run-to-run noise " in summary[1]
+    shown = f"mean of {len(runs)} runs, ±" if len(runs) > 1 else "one run; "
+    name = best.user_attrs["exp_name"]
+    figure = summary[1].split("gradient accumulation 1): ", 1)[1].split("), ", 1)[0] + ")"
+    assert summary[1].startswith(f"Optimum ({name}: z1, micro-batch {best.params['train_micro_batch_size_per_gpu']}, "
+                                 f"gradient accumulation 1): {format_number(mean)} samples/s ({shown}"), summary[1]
+    assert f"planner's estimate {format_number(choice['estimate'])} samples/s), " in summary[1]
+    assert f", {format_number(mean / mine[0].value, 3)}x faster; run-to-run noise " in summary[1]
+    assert f"chosen: {name}: {figure}; run-to-run noise " in p.stdout
     # The chosen stage's row of DeepSpeed's table agrees with the headline.
-    assert any(line.startswith("| z1 ") and f" {best.user_attrs['exp_name']} " in line for line in summary)
-    # GPU time from the launcher's own record of every launch, the profile run included, times
-    # the 2 GPUs of each experiment.
+    assert any(line.startswith("| z1 ") and f" {format_number(mean)} | " in line and f" {name} " in line for line in summary)
+    # Device time from the launcher's own record of every launch, the profile run included, times
+    # the 2 devices of each experiment; on CPU, not called GPU-hours.
     launches = [entry for entry in ws.launches() if not entry.get("training")]
     assert len(launches) == len([t for t in trials if t.state != TrialState.PRUNED]) + 1
     launched_seconds = sum(entry["end"] - entry["start"] for entry in launches)
     match = summary[2]
-    assert match.startswith(f"Spent: {len(launches)} experiment(s) (the profile run included), ")
-    hours = float(match.split(", ")[1].split(" GPU-hours")[0])
-    assert 2 * launched_seconds / 3600 <= hours * 1.001
+    assert match.startswith(f"Spent: {len(launches)} experiment(s) (the profile run included), ") and match.endswith(" device-hours (CPU).")
+    hours = float(match.split(", ")[1].split(" device-hours")[0])
+    assert 2 * launched_seconds / 3600 <= hours * 1.005
     assert hours <= 2 * (launched_seconds + 1.0 * len(launches)) / 3600  # each launch's interpreter start at most
+    assert "GPU" not in "\n".join(summary)
     page = (ws.results / "report.html").read_text()
-    assert f"Your config (z1, micro-batch 2): {mine[0].value:.4g} samples/s." in page
+    assert f"Your config (z1, micro-batch 2): {format_number(mine[0].value)} samples/s." in page
     import optuna_dashboard
 
     note = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
@@ -84,7 +92,7 @@ def test_the_users_size_runs_as_the_baseline_even_at_the_smallest_size(ws: Works
     assert p.returncode == 0, p.stderr
     first = _trials(ws)[0]
     assert first.params["train_micro_batch_size_per_gpu"] == 1 and first.state == TrialState.COMPLETE
-    assert f"Your config (z1, micro-batch 1): {first.value:.4g} samples/s." in p.stdout
+    assert f"Your config (z1, micro-batch 1): {format_number(first.value)} samples/s." in p.stdout
 
 
 def test_a_config_without_one_size_says_why_there_is_no_baseline(ws: Workspace) -> None:
@@ -102,14 +110,16 @@ def test_noise_is_measured_only_from_configs_run_more_than_once() -> None:
         return optuna.trial.create_trial(value=value, user_attrs={"ds_config": {"train_micro_batch_size_per_gpu": mbs,
                                                                                  "autotuning": {"metric_path": f"/x/{value}"}}})
 
-    assert measurement_noise([trial(100.0, 2), trial(200.0, 4)]) == (None, 0)
-    noise, runs = measurement_noise([trial(100.0, 2), trial(104.0, 2), trial(200.0, 4), trial(201.0, 4)])
-    # Two repeated runs, differing by 4% and 0.5%: a noise of a couple of percent, the same
+    assert measurement_noise([trial(100.0, 2), trial(200.0, 4)]) == Noise()
+    noise = measurement_noise([trial(100.0, 2), trial(104.0, 2), trial(200.0, 4), trial(201.0, 4)])
+    # Two repeated configs, differing by 4% and 0.5%: a noise of a couple of percent, the same
     # figure the planner works with.
-    assert runs == 2 and 0.01 < noise < 0.035
+    assert noise.configs == 2 and noise.runs == 4 and 0.01 < noise.value < 0.035
+    assert noise.phrase == f"run-to-run noise {noise.value:.1%}, measured from 2 repeated configs, 4 runs"
+    assert Noise().phrase == "run-to-run noise not measured: no config ran twice"
     result = TuningResult(metric=Metric.named("latency"), stages=[StageResult(stage=0, status="tuned")], duration=1.0,
                           model_info={}, baseline=Baseline(stage=0, micro_batch_size=2, name="a", value=30.0, status="complete"),
-                          spend=Spend(experiments=3, gpu_seconds=7200.0, profiled=False), noise=noise, noise_runs=runs)
+                          spend=Spend(experiments=3, gpu_seconds=7200.0, profiled=False, device="GPU"), noise=noise)
     lines = headline(result)
     assert lines[0] == "Your config (z0, micro-batch 2): 30 ms."
     assert lines[1] == "Optimum: none, no experiment ran successfully."
@@ -117,7 +127,7 @@ def test_noise_is_measured_only_from_configs_run_more_than_once() -> None:
 
 
 def test_the_headline_compares_the_means_of_the_runs_not_one_lucky_run() -> None:
-    from optuna_ds.studies import BestExperiment
+    from optuna_ds.studies import Optimum
     from optuna_ds.studies._results import runs_of
 
     def trial(value: float, mbs: int, name: str) -> optuna.trial.FrozenTrial:
@@ -126,14 +136,17 @@ def test_the_headline_compares_the_means_of_the_runs_not_one_lucky_run() -> None
 
     trials = [trial(110.0, 8, "z0_mbs8"), trial(100.0, 8, "z0_mbs8_r1"), trial(96.0, 4, "z0_mbs4"), trial(50.0, 2, "z0_mbs2")]
     assert runs_of(trials[1], trials) == [110.0, 100.0] and runs_of(trials[3], trials) == [50.0]
-    best = BestExperiment(name="z0_mbs8", stage=0, value=105.0, trial_number=0, ds_config={}, result_dir="", cmd=[],
-                          micro_batch_size=8, gradient_accumulation_steps=1, runs=2)
+    best = Optimum(name="z0_mbs8", stage=0, trial_number=0, ds_config={}, result_dir="", cmd=[], micro_batch_size=8,
+                   gradient_accumulation_steps=1, runs=(110.0, 100.0), trials=(0, 1), estimate=104.0, chosen=True)
     result = TuningResult(metric=Metric.named("throughput"), stages=[StageResult(stage=0, status="tuned", best=best)], duration=1.0,
                           model_info={}, baseline=Baseline(stage=0, micro_batch_size=4, name="z0_mbs4", value=96.0, status="complete"),
-                          spend=Spend(experiments=4, gpu_seconds=3600.0, profiled=False), noise=0.05, noise_runs=1, chosen=best)
+                          spend=Spend(experiments=4, gpu_seconds=3600.0, profiled=False), noise=Noise(0.05, 1, 2), best=best)
     lines = headline(result)
     assert lines[0] == "Your config (z0, micro-batch 4): 96 samples/s."
-    assert lines[1].startswith("Optimum (z0_mbs8): 105 samples/s (mean of 2 runs), 1.09x faster (run-to-run noise 5.0%, measured from 1 repeated run)")
+    assert lines[1] == ("Optimum (z0_mbs8: z0, micro-batch 8, gradient accumulation 1): 105 samples/s (mean of 2 runs, ±6.7%; "
+                        "planner's estimate 104 samples/s), 1.09x faster; run-to-run noise 5.0%, measured from 1 repeated config, 2 runs.")
+    assert lines[2] == "Spent: 4 experiment(s), 1 device-hours."  # a tuning that did not record its accelerator
+    assert len(lines) == 3  # 6.7% is within twice the noise: no warning
 
 
 def test_scale_lr_writes_the_scaled_learning_rate_and_names_the_rule(ws: Workspace) -> None:

@@ -154,8 +154,8 @@ def test_an_interrupted_knob_experiment_runs_again_on_resume(ws: Workspace) -> N
 # trial was taken (its `worker` written, its params asked), before its experiment is claimed.
 _KILLED_AT_CLAIM = """
 import os, signal
-import optuna_ds.studies._stage as stage
-stage._store = lambda trial, record: os.kill(os.getpid(), signal.SIGKILL)
+import optuna_ds.studies._experiments as experiments
+experiments._store = lambda trial, record: os.kill(os.getpid(), signal.SIGKILL)
 from optuna_ds.cli import main
 main()
 """
@@ -192,7 +192,8 @@ def test_a_tuner_killed_before_its_claim_resumes_with_nothing_lost_or_counted(ws
     summary = (ws.results / "summary.txt").read_text()
     assert f"Total number of experiments: {len(runs)}." in summary and "failed" not in summary and "None" not in summary
     page = (ws.results / "report.html").read_text()
-    assert page.count('<tr class="complete">') == page.count("<tr class=") == len(runs)  # one row per experiment
+    rows = page.split('<table class="experiments', 1)[1]
+    assert rows.count('<tr class="complete') == rows.count("<tr class=") == len(runs)  # one row per experiment
     import optuna_dashboard
 
     note = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))

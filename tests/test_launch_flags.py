@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from conftest import run_in_process
 from optuna_ds._errors import ResourceError
 from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import LauncherOptions
@@ -306,8 +305,9 @@ def test_nested_arg_mappings_and_integer_sizes_reach_the_optimal_files(ws: Works
         assert json.loads(text)["zero_optimization"]["reduce_bucket_size"] == 500000000
 
 
-def test_help_lists_deepspeeds_flags() -> None:
-    p = subprocess.run([sys.executable, "-m", "optuna_ds", "tune", "--help"], capture_output=True, text=True, env=dict(os.environ))
+def test_help_lists_deepspeeds_flags(tmp_path: Path) -> None:
+    p = run_in_process(["tune", "--help"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
     for flag in ("-H, --hostfile", "-i, --include", "-e, --exclude", "--num_accelerators", "--launcher TEXT", "--launcher_args",
                  "--no_local_rank", "--bind_cores_to_rank", "--venv_script", "--deepspeed-bin"):
         assert flag in p.stdout, flag

@@ -20,7 +20,6 @@ from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import Experiment
 from optuna_ds.launcher import ExperimentResult
 from optuna_ds.launcher import ExperimentRunner
-from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import Slot
 from optuna_ds.launcher import _launch_server

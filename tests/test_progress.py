@@ -5,7 +5,7 @@ import re
 
 from optuna_ds.config import Metric
 from optuna_ds.reporting import Progress
-from optuna_ds.reporting import human_number
+from optuna_ds.config import format_number
 
 
 class Clock:
@@ -34,7 +34,7 @@ def test_status_shows_best_first_a_bar_over_the_estimate_and_time_left() -> None
     _feed(progress, clock)
     clock.now += 5  # z2 under way for half the mean duration
     lines = progress.status().splitlines()
-    assert lines[0].startswith("best 120 samples/s z1_gas1_tmbspg4 | z1 120")
+    assert lines[0].startswith("fastest run 120 samples/s z1_gas1_tmbspg4 | z1 120")
     # 2 done + 1 running + the planner's 5 to start; 2.5 of 8 done, rounded down
     assert lines[1].startswith("2/~8 (1 running) ") and " 31% " in lines[1]
     # 2.5 experiments' work in the 25 s since the first started: 5.5 left at 10 s each
@@ -112,13 +112,13 @@ def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
     lines = progress.render(width=80).splitlines()
     assert all(len(line) <= 80 for line in lines), lines
     assert len(lines) == 4  # best, bar, one line per busy slot
-    assert lines[0].startswith("best 15,970 samples/s z3_gas16")
+    assert lines[0].startswith("fastest run 15,970 samples/s z3_gas16")
     assert lines[1].startswith("1/~41 (2 running) ") and "elapsed" in lines[1] and lines[1].endswith(" left")
     assert lines[2].startswith("localhost:0,1,2,3 1:00:00 z3_gas16") and lines[3].startswith("localhost:4,5,6,7 1:01:01 z3_gas16")
 
 
 def test_numbers_are_written_for_people() -> None:
-    assert [human_number(v) for v in (15970.3, 160.44, 0.01234, 312.5e12, 2.5e6, 999.96)] == [
+    assert [format_number(v) for v in (15970.3, 160.44, 0.01234, 312.5e12, 2.5e6, 999.96)] == [
         "15,970", "160.4", "0.01234", "312T", "2.5M", "1,000"]
     out = io.StringIO()
     progress = Progress(stream=out, tty=False)
@@ -170,4 +170,15 @@ def test_verbose_adds_details_and_latency_best_is_the_minimum() -> None:
     progress.finished(stage=0, number=0, name="a", value=5.0, duration=1.0, outcome="latency=5")
     progress.finished(stage=0, number=1, name="b", value=3.0, duration=1.0, outcome="latency=3")
     assert "  cd /x && deepspeed ..." in out.getvalue()
-    assert progress.best_line().startswith("best 3 ms b")
+    assert progress.best_line().startswith("fastest run 3 ms b")
+
+
+def test_a_resumed_tuning_starts_from_the_best_it_has() -> None:
+    progress = Progress(stream=io.StringIO(), tty=False)
+    progress.resumed(stage=1, name="z1_gas1_tmbspg8", value=15970.4, metric=Metric.named("throughput"))
+    progress.resumed(stage=1, name="z1_gas1_tmbspg4", value=9000.0, metric=Metric.named("throughput"))
+    assert progress.best_line().startswith("fastest run 15,970 samples/s z1_gas1_tmbspg8")
+    latency = Progress(stream=io.StringIO(), tty=False)
+    for name, value in (("a", 3.0), ("b", 2.0)):
+        latency.resumed(stage=0, name=name, value=value, metric=Metric.named("latency"))
+    assert " b " in latency.best_line() + " "

@@ -182,7 +182,7 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
     # Two losses before a claim are not an experiment that killed its worker twice.
     assert given_up(trials) == {}
     # What the summary, the headline, the report and `optuna-ds report` read: claimed trials only.
-    result = stage_result(study, 1)
+    result = stage_result(study, 1, metric=metric)
     assert (result.num_experiments, result.num_failed) == (2, 1)  # done, and the claimed one that was lost
     assert result.best is not None and result.best.name == _EXPERIMENT.name
     assert result.last_failure == "z1_gas1_tmbspg8: interrupted: its process died"

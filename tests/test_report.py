@@ -1,21 +1,222 @@
-"""The HTML report and optuna-dashboard, on tunings run against the fake launcher."""
+"""The HTML report and optuna-dashboard: in-process on a storage built record by record, and on
+tunings run against the fake launcher."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
+from typing import Any
 
+import markupsafe
 import optuna
 import pytest
 
 from browser import measure
 from browser import screenshot
 from conftest import Workspace
+from optuna_ds.config import MBS_KEY
+from optuna_ds.config import format_number
+from optuna_ds.config import parse_user_config
+from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import Phase
+from optuna_ds.reporting import best_stage_study
+from optuna_ds.reporting import headline
+from optuna_ds.reporting import load_report
+from optuna_ds.reporting import optimal_config
+from optuna_ds.reporting import register_with_dashboard
+from optuna_ds.reporting import render_report
+from optuna_ds.reporting import summary_markdown
+from optuna_ds.reporting import summary_text
+from optuna_ds.storage import ExperimentRecord
+from optuna_ds.storage import TuningPlan
+from optuna_ds.storage import create_storage
+from optuna_ds.storage import open_root_study
+from optuna_ds.storage import open_stage_study
+from optuna_ds.studies import TuningResult
+from optuna_ds.studies import load_result
+
+_T0 = datetime.datetime(2025, 1, 1, 12, 0, 0)
+# (stage, mbs, value or failure, seconds): trial numbers follow the order within each stage.
+RUNS: list[tuple[int, int, Any]] = [
+    (1, 2, 1_000.0),        # z1 trial 0: the user's config
+    (1, 16, 15_973.2),      # z1 trial 1: the choice's first run
+    (1, 32, 16_300.0),      # z1 trial 2: one lucky run, Optuna's best trial
+    (1, 64, "error"),       # z1 trial 3
+    (1, 16, 15_100.0),      # z1 trial 4: the choice again
+    (1, 16, 15_500.0),      # z1 trial 5
+    (2, 8, 12_000.0),       # z2 trial 0
+    (2, 8, 12_400.0),       # z2 trial 1
+]
+
+
+def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple[int, int] | None = (1, 1),
+           device: str = "CPU") -> tuple[optuna.storages.BaseStorage, TuningPlan]:
+    """A tuning as the storage holds it once run, written record by record as the tuning writes
+    them: the plan, each stage's trials, the root's attrs and the planner's choice."""
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": [1, 2]},
+              "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 64}}
+    (root / "train.py").write_text("")
+    plan = TuningPlan(study_name="optuna-ds", script=str(root / "train.py"), script_args=["--deepspeed_config", "ds.json"],
+                      cwd=str(root), config_path=str(root / "ds.json"), user_config=config, deepspeed_bin=["deepspeed"],
+                      launcher_options={}, results_dir=str(root / "results"), exps_dir=str(root / "exps"), trial_timeout=None)
+    storage = create_storage(f"sqlite:///{root / 'tuning.db'}")
+    study = open_root_study(storage, plan, direction="maximize")
+    study.set_user_attr("resources", {"gpus_per_experiment": 1, "device_memory": 2.5e10, "device": device,
+                                      "gpu_memory": "not reported: DS_ACCELERATOR=cpu: NVML reports NVIDIA GPUs only"})
+    study.set_user_attr("elapsed", 120.0)
+    stages: dict[int, optuna.Study] = {}
+    for i, (stage, mbs, outcome) in enumerate(runs):
+        if stage not in stages:
+            stages[stage] = open_stage_study(storage, tuning="optuna-ds", stage=stage, direction="maximize")
+            study.set_user_attr(f"stage:z{stage}", {"status": "tuned", "reason": ""})
+        n = sum(1 for s, m, _ in runs[:i] if (s, m) == (stage, mbs))
+        name = f"z{stage}_gas1_tmbspg{mbs}" + (f"_r{n}" if n else "")
+        failed = isinstance(outcome, str)
+        record = ExperimentRecord(
+            phase=Phase.MICRO_BATCH, micro_batch_size=mbs, gradient_accumulation_steps=1, train_batch_size=mbs, slot="localhost:0",
+            ds_config={"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": 1, "train_batch_size": mbs,
+                       "zero_optimization": {"stage": stage}, "autotuning": {"metric_path": f"/r/{name}/metrics.json"}},
+            result_dir=str(root / "results" / name), duration=10.0,
+            reason=FailureReason.ERROR if failed else None,
+            detail="exit status 1: ValueError: the batch is too large" if failed else None,
+            stderr_tail="Traceback (most recent call last):\nValueError: the batch is too large\n" if failed else None,
+            exp_name=name)
+        trial = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL if failed else optuna.trial.TrialState.COMPLETE, value=None if failed else outcome,
+            params={MBS_KEY: mbs}, distributions={MBS_KEY: optuna.distributions.IntDistribution(1, 64)}, user_attrs=record.attrs())
+        trial.datetime_start = _T0 + datetime.timedelta(seconds=20 * i)
+        trial.datetime_complete = trial.datetime_start + datetime.timedelta(seconds=10)
+        stages[stage].add_trial(trial)
+    if choice is not None:
+        study.set_user_attr("choice", {"stage": choice[0], "trial": choice[1], "estimate": 15_400.0})
+    return storage, plan
+
+
+def _result(storage: optuna.storages.BaseStorage, plan: TuningPlan) -> TuningResult:
+    return load_result(storage, plan, parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args))
+
+
+def _text(page: str) -> str:
+    """What the page says outside its scripts (plotly.js is minified code)."""
+    return re.sub(r"<script.*?</script>", "", page, flags=re.S)
+
+
+def test_one_optimum_shown_the_same_way_everywhere(tmp_path: Path) -> None:
+    storage, plan = _store(tmp_path)
+    result = _result(storage, plan)
+    best = result.best
+    assert best is not None and best.chosen and best.name == "z1_gas1_tmbspg16" and best.trials == (1, 4, 5)
+    assert best.value == pytest.approx((15_973.2 + 15_100.0 + 15_500.0) / 3) and best.estimate == 15_400.0
+    figure = best.figure(result.metric)
+    assert figure == "15,520 samples/s (mean of 3 runs, ±2.8%; planner's estimate 15,400 samples/s)"
+    # One best: each stage's by the same rule (the chosen stage's is the choice, not its highest run).
+    assert [s.best.name for s in result.stages if s.best] == ["z1_gas1_tmbspg16", "z2_gas1_tmbspg8"]
+    assert result.stages[1].best.value == 12_200.0 and len(result.stages[1].best.runs) == 2
+    summary = summary_text(result, advice=None)
+    lines = summary.splitlines()
+    assert lines[1] == ("Optimum (z1_gas1_tmbspg16: z1, micro-batch 16, gradient accumulation 1): " + figure
+                        + ", 15.5x faster; run-to-run noise " + f"{result.noise.value:.1%}, measured from 2 repeated configs, 5 runs.")
+    assert lines[2] == "Spent: 8 experiment(s), 0.0222 device-hours (CPU)."
+    assert "| z1           |               6 |          15,520 |    3 | z1_gas1_tmbspg16 |" in lines
+    assert "| global       |               8 |          15,520 |    3 | z1_gas1_tmbspg16 |" in lines
+    # Optuna's own best trial is the lucky single run: said, and why it is not the optimum.
+    assert result.optuna_best is not None and result.optuna_best.number == 2
+    assert "Optuna's best trial in the z1 study (what `optuna best-trial` and optuna-dashboard show) is trial 2, z1_gas1_tmbspg32" in summary
+    # The failure's reason once, not its stderr line again.
+    assert "last: z1_gas1_tmbspg64: error: exit status 1: ValueError: the batch is too large\n" in summary
+    # Numbers for people; no GPU claims from a CPU.
+    assert "e+0" not in summary and "GPU" not in summary and "Warning" not in summary
+    note = summary_markdown(result, advice=None)
+    assert f"\n\n{lines[1]}\n\n" in note and "e+0" not in note and "GPU" not in note
+
+    data = load_report(storage, "optuna-ds", result=result)
+    page = render_report(data, base_dir=str(tmp_path / "results"))
+    text = _text(page)
+    assert str(markupsafe.escape(lines[1])) in text and str(markupsafe.escape(figure)) in text
+    # The experiments table: the optimum's runs first, its named run leading with the figure.
+    body = text.split('<table class="experiments sortable">', 1)[1]
+    rows = re.findall(r'<tr class="([^"]*)">\s*<td class="stage">z(\d)</td><td class="trial num">(\d+)</td>', body)
+    assert [(c, int(s), int(n)) for c, s, n in rows[:3]] == [("complete chosen", 1, 1), ("complete chosen", 1, 4), ("complete chosen", 1, 5)]
+    assert "chosen" not in "".join(c for c, _, _ in rows[3:])
+    first_row = body.split("<tbody>", 1)[1].split("</tr>", 1)[0]
+    assert f'<span class="chosen-badge">chosen: {markupsafe.escape(figure)}</span>' in first_row
+    assert "<pre>" not in page and '<table class="summary sortable">' in page and "<script src=" not in page
+    assert "e+0" not in text and "GPU" not in text and ">exit status 1: ValueError: the batch is too large<" in text
+    # Every figure marks the optimum with the same figure.
+    assert set(data.figures) == {"metric_vs_mbs", "best_per_stage", "history", "timeline"}
+    for fig_id, fig in data.figures.items():
+        traces = [t for t in fig.data if t.name == "chosen"]
+        assert traces, fig_id
+        assert str(markupsafe.escape(figure)) in traces[0].hovertemplate, fig_id
+        assert "GPU" not in fig.to_json() and "e+0" not in json.dumps(fig.layout.to_plotly_json()), fig_id
+        assert fig.layout.title.pad.t > 0 and fig.layout.margin.t >= 80, fig_id  # below the modebar
+    assert '"displayModeBar": "hover"' in page
+    chosen = data.figures["metric_vs_mbs"].data[-1]
+    assert (chosen.x[0], chosen.y[0]) == (16, best.value)
+    assert data.figures["best_per_stage"].data[0].y[0] == best.value  # z1's bar is the choice's mean, not trial 2's run
+    # The optimal config is the choice's.
+    assert optimal_config(result)["train_micro_batch_size_per_gpu"] == 16
+
+    register_with_dashboard(data, storage, note=note)
+    import optuna_dashboard
+
+    z1 = optuna.load_study(study_name="optuna-ds-z1", storage=storage)
+    assert optuna_dashboard.get_note(z1) == note and z1.best_trial.number == 2
+    assert z1.user_attrs["optimum"] == {"study": "optuna-ds-z1", "trial": 1, "exp_name": "z1_gas1_tmbspg16", "runs": [1, 4, 5],
+                                        "figure": figure, "final": True}
+    assert best_stage_study(storage) == (z1._study_id, "optuna-ds-z1")
+
+
+def test_before_the_planner_chose_the_best_mean_is_shown_as_such(tmp_path: Path) -> None:
+    storage, plan = _store(tmp_path, choice=None, device="GPU")
+    result = _result(storage, plan)
+    best = result.best
+    # The config with the best mean of runs (here one run: why the planner's choice weighs more).
+    assert best is not None and not best.chosen and best.name == "z1_gas1_tmbspg32" and best.estimate is None
+    lines = headline(result)
+    assert lines[1].startswith("Best so far (the planner has not chosen yet) (z1_gas1_tmbspg32: ")
+    assert "16,300 samples/s (one run)," in lines[1]
+    assert lines[2].endswith(" GPU-hours.")
+
+
+def test_a_config_whose_runs_scatter_more_than_the_noise_is_flagged(tmp_path: Path) -> None:
+    runs = [(1, 2, 1_000.0), (1, 4, 2_000.0), (1, 4, 2_010.0), (1, 8, 3_000.0), (1, 8, 3_020.0), (1, 16, 5_000.0), (1, 16, 3_400.0)]
+    storage, plan = _store(tmp_path, runs, choice=(1, 5))
+    result = _result(storage, plan)
+    assert result.best is not None and result.best.spread > 0.2
+    warning = headline(result)[-1]
+    assert warning.startswith("Warning: the 2 runs of z1_gas1_tmbspg16 scatter by 26.9%, more than 2x the 0.9% run-to-run noise: its throughput is uncertain.")
+    page = render_report(load_report(storage, "optuna-ds", result=result))
+    assert f'<p class="warning">{markupsafe.escape(warning)}</p>' in page
+
+
+def test_numbers_read_as_people_write_them() -> None:
+    cases = {15_973.2: "15,970", 1.597e4: "15,970", 2_089.4: "2,089", 123.456: "123.5", 2.0: "2", 0.01234: "0.01234",
+             9_999.6: "10,000", 1_234_567: "1.23M", 2.5e6: "2.5M", 312.5e12: "312T", 0.000012345: "0.00001234", 0: "0"}
+    assert {v: format_number(v) for v in cases} == cases
+
+
+def test_report_table_sorts_by_clicking_a_header(tmp_path: Path) -> None:
+    """In Chromium: a click on the metric's header orders the rows by it, numerically."""
+    from browser import _chromium
+
+    storage, plan = _store(tmp_path)
+    page = tmp_path / "report.html"
+    page.write_text(render_report(load_report(storage, "optuna-ds", result=_result(storage, plan))).replace("</body>", """<script>
+    window.addEventListener("load", () => { const th = [...document.querySelectorAll("table.experiments th")].find(h => h.textContent.startsWith("throughput"));
+      th.click(); th.click();
+      document.title = "sorted:" + [...document.querySelectorAll("table.experiments tbody tr")].map(tr => tr.children[4].textContent).join("|"); });
+    </script></body>"""))
+    dom = _chromium(page.as_uri(), "--dump-dom", width=1280, height=800)
+    assert "sorted:16,300|15,970|15,500|15,100|12,400|12,000|1,000|" in dom
 
 CONFIG = {
     "train_micro_batch_size_per_gpu": 2,
@@ -25,7 +226,8 @@ CONFIG = {
                    "num_tuning_micro_batch_sizes": 2, "tuner_early_stopping": 50},
 }
 SURFACE = {"oom_above": {"1": 40, "2": 48},
-           "stderr_text": "<b>bold</b> & <script>alert(1)</script> in /opt/conda/lib/python3.11/site-packages/torch/"
+           # An error line after the OOM's: the reason the report shows, so hostile text reaches it.
+           "stderr_text": "RuntimeError: <b>bold</b> & <script>alert(1)</script> in /opt/conda/lib/python3.11/site-packages/torch/"
                           "nn/modules/module.py:1736 while allocating activations for the attention block of layer 23",
            "knob_gain": {"overlap_comm": {"true": 1.2}}}
 
@@ -61,8 +263,14 @@ def test_report_shows_what_a_person_looks_for(tuned: Workspace) -> None:
     assert '<tr class="duplicate">' not in page
     assert '<a href="z1_gas1_tmbspg2/stderr.log">stderr</a>' in page  # each experiment's logs, relative to the page
     assert "your config</span>" in page
-    assert "Peak GPU memory per experiment: not reported: DS_ACCELERATOR=cpu" in page
-    assert "GPU slots: " in page and "GPU-hours" in page and '"name":"profile run"' in page
+    assert "Peak memory per experiment: not measured on this accelerator (CPU device)." in page
+    assert "CPU device slots: " in page and "device-hours (CPU)" in page and '"name":"profile run"' in page
+    # The optimum the summary names is the optimal config, marked in the table and the figures.
+    optimal = json.loads((tuned.results / "ds_config_optimal.json").read_text())
+    name = (tuned.results / "summary.txt").read_text().splitlines()[1].split("(", 1)[1].split(":", 1)[0]
+    assert json.loads((tuned.results / name / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == \
+        optimal["train_micro_batch_size_per_gpu"]
+    assert '<span class="chosen-badge">chosen: ' in page and page.count('"name":"chosen"') >= 4
 
 
 @pytest.mark.parametrize("width", [1280, 1920])
@@ -155,8 +363,10 @@ def test_dashboard_serves_the_stage_studies_on_localhost(tuned: Workspace) -> No
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
-    # It says where to land: the stage study with the best experiment, not the root's plan.
-    assert f"best experiments: http://127.0.0.1:{port}/dashboard/studies/{names['optuna-ds-z1']} (optuna-ds-z1)" in proc.stdout.read()
+    # It says where to land: the stage study with the optimum, not the root's plan.
+    stage = json.loads((tuned.results / "ds_config_optimal.json").read_text())["zero_optimization"]["stage"]
+    chosen = f"optuna-ds-z{stage}"
+    assert f"best experiments: http://127.0.0.1:{port}/dashboard/studies/{names[chosen]} ({chosen})" in proc.stdout.read()
 
 
 def test_dashboard_without_a_storage_is_one_line_and_status_2(tuned: Workspace) -> None:
@@ -164,3 +374,19 @@ def test_dashboard_without_a_storage_is_one_line_and_status_2(tuned: Workspace) 
     p = tuned.cli("dashboard", env=env)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "optuna-ds: error (optuna-ds dashboard): give the storage: optuna-ds dashboard STORAGE, --storage URL or OPTUNA_STORAGE"]
+
+
+def test_optuna_studies_stays_readable_after_a_tuning(tuned: Workspace) -> None:
+    """`optuna studies` prints every user attr of a study on its line: the tuning's plan (the
+    user's whole config, the script's arguments, the launcher's options) is kept out of them,
+    and read from the storage alone."""
+    from test_optuna_contract import optuna_studies
+
+    from optuna_ds.storage import load_plan
+
+    lines = optuna_studies(tuned.storage).splitlines()
+    assert any("optuna-ds-z1" in line for line in lines)
+    assert "train.py" not in "".join(lines) and "launcher_options" not in "".join(lines)
+    assert max(map(len, lines)) < 1500, max(map(len, lines))
+    plan = load_plan(optuna.storages.RDBStorage(tuned.storage), "optuna-ds")
+    assert plan is not None and plan.script == str(tuned.script) and plan.user_config["autotuning"]["enabled"]

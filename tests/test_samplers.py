@@ -166,7 +166,7 @@ def test_a_fixed_grid_point_leaves_no_point_of_the_grid_out() -> None:
     # number (marked visited, never run) and runs the fixed point twice.
     sampler = create_sampler("gridsearch", SPACE)
     points = [dict(zip(sorted(SPACE), p)) for p in itertools.product(*(SPACE[k] for k in sorted(SPACE)))]
-    fixed = dict(zip(sampler._param_names, sampler._all_grids[-1]))  # not the point of trial 0's number
+    fixed = dict(zip(sampler.param_names, sampler.points[-1]))  # not the point of trial 0's number
     study = optuna.create_study(direction="maximize")
 
     def objective(trial: optuna.Trial) -> float:
@@ -185,9 +185,9 @@ def test_grid_picks_past_the_grid_differ_by_worker_but_the_grid_is_the_same() ->
     # Every worker numbers the grid's points alike (a trial's number gives its point), while the
     # picks of unvisited points past the grid's size are their own, so workers seldom collide.
     a, b = create_sampler("gridsearch", SPACE), create_sampler("gridsearch", SPACE)
-    assert a._all_grids == b._all_grids
-    picks_a = [int(a._rng.rng.choice(100)) for _ in range(10)]
-    picks_b = [int(b._rng.rng.choice(100)) for _ in range(10)]
+    assert a.points == b.points
+    picks_a = [int(a._rng.choice(100)) for _ in range(10)]
+    picks_b = [int(b._rng.choice(100)) for _ in range(10)]
     assert picks_a != picks_b
 
 

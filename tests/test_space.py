@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from optuna_ds._errors import ConfigError
-from optuna_ds.space import KnobSpace
 from optuna_ds.space import build_knob_space
 from optuna_ds.space import default_tuning_space
 from optuna_ds.space import estimate_memory
@@ -91,7 +90,7 @@ def test_offload_variants_and_recommended_knobs() -> None:
     space = build_knob_space(3, {}, fast=False, hidden_size=1024)
     offloaded = space.with_offload("offload-opt")
     assert offloaded.fixed["offload_optimizer"]["device"] == "cpu" and "offload_param" not in offloaded.fixed
-    assert KnobSpace.from_dict(offloaded.to_dict()) == offloaded
+    assert offloaded.to_dict() == {"stage": 3, "tuned": offloaded.tuned, "fixed": offloaded.fixed, "offload": "offload-opt"}
     assert user_offloads({"offload_param": {"device": "nvme"}}) and not user_offloads({"stage": 3})
     # Stage 2's recommended first knob experiment overlaps communication; stage 1's is its default config.
     assert recommended_knobs(build_knob_space(2, {}, fast=False))["overlap_comm"] is True

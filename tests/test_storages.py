@@ -5,6 +5,7 @@ servers exist and the test must run.
 """
 from __future__ import annotations
 
+import dataclasses
 import collections
 import os
 import subprocess
@@ -44,7 +45,7 @@ def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None
         pytest.skip(f"{server} is not reachable at 127.0.0.1:{port}")
     name = f"t-{uuid.uuid4().hex[:10]}"
     ws.config(CONFIG)
-    p = ws.tune("ds_config.json", "--storage", url, "--study-name", name)
+    p = ws.tune("ds_config.json", "--storage", url, "--study-name", name, process=True)
     assert p.returncode == 0, p.stderr
     try:
         study = optuna.load_study(study_name=f"{name}-z1", storage=url)
@@ -53,7 +54,7 @@ def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None
         assert trials[0].user_attrs["ds_config"]["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
         assert "plan" in "".join(optuna.load_study(study_name=name, storage=url).user_attrs)
         launched = len(ws.launches())
-        p = ws.tune("ds_config.json", "--storage", url, "--study-name", name)
+        p = ws.tune("ds_config.json", "--storage", url, "--study-name", name, process=True)
         assert p.returncode == 0, p.stderr
         assert len(ws.launches()) == launched
         assert not (ws.results / "optuna-ds.db").exists()  # nothing in the default SQLite file
@@ -153,7 +154,7 @@ def test_a_tuning_of_8_slots_needs_no_more_than_its_pool_of_connections(ws: Work
     (ws.root / "hostfile").write_text("localhost slots=8\n")
     ws.config({**FAST, "train_micro_batch_size_per_gpu": [2, 4, 8, 12, 16, 24, 32, 48]})
     p = ws.tune("ds_config.json", "--hostfile", "hostfile", "--num_gpus", "1", "--storage", role.url,
-                surface={"oom_above": {"1": 40}, "peak": 24, "duration": 0.5})
+                surface={"oom_above": {"1": 40}, "peak": 24, "duration": 0.5}, process=True)
     assert p.returncode == 0, p.stderr[-3000:]
     launches = [l for l in ws.launches() if not l.get("profile")]
     assert len(launches) >= 8 and len({l["include"] for l in launches}) >= 4  # slots ran side by side
@@ -187,7 +188,7 @@ def test_a_trial_whose_storage_fails_at_its_end_raises_the_storage_error(role: L
     then to read it back, raises UnboundLocalError (optuna/optuna#5280); the database's error it is."""
     from optuna_ds.storage import create_storage
     from optuna_ds.storage import database_error
-    from optuna_ds.studies._stage import run_trial
+    from optuna_ds.studies._experiments import run_trial
 
     role.limit(10)
     storage = create_storage(role.url)
@@ -247,6 +248,7 @@ def test_a_database_lost_mid_tuning_keeps_the_finished_experiments(ws: Workspace
 
 @pytest.mark.parametrize("kind", ["sqlite", *sorted(SERVERS)])
 def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(tmp_path, kind: str) -> None:
+    from optuna_ds._optuna_compat import trial_id
     from optuna_ds.storage import ExperimentRecord
     from optuna_ds.storage import TrialCache
     from optuna_ds.storage import create_storage
@@ -264,12 +266,12 @@ def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(
         trial = study.ask()
         trial.set_user_attr("slot", "old")
         record = ExperimentRecord(slot="localhost:0", ds_config={"zero_optimization": {"stage": 1}}, micro_batch_size=8, exp_name="z1_x")
-        cache.set_trial_user_attrs(trial._trial_id, record.attrs())
+        cache.set_trial_user_attrs(trial_id(trial), record.attrs())
         stored = optuna.load_study(study_name=name, storage=url).trials[0]  # a fresh reader
         assert ExperimentRecord.from_trial(stored) == record  # the old value overwritten
         study.tell(trial, 1.0)
         with pytest.raises(RuntimeError):
-            cache.set_trial_user_attrs(trial._trial_id, {"exp_name": "late"})
+            cache.set_trial_user_attrs(trial_id(trial), {"exp_name": "late"})
     finally:
         optuna.delete_study(study_name=name, storage=url)
 
@@ -288,3 +290,28 @@ def test_a_held_cache_serves_the_read_just_made_and_then_reads_afresh(tmp_path) 
     with cache.held():
         assert len(study.get_trials()) == 1  # no read: the early-stopping check reuses the claim check's
     assert len(study.get_trials()) == 2
+
+
+def test_the_plan_is_read_from_the_storage_alone_and_from_a_root_of_before(tmp_path) -> None:
+    """The plan is a system attr of the root study (its user attr, what `optuna studies` prints,
+    its fingerprint only); a root that holds it whole in its user attrs, as tunings started before
+    stored it, still resumes."""
+    from optuna_ds.storage import TuningPlan
+    from optuna_ds.storage import load_plan
+    from optuna_ds.storage import open_root_study
+    from optuna_ds.storage import tuning_names
+    from optuna_ds.storage import tuning_study_names
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    plan = TuningPlan(study_name="t", script="train.py", script_args=["--deepspeed", "ds.json"], cwd=str(tmp_path),
+                      config_path="ds.json", user_config={"autotuning": {"enabled": True}}, deepspeed_bin=["deepspeed"],
+                      launcher_options={}, results_dir=str(tmp_path), exps_dir=str(tmp_path), trial_timeout=None)
+    root = open_root_study(optuna.storages.RDBStorage(url), plan, direction="maximize")
+    assert root.user_attrs == {"optuna_ds:plan": plan.fingerprint}
+    fresh = optuna.storages.RDBStorage(url)  # another node's worker
+    assert load_plan(fresh, "t") == plan and tuning_names(fresh) == ["t"] == tuning_study_names(fresh, "t")
+
+    before = optuna.create_study(storage=fresh, study_name="old", direction="maximize")
+    before.set_user_attr("optuna_ds:plan", dataclasses.replace(plan, study_name="old").to_dict())
+    assert load_plan(fresh, "old") == dataclasses.replace(plan, study_name="old")
+    open_root_study(fresh, dataclasses.replace(plan, study_name="old"), direction="maximize")

@@ -225,7 +225,7 @@ def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int |
     finally:
         progress.close()
     best = result.best
-    click.echo(f"tuning '{study_name}' is done" + (f": best {best.name} {result.metric.name}={best.value:.4g}" if best else ""))
+    click.echo(f"tuning '{study_name}' is done" + (f": optimum {best.name} {best.figure(result.metric)}" if best else ""))
 
 
 @cli.command()

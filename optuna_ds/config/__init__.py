@@ -5,6 +5,7 @@ from optuna_ds.config._autotuning import parse_autotuning_config
 from optuna_ds.config._deepspeed_check import check_with_deepspeed
 from optuna_ds.config._integers import with_integer_sizes
 from optuna_ds.config._metric import Metric
+from optuna_ds.config._metric import format_number
 from optuna_ds.config._script_args import find_arg
 from optuna_ds.config._script_args import find_config_path
 from optuna_ds.config._script_args import replace_config_path
@@ -30,6 +31,7 @@ __all__ = [
     "check_gpus",
     "check_with_deepspeed",
     "find_arg",
+    "format_number",
     "find_config_path",
     "load_json_file",
     "load_user_config",

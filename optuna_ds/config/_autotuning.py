@@ -21,6 +21,9 @@ from optuna_ds.config._metric import METRICS
 from optuna_ds.config._metric import Metric
 
 TUNER_TYPES = ("gridsearch", "random", "model_based")
+# Where DeepSpeed's engine writes an experiment's metrics and the profile run's model info: one
+# path of the user's would be every experiment's, so optuna-ds sets each experiment's own.
+_PER_EXPERIMENT_KEYS = {"metric_path": "metrics.json", "model_info_path": "model_info.json"}
 # Keys DeepSpeed's README documents as null by default: null means the default.
 _NULL_IS_DEFAULT = ("results_dir", "exps_dir", "arg_mappings")
 
@@ -153,6 +156,11 @@ def parse_autotuning_config(section: Any, *, where: str = "autotuning") -> Autot
         section = {}
     if not isinstance(section, dict):
         raise ConfigError(f"{where} must be a JSON object, got {type(section).__name__}")
+    for key in section:
+        if isinstance(key, str) and key.strip() in _PER_EXPERIMENT_KEYS:
+            raise ConfigError(f"{where}.{key.strip()} cannot be set: each experiment writes its own "
+                              f"{_PER_EXPERIMENT_KEYS[key.strip()]} in its folder under results_dir, where optuna-ds reads it; "
+                              "remove the key")
     try:
         return AutotuningConfig.model_validate(section, context={"where": where})
     except pydantic.ValidationError as e:

@@ -1,11 +1,32 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from collections.abc import Iterable
 from typing import TypeVar
 
 _T = TypeVar("_T")
+
+
+_LARGE = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
+
+
+def format_number(value: float, digits: int = 4) -> str:
+    """A figure as people read it: ``digits`` significant digits, thousands separated, never an
+    exponent (``15,970``, ``123.5``, ``0.01234``); from a million up, three digits and a prefix
+    (``2.5M``, ``312T``)."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    for scale, prefix in _LARGE:
+        if abs(value) >= scale:
+            return f"{format_number(value / scale, 3)}{prefix}"
+    if value == 0:
+        return "0"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    if decimals <= 0:
+        return f"{int(round(value, decimals)):,}"
+    return f"{value:,.{decimals}f}".rstrip("0").rstrip(".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +56,8 @@ class Metric:
         return f"{self.name} ({self.unit})" if self.unit else self.name
 
     def with_unit(self, value: float) -> str:
-        """A measurement as people read it: ``1234 samples/s``."""
-        return f"{value:.4g} {self.unit}" if self.unit else f"{self.name} {value:.4g}"
+        """A measurement as people read it: ``15,970 samples/s``."""
+        return f"{format_number(value)} {self.unit}" if self.unit else f"{self.name} {format_number(value)}"
 
     @property
     def maximize(self) -> bool:

@@ -190,9 +190,6 @@ class UserConfig:
         zero = self.raw.get(ZERO_KEY)
         return copy.deepcopy(zero) if isinstance(zero, dict) else {}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "raw": self.raw}
-
 
 def _precision(raw: dict[str, Any], script_args: Sequence[str]) -> str:
     """fp16, bf16 or fp32; an "auto" switch follows the Trainer's --fp16/--bf16 flag."""
@@ -285,7 +282,7 @@ def check_gpus(user: UserConfig, *, total_gpus: int) -> None:
     if mp > total_gpus or total_gpus % mp:
         raise ConfigError(f"autotuning.mp_size ({mp}) must divide the {total_gpus} GPU(s) of one experiment")
     mbs, gas, tbs = (user.raw.get(k) for k in (MBS_KEY, GAS_KEY, TBS_KEY))
-    if all(type(v) is int for v in (mbs, gas, tbs)):
+    if isinstance(mbs, int) and isinstance(gas, int) and isinstance(tbs, int) and not any(type(v) is bool for v in (mbs, gas, tbs)):
         dp = total_gpus // mp
         if tbs != mbs * gas * dp:
             raise ConfigError(

@@ -1,10 +1,7 @@
 """Layer 4: launching DeepSpeed experiments on GPUs and classifying what happened."""
 
-from optuna_ds.launcher._classify import OOM_PATTERNS
 from optuna_ds.launcher._classify import BadMetrics
-from optuna_ds.launcher._classify import clean_text
 from optuna_ds.launcher._classify import read_metrics
-from optuna_ds.launcher._classify import script_failure
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
@@ -22,6 +19,7 @@ from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
+from optuna_ds.launcher._resources import device_kind
 from optuna_ds.launcher._resources import discover_resources
 from optuna_ds.launcher._resources import import_deepspeed
 from optuna_ds.launcher._resources import local_host_names
@@ -50,20 +48,18 @@ __all__ = [
     "LauncherOptions",
     "MARK_VAR",
     "Lease",
-    "OOM_PATTERNS",
     "PeakGpuMemory",
     "Phase",
     "Resources",
     "Slot",
     "SlotPool",
     "classify",
-    "script_failure",
-    "clean_text",
     "deferred_signals",
     "dies_with_this_process",
-    "discover_resources",
     "end_marked",
     "gpu_memory_support",
+    "device_kind",
+    "discover_resources",
     "import_deepspeed",
     "kill_process_group",
     "local_host_names",

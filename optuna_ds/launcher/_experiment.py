@@ -73,8 +73,3 @@ class ExperimentResult:
     @property
     def ok(self) -> bool:
         return self.reason is None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["reason"] = self.reason.value if self.reason else None
-        return d

@@ -34,7 +34,7 @@ def _load() -> Any:
         try:
             import pynvml
         except ImportError:
-            _why_not = "pynvml is not installed (pip install 'optuna-ds[nvml]')"
+            _why_not = "pynvml is not installed (pip install nvidia-ml-py)"
             return None
         try:
             pynvml.nvmlInit()

@@ -332,7 +332,7 @@ class LaunchServer:
                 ours.close()
                 return None
             pid = int(json.loads(message)["pid"])
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - re-raised: the socket is closed first
             ours.close()
             raise
         finally:

@@ -63,9 +63,6 @@ class Resources:
         mine = {h: ids for h, ids in self.hosts.items() if h in names}
         return dataclasses.replace(self, hosts=mine) if mine else self
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @functools.cache
 def local_host_names() -> frozenset[str]:
@@ -78,6 +75,13 @@ def _accelerator() -> Any:
     from deepspeed.accelerator import get_accelerator
 
     return get_accelerator()
+
+
+def device_kind() -> str:
+    """What the accelerator's devices are, in words for people: ``GPU`` for CUDA (and ROCm),
+    else DeepSpeed's accelerator name (``CPU``, ``XPU``, ``HPU``...)."""
+    name = str(_accelerator().device_name())
+    return "GPU" if name == "cuda" else name.upper()
 
 
 def import_deepspeed() -> None:

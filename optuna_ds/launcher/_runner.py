@@ -55,7 +55,7 @@ def _write_json(path: str, data: object) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - re-raised: no half-written file is left
         with contextlib.suppress(OSError):
             os.remove(tmp)  # a disk that filled up keeps no half-written file
         raise
@@ -317,7 +317,7 @@ class ExperimentRunner:
                 timed_out = True
                 kill_process_group(proc.pid, leader=proc)
                 returncode = proc.wait()
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - re-raised: a signal or an error ends the experiment's process group first
                 with deferred_signals():
                     kill_process_group(proc.pid, leader=proc)
                     proc.wait()

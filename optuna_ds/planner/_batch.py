@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from optuna_ds.planner._problem import Arm
+from optuna_ds.planner._problem import Knobs
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Proposal
 from optuna_ds.planner._problem import Status
@@ -27,6 +29,10 @@ from optuna_ds.planner._surrogate import ThroughputModel
 
 if TYPE_CHECKING:
     from optuna_ds.planner._planner import _State
+
+Row = tuple[Arm, int, Knobs]  # a config as the model takes it
+Point = tuple[Arm, int, Knobs, float]  # ...with its measured (or believed) score
+Config = tuple[int, str, int, Knobs]
 
 _CHUNK = 16  # candidates whose value is brought up to date at once
 _LATE = 0.5  # of the usual run: an experiment running this long is in its round's second half
@@ -46,7 +52,7 @@ def remeasuring(state: _State) -> bool:
     return any(o.config in finished for o in state.running)
 
 
-def _seconds(state: _State, model: ThroughputModel, rows: list) -> np.ndarray:
+def _seconds(state: _State, model: ThroughputModel, rows: list[Row]) -> np.ndarray:
     """The expected seconds of a run of each row. DeepSpeed's autotuning runs a fixed number of
     steps, so a run takes a start-up plus the steps times the micro-batch over the throughput:
     fitted to the runs that finished where they tell both apart, else the usual run."""
@@ -58,15 +64,17 @@ def _seconds(state: _State, model: ThroughputModel, rows: list) -> np.ndarray:
     if slope <= 0:
         return usual
     sizes = np.array([m for _, m, _ in rows], dtype=float)
-    return np.maximum(start, 0.0) + slope * sizes / np.exp(model.mean(rows))
+    return np.asarray(np.maximum(start, 0.0) + slope * sizes / np.exp(model.mean(rows)))
 
 
 def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> float:
     """The expected seconds until the last experiment under way ends (one running of unknown
     age counts as just started; one proposed now, as starting)."""
+    from optuna_ds.planner._planner import _known  # a cycle: the planner calls this module
+
     problem = state.problem
-    rows = [(problem.arm(o.arm), o.mbs, o.knobs) for o in state.running] + [
-        (problem.arm((p.stage, p.offload)), p.mbs, p.knobs) for p in proposals]
+    rows = [(_known(problem, o.arm), o.mbs, o.knobs) for o in state.running] + [
+        (_known(problem, (p.stage, p.offload)), p.mbs, p.knobs) for p in proposals]
     ran = np.array([o.seconds or 0.0 for o in state.running] + [0.0] * len(proposals))
     return float(np.max(_seconds(state, model, rows) - ran, initial=0.0))
 
@@ -88,6 +96,8 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     whose bound could still win are brought up to date (lazy greedy), about one model fit per
     member.
     """
+    from optuna_ds.planner._planner import _known  # a cycle: the planner calls this module
+
     problem, settings = state.problem, state.settings
     # At most half the launches not yet finished under way at once: the rest is for what their
     # results call for.
@@ -111,19 +121,19 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     rate = state.seconds_ok / (p_run * seconds + (1.0 - p_run) * state.seconds_failed)
     measured = [o.config for o in state.ok]
 
-    def at(configs: list) -> list:
-        return [(problem.arm((c[0], c[1])), c[2], c[3]) for c in configs]
+    def at(configs: list[Config]) -> list[Row]:
+        return [(_known(problem, (c[0], c[1])), c[2], c[3]) for c in configs]
 
     def gains(idx: np.ndarray) -> np.ndarray:
         incumbent = float(np.max(model.mean(at(measured))))
-        return p_run[idx] * model.expected_improvement([rows[i] for i in idx], incumbent + settings.margin)
+        return np.asarray(p_run[idx] * model.expected_improvement([rows[i] for i in idx], incumbent + settings.margin))
 
     gain = gains(np.arange(len(rows)))
     if np.max(gain) < settings.min_gain:
         return []  # nothing would be worth a launch even with nothing under way
     best = float(np.max(model.mean(at(measured))))
 
-    def believed(points: list) -> list:
+    def believed(points: list[Row]) -> list[Point]:
         return [(a, m, k, float(np.exp(min(mu, best)))) for (a, m, k), mu in zip(points, model.mean(points))] if points else []
 
     pending = list({o.config for o in state.running} | taken)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,8 @@ class FeasibilityModel:
         prior_c = np.exp(-np.maximum(self.c, 0.0) / (0.08 * d))  # small offsets are more common
         self._delta = _DELTA * d
         self._prior_delta = _DELTA_PRIOR / _DELTA_PRIOR.sum()
-        self._ok: dict[tuple, int] = {}  # (arm, knobs) -> largest size that ran
-        self._oom: dict[tuple, int] = {}  # (arm, knobs) -> smallest size that ran out
+        self._ok: dict[tuple[Any, ...], int] = {}  # (arm, knobs) -> largest size that ran
+        self._oom: dict[tuple[Any, ...], int] = {}  # (arm, knobs) -> smallest size that ran out
         self._lik: dict[tuple[int, str], np.ndarray] = {}  # arm -> (A, C, D) likelihood of its runs
         log_w = np.log(prior_a)[:, None] + np.log(prior_c / prior_c.sum())[None, :]
         for arm in problem.arms:
@@ -111,7 +112,7 @@ class FeasibilityModel:
             cached = self._posterior_cache[arm] = self._w[:, :, None] * delta
         return cached
 
-    def p_oom(self, arm: Arm, sizes: np.ndarray, knobs: tuple = ()) -> np.ndarray:
+    def p_oom(self, arm: Arm, sizes: np.ndarray, knobs: tuple[Any, ...] = ()) -> np.ndarray:
         """The probability that each size runs out of memory at ``arm``."""
         sizes = np.asarray(sizes, dtype=float)
         post = self._posterior(arm)

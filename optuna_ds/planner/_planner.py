@@ -3,7 +3,9 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+from collections.abc import Callable
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +27,13 @@ from optuna_ds.planner._surrogate import ThroughputModel
 _BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail at every size
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
 
+
+
+def _known(problem: Problem, key: tuple[int, str]) -> Arm:
+    """The problem's arm of ``key``: every observation and ranked config is of one of its arms."""
+    arm = problem.arm(key)
+    assert arm is not None, key
+    return arm
 
 def _candidate_sizes(problem: Problem, arm: Arm, growth: float) -> list[int]:
     if problem.sizes:
@@ -75,7 +84,7 @@ class _State:
         return _candidate_sizes(self.problem, arm, self.settings.growth)
 
     def points(self) -> list[tuple[Arm, int, Knobs, float]]:
-        return [(self.problem.arm(o.arm), o.mbs, o.knobs, float(o.score)) for o in self.ok]  # type: ignore[misc]
+        return [(_known(self.problem, o.arm), o.mbs, o.knobs, float(o.score)) for o in self.ok if o.score is not None]
 
     @functools.cached_property
     def candidates(self) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
@@ -96,14 +105,14 @@ class _State:
         return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
 
 
-_Ranked = tuple[tuple, float, float, int]  # (config, model's log estimate, measured mean, runs)
+_Ranked = tuple[tuple[Any, ...], float, float, int]  # (config, model's log estimate, measured mean, runs)
 
 
 def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[_Ranked]]:
     """The best config that ran, by the model's estimate, among those not measured below
     another by more than the measured noise can explain; with every measured config ranked."""
-    groups: dict[tuple, list[float]] = {}
-    kept: dict[tuple, list[float]] = {}
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    kept: dict[tuple[Any, ...], list[float]] = {}
     for o, straggler in zip(state.ok, model.straggler):
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
         if not straggler:
@@ -129,12 +138,20 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
     return Choice(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], estimate=float(np.exp(estimate)), measured=mean), ranked
 
 
-def _repeat(state: _State, config: tuple, why: str) -> Proposal | None:
+def _repeat(state: _State, config: tuple[Any, ...], why: str) -> Proposal | None:
     if any(o.config == config for o in state.running):
         return None
     # Numbered after every run of the config, failed ones too: a name that ran is never asked for again.
     n = sum(1 for o in state.finished if o.config == config)
     return Proposal(stage=config[0], offload=config[1], mbs=config[2], knobs=config[3], repeat=n, why=why)
+
+
+def _confirm(state: _State, ranked: list[_Ranked]) -> Proposal | None:
+    """The choice, when it rests on one run and another config could have been chosen: one
+    lucky run is not a result."""
+    if len(ranked) < 2 or ranked[0][3] > 1:
+        return None
+    return _repeat(state, ranked[0][0], "re-measure the choice: it ran once")
 
 
 def _contradicted(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> Proposal | None:
@@ -158,9 +175,9 @@ def _remeasure(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> 
     whichever measurement is worth more."""
     if len(ranked) < 2:
         return None
-    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c, _, _, _ in ranked]
-    i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))  # type: ignore[arg-type]
-    of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))  # type: ignore[arg-type]
+    rows = [(_known(state.problem, (c[0], c[1])), c[2], c[3]) for c, _, _, _ in ranked]
+    i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))
+    of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))
     if max(of_rival, of_chosen) < state.settings.min_gain:
         return None
     return _repeat(state, (ranked[i + 1] if of_rival > of_chosen else ranked[0])[0], "re-measure a finalist")
@@ -205,10 +222,10 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         again = _repeat(state, (choice.stage, choice.offload, choice.mbs, choice.knobs), "re-measure the best so far: the noise")
         if again is not None:
             proposals.append(again)
-    fantasy = list(state.points()) + _fantasies(model, [(problem.arm(o.arm), o.mbs, o.knobs) for o in state.running])
+    fantasy = list(state.points()) + _fantasies(model, [(_known(problem, o.arm), o.mbs, o.knobs) for o in state.running])
     while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
         if proposals:
-            fantasy += _fantasies(model, [(problem.arm((proposals[-1].stage, proposals[-1].offload)), proposals[-1].mbs,
+            fantasy += _fantasies(model, [(_known(problem, (proposals[-1].stage, proposals[-1].offload)), proposals[-1].mbs,
                                            proposals[-1].knobs)])
         step_model = ThroughputModel(problem, state.memory, fantasy) if len(fantasy) > len(state.ok) else model
         taken = {p.config for p in proposals}
@@ -221,9 +238,12 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     if not proposals and not state.running and choice is not None:
         settling = state
         while len(proposals) < min(free_slots, problem.max_experiments - launched):
-            for step in (lambda: _bracket(problem, settling, choice),
-                         lambda: _contradicted(model, settling, ranked) if repeats < settings.max_remeasures else None,
-                         lambda: _remeasure(model, settling, ranked) if repeats < settings.max_remeasures else None):
+            steps: tuple[Callable[[], Proposal | None], ...] = (
+                lambda: _bracket(problem, settling, choice),
+                lambda: _confirm(settling, ranked) if repeats < settings.max_remeasures else None,
+                lambda: _contradicted(model, settling, ranked) if repeats < settings.max_remeasures else None,
+                lambda: _remeasure(model, settling, ranked) if repeats < settings.max_remeasures else None)
+            for step in steps:
                 again = step()
                 if again is not None and again.config not in {p.config for p in proposals}:
                     proposals.append(again)
@@ -264,7 +284,7 @@ def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None
     return None
 
 
-def _fantasies(model: ThroughputModel, rows: list) -> list[tuple[Arm, int, Knobs, float]]:
+def _fantasies(model: ThroughputModel, rows: list[tuple[Arm, int, Knobs]]) -> list[tuple[Arm, int, Knobs, float]]:
     """Experiments not measured yet (running, or proposed in this batch), as measured at the
     model's mean: the next proposal of a batch goes elsewhere."""
     if not rows:
@@ -272,7 +292,7 @@ def _fantasies(model: ThroughputModel, rows: list) -> list[tuple[Arm, int, Knobs
     return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]
 
 
-def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -> Proposal | None:
+def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[tuple[Any, ...]]) -> Proposal | None:
     settings = state.settings
     rows, p_run = state.candidates
     keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
@@ -286,11 +306,11 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
         fresh = [i for i, (a, _, _) in enumerate(rows) if a.key not in explored and a.offload == ""]
         if fresh:
             return _best_run([rows[i] for i in fresh], p_run[fresh], model, "a stage you listed", problem.sizes)
-    if problem.sizes:
+    if (user_sizes := problem.sizes):
         # Sizes the user listed are each measured at every stage explored, as DeepSpeed does.
         listed = [i for i, (a, _, _) in enumerate(rows) if a.key in explored and not a.offload]
         if listed:
-            i = min(listed, key=lambda i: (rows[i][0].stage, problem.sizes.index(rows[i][1]) if rows[i][1] in problem.sizes else 0))
+            i = min(listed, key=lambda i: (rows[i][0].stage, user_sizes.index(rows[i][1]) if rows[i][1] in user_sizes else 0))
             a, m, k = rows[i]
             return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why="a size you listed")
     if not state.ok and not state.running and not taken:
@@ -314,7 +334,8 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set) -
     # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
     measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
     incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
-    gain = p_run * model.expected_improvement(rows, incumbent + settings.margin)
+    # A gain a run cannot show is none: under large measured noise the walk down a plateau stops.
+    gain = p_run * model.expected_improvement(rows, incumbent + max(settings.margin, settings.noise_margin * model.noise))
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
     i = int(np.argmax(gain / cost))
     if gain[i] < settings.min_gain:

@@ -17,6 +17,11 @@ class PlannerSettings:
         margin:
             Gains are counted only beyond this share: smaller ones are within what one
             measurement can tell.
+        noise_margin:
+            ... or beyond this multiple of the measured noise of one run, where that is larger:
+            a gain of a tenth of a run's noise is not one a run can show, and without this
+            bound a tuning whose runs scatter by 10% walks a plateau size by size (41 launches
+            on one benchmark job, 16 with it).
         hopeless_oom:
             Sizes this likely to run out of memory are not candidates.
         bracket:
@@ -46,6 +51,7 @@ class PlannerSettings:
 
     min_gain: float = 0.002
     margin: float = 0.005
+    noise_margin: float = 0.25
     hopeless_oom: float = 0.98
     bracket: float = 1.25
     max_remeasures: int = 3

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 from collections.abc import Iterable
 from collections.abc import Sequence
 
@@ -69,7 +70,7 @@ def _arm_code(arm: Arm) -> int:
 def _kernel(log_a: np.ndarray, arms_a: np.ndarray, log_b: np.ndarray, arms_b: np.ndarray) -> np.ndarray:
     """The residual's correlation between two sets of (log size, arm) points (unit amplitude)."""
     same = arms_a[:, None] == arms_b[None, :]
-    return (_SHARED + (1.0 - _SHARED) * same) * np.exp(-0.5 * ((log_a[:, None] - log_b[None, :]) / _RESIDUAL_LENGTH) ** 2)
+    return np.asarray((_SHARED + (1.0 - _SHARED) * same) * np.exp(-0.5 * ((log_a[:, None] - log_b[None, :]) / _RESIDUAL_LENGTH) ** 2))
 
 
 def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
@@ -103,13 +104,24 @@ def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
 
 
 def _combos() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    h, theta, loss, fill, prior = [], [], [], [], []
+    h: list[float] = []
+    theta: list[float] = []
+    loss: list[float] = []
+    fill: list[bool] = []
+    prior: list[float] = []
     for hv in _H:
-        h.append(hv), theta.append(1.0), loss.append(0.0), fill.append(False), prior.append(_NO_PRESSURE_PRIOR)
+        h.append(hv)
+        theta.append(1.0)
+        loss.append(0.0)
+        fill.append(False)
+        prior.append(_NO_PRESSURE_PRIOR)
         for by_fill in (False, True):
             for t in _THETA:
                 for lv in _LOSS:
-                    h.append(hv), theta.append(t), loss.append(lv), fill.append(by_fill)
+                    h.append(hv)
+                    theta.append(t)
+                    loss.append(lv)
+                    fill.append(by_fill)
                     prior.append((1 - _NO_PRESSURE_PRIOR) / (2 * len(_THETA) * len(_LOSS)))
     p = np.array(prior)
     return np.array(h), np.array(theta), np.array(loss), np.array(fill), np.log(p / p.sum())
@@ -127,7 +139,7 @@ def shape(sizes: np.ndarray, shares: np.ndarray, fills: np.ndarray, combos: np.n
     s = np.where(_COMBO_FILL[combos, None], np.asarray(fills, dtype=float)[None, :], np.asarray(shares, dtype=float)[None, :])
     h, theta, loss = _COMBO_H[combos, None], _COMBO_THETA[combos, None], _COMBO_LOSS[combos, None]
     over = np.clip((s - theta) / np.maximum(1.0 - theta, 1e-9), 0.0, None)
-    return np.log(m / (m + h)) + np.log(np.maximum(1.0 - loss * over, 0.05))
+    return np.asarray(np.log(m / (m + h)) + np.log(np.maximum(1.0 - loss * over, 0.05)))
 
 
 _STAGES = 4
@@ -171,7 +183,7 @@ class ThroughputModel:
         self._features = sorted({(arm.stage, k, repr(v)) for arm, _, knobs, _ in points for k, v in knobs})
         self._feature_index = {f: i for i, f in enumerate(self._features)}
         self.n = len(points)
-        runs: dict[tuple, list[float]] = {}
+        runs: dict[tuple[Any, ...], list[float]] = {}
         for arm, m, knobs, value in points:
             runs.setdefault((arm.key, m, knobs), []).append(value)
         self.noise, self.noise_dof = measured_noise(runs.values())
@@ -253,7 +265,7 @@ class ThroughputModel:
         sizes = np.array([m for _, m in rows], dtype=float)
         return shape(sizes, *self._pressure(rows, sizes))
 
-    def _pressure(self, rows: Sequence[tuple], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _pressure(self, rows: Sequence[tuple[Any, ...]], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shares, fills = np.empty(len(rows)), np.empty(len(rows))
         for arm in {r[0] for r in rows}:
             idx = [i for i, r in enumerate(rows) if r[0] == arm]
@@ -311,7 +323,9 @@ class ThroughputModel:
         prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z)
         prior_cov = z[:-1] @ self._s0 @ z[-1]
         w, means, _ = self.predict(every)
-        var_r, var_c, cov = [], [], []
+        var_r: list[np.ndarray] = []
+        var_c: list[np.ndarray] = []
+        cov: list[np.ndarray] = []
         for (amplitude, _, kinv), active in zip(self._fits, self._active):
             if not len(active):
                 continue
@@ -332,7 +346,7 @@ class ThroughputModel:
         the row is expected to lose, from their joint posterior (sizes of one arm share its
         scale, so their difference is surer than either)."""
         w, mean_r, mean_c, var_r, var_c, cov, _ = self._versus(rows, chosen)
-        return w @ _gain(mean_r - mean_c, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12)))
+        return np.asarray(w @ _gain(mean_r - mean_c, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12))))
 
     def remeasure_value(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, np.ndarray]:
         """What one more measurement of each row, or of ``chosen``, is expected to gain by the
@@ -363,13 +377,13 @@ class ThroughputModel:
 
     def mean(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> np.ndarray:
         w, means, _ = self.predict(rows)
-        return w @ means
+        return np.asarray(w @ means)
 
     def expected_improvement(self, rows: Sequence[tuple[Arm, int, Knobs]], threshold: float) -> np.ndarray:
         """``E[max(0, log y - threshold)]``: the expected relative gain over ``threshold``."""
         w, means, sds = self.predict(rows)
         z = (means - threshold) / sds
-        return w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z))
+        return np.asarray(w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z)))
 
 
 _MAX_COMPONENTS = 256
@@ -388,14 +402,14 @@ def _heaviest(w: np.ndarray) -> np.ndarray:
 def _gain(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
     """``E[max(0, x)]`` for ``x ~ N(mean, sd^2)``."""
     z = mean / sd
-    return mean * _norm_cdf(z) + sd * _norm_pdf(z)
+    return np.asarray(mean * _norm_cdf(z) + sd * _norm_pdf(z))
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return np.asarray(np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
 
 
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
     from scipy.special import ndtr
 
-    return ndtr(z)
+    return np.asarray(ndtr(z))

@@ -3,7 +3,6 @@
 from optuna_ds.reporting._partial import PartialSummary
 from optuna_ds.reporting._partial import partial_summary
 from optuna_ds.reporting._progress import Progress
-from optuna_ds.reporting._progress import human_number
 from optuna_ds.reporting._report import ReportData
 from optuna_ds.reporting._report import best_stage_study
 from optuna_ds.reporting._report import load_report
@@ -31,7 +30,6 @@ __all__ = [
     "ScaledLearningRate",
     "best_stage_study",
     "headline",
-    "human_number",
     "learning_rate_advice",
     "load_report",
     "optimal_config",

@@ -13,6 +13,7 @@ class PartialSummary:
 
     head: tuple[str, ...]
     body: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # the body's notes, the report's list under its table
 
     @property
     def text(self) -> str:
@@ -30,19 +31,18 @@ def partial_summary(result: TuningResult, *, finished: int, resume: str) -> Part
     The planner's verdicts (the optimum, a stage skipped for no expected gain) are made when its
     search ends: an interrupted tuning claims none of them, and writes no optimal config.
     """
-    result = dataclasses.replace(result, chosen=None)
     metric, best, base, spend = result.metric, result.best, result.baseline, result.spend
     head = [f"PARTIAL: interrupted after {finished} experiment(s); {resume}.",
             "No optimal config yet: the planner chooses it when its search ends."]
-    head.append(f"Best so far ({best.name}): {metric.with_unit(best.value)}." if best is not None
+    head.append(f"Best so far ({best.name}): {best.figure(metric)}." if best is not None
                 else "Best so far: none, no experiment finished successfully.")
     if base is not None and base.value is not None:
         head.append(f"Your config ({base.name}): {metric.with_unit(base.value)}.")
-    head.append(f"Spent so far: {spend.gpu_hours:.3g} GPU-hours.")
+    head.append(f"Spent so far: {spend.hours}.")
     notes = []
     for stage in result.stages:
         if stage.status in ("skipped", "pending"):
             notes.append(f"{stage.name} {stage.status}: {stage.reason}")
         elif stage.num_failed:
             notes.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
-    return PartialSummary(head=tuple(head), body=(summary_table(result), "", *notes))
+    return PartialSummary(head=tuple(head), body=(summary_table(result), "", *notes), notes=tuple(notes))

@@ -21,6 +21,7 @@ from rich.table import Column
 from rich.text import Text
 
 from optuna_ds.config import Metric
+from optuna_ds.config import format_number
 
 
 # Rates are taken over this window: long enough to span several experiments, short enough to
@@ -35,17 +36,6 @@ _RUNNING_CAP = 0.9
 # rich measures a rate from its first sample on, that sample's progress left out: the first
 # start leaves this much, so the rate counts from there.
 _ANCHOR = 1e-9
-
-
-def human_number(value: float) -> str:
-    """A measurement as people read it: ``15,970``, ``160.4``, ``312T``; never ``1.597e+04``."""
-    size = abs(value)
-    if size >= 1e6:
-        for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
-            if size >= scale:
-                return f"{value / scale:.3g}{prefix}"
-    short = f"{value:.4g}"
-    return f"{value:,.0f}" if abs(float(short)) >= 1000 else short
 
 
 class _CountColumn(ProgressColumn):
@@ -93,7 +83,7 @@ class _TimesColumn(ProgressColumn):
 class Progress:
     """What a tuning tells the person watching it.
 
-    On a terminal, a live block stays at the bottom: the best so far first (globally, then per
+    On a terminal, a live block stays at the bottom: the fastest single run so far first (globally, then per
     stage), a ``rich.progress`` bar with elapsed and remaining time, then one line per busy GPU
     slot; finished experiments scroll above it. Elsewhere (a log file, CI) plain lines.
     ``quiet`` prints nothing but warnings; ``verbose`` adds each command and the end of each
@@ -155,11 +145,24 @@ class Progress:
             self.log(f"estimate: ~{new} experiments in all (was ~{old}), from what the stages so far showed")
         self._start_live()
 
+    def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
+        pass
+
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
         with self._lock:
             self._running[(stage, number)] = (name, slot, self._clock())
             self._update(sample=True)
         self.log(f"[z{stage}] trial {number}: running {name} on {slot}")
+
+    def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
+        with self._lock:
+            self._metric = metric
+            self._keep_best(stage, name, value)
+
+    def _keep_best(self, stage: int, name: str, value: float) -> None:
+        best = self._best.get(stage)
+        if best is None or self._metric.better(value, best[0]):
+            self._best[stage] = (value, name)
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
         with self._lock:
@@ -167,9 +170,7 @@ class Progress:
             self._done += 1
             self._durations += duration
             if value is not None:
-                best = self._best.get(stage)
-                if best is None or self._metric.better(value, best[0]):
-                    self._best[stage] = (value, name)
+                self._keep_best(stage, name, value)
                 outcome = f"{self._metric.name} {self._with_unit(value)}"
             self._update(sample=True)
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
@@ -225,15 +226,15 @@ class Progress:
 
     def _with_unit(self, value: float) -> str:
         unit = self._metric.unit
-        return f"{human_number(value)} {unit}" if unit else human_number(value)
+        return f"{format_number(value)} {unit}" if unit else format_number(value)
 
     def best_line(self) -> str:
         with self._lock:
             if not self._best:
-                return "best: none yet"
+                return "fastest run: none yet"
             value, name = self._metric.best(self._best.values(), key=lambda b: b[0])
-            stages = " ".join(f"z{s} {human_number(v)}" for s, (v, _) in sorted(self._best.items()))
-            return f"best {self._with_unit(value)} {name} | {stages}"
+            stages = " ".join(f"z{s} {format_number(v)}" for s, (v, _) in sorted(self._best.items()))
+            return f"fastest run {self._with_unit(value)} {name} | {stages}"
 
     def slot_lines(self) -> list[str]:
         with self._lock:

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import html
 import os
 import urllib.parse
 import warnings
 from typing import Any
 
+import jinja2
+import markupsafe
 import optuna
 import plotly.graph_objects as go
 import plotly.io
@@ -17,13 +18,24 @@ from optuna.trial import TrialState
 from optuna_ds.config import GAS_KEY
 from optuna_ds.config import MBS_KEY
 from optuna_ds.config import Metric
+from optuna_ds.config import format_number
+from optuna_ds.config import parse_user_config
 from optuna_ds.launcher import Phase
+from optuna_ds.reporting._summary import LearningRateAdvice
+from optuna_ds.reporting._summary import SUMMARY_HEAD
 from optuna_ds.reporting._summary import headline
+from optuna_ds.reporting._summary import summary_notes
+from optuna_ds.reporting._summary import summary_rows
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import stage_of
+from optuna_ds.storage import stage_study_name
+from optuna_ds.storage import tuning_names
 from optuna_ds.storage import tuning_study_names
+from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import failure_text
+from optuna_ds.studies import load_result
 
 _MIN_TRIALS_FOR_IMPORTANCE = 4
 # One colour, line dash and marker per ZeRO stage, shared by its line, its knob experiments,
@@ -33,8 +45,18 @@ _STAGE_DASH = {0: "solid", 1: "dash", 2: "dot", 3: "dashdot"}
 _STAGE_SYMBOL = {0: "circle", 1: "square", 2: "triangle-up", 3: "pentagon"}
 _FAILURE_SYMBOL = {"oom": "x", "timeout": "hourglass", "no-metrics": "circle-open", "interrupted": "asterisk-open"}
 _BASELINE_MARKER = {"symbol": "star", "size": 18, "color": "#ffd60a", "line": {"color": "#000", "width": 1.5}}
+# The optimum, in every figure: a trace of this name, drawn as a red ring.
+CHOSEN = "chosen"
+_CHOSEN_COLOR = "#d62728"
+_CHOSEN_MARKER = {"symbol": "circle-open", "size": 22, "color": _CHOSEN_COLOR, "line": {"width": 3, "color": _CHOSEN_COLOR}}
 _PROFILE_COLOR = "#6c757d"
-_FIGURE_LAYOUT = {"height": 430, "margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "legend": {"orientation": "h", "y": -0.18}}
+# The title sits below plotly's modebar (shown on hover only), not under it.
+_FIGURE_LAYOUT = {"height": 430, "margin": {"l": 60, "r": 20, "t": 80, "b": 50}, "legend": {"orientation": "h", "y": -0.18}}
+_PLOTLY_CONFIG = {"responsive": True, "displaylogo": False, "displayModeBar": "hover"}
+
+
+def _title(text: str) -> dict[str, Any]:
+    return {"text": text, "x": 0.01, "xanchor": "left", "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 36}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +78,7 @@ class ExperimentRow:
     detail: str
     result_dir: str = ""
     peak_memory: float | None = None  # bytes, where the accelerator reports it
+    chosen: bool = False  # a run of the optimum
 
     @property
     def duration(self) -> float | None:
@@ -67,7 +90,7 @@ class ExperimentRow:
 def _safe(text: object) -> str:
     """Figures embed their text in a <script> block and plotly renders some HTML in it: every
     string that comes from the user or an experiment's output is escaped."""
-    return html.escape(str(text))
+    return str(markupsafe.escape(str(text)))
 
 
 def _status(t: FrozenTrial, record: ExperimentRecord) -> str:
@@ -89,7 +112,9 @@ def stage_studies(storage: optuna.storages.BaseStorage, study_name: str) -> dict
     return dict(sorted(out.items()))
 
 
-def experiment_rows(studies: dict[int, optuna.Study]) -> list[ExperimentRow]:
+def experiment_rows(studies: dict[int, optuna.Study], best: Optimum | None = None) -> list[ExperimentRow]:
+    """Every claimed experiment, the optimum's runs first (its named run leading), then by
+    stage and trial."""
     rows = []
     for stage, study in studies.items():
         for t in study.get_trials(deepcopy=False):
@@ -97,10 +122,7 @@ def experiment_rows(studies: dict[int, optuna.Study]) -> list[ExperimentRow]:
             if record.exp_name is None or t.state == TrialState.WAITING:
                 continue
             knobs = {k: v for k, v in t.params.items() if k not in (MBS_KEY, GAS_KEY)}
-            detail = record.detail or ""
-            tail = (record.stderr_tail or "").strip().splitlines()
-            if tail:
-                detail = f"{detail}: {tail[-1]}" if detail else tail[-1]
+            detail = failure_text(record)
             if t.state == TrialState.PRUNED and record.duplicate_of is not None:
                 detail = f"same as trial {record.duplicate_of}"
             rows.append(ExperimentRow(
@@ -109,8 +131,9 @@ def experiment_rows(studies: dict[int, optuna.Study]) -> list[ExperimentRow]:
                 mbs=record.micro_batch_size, gas=record.gradient_accumulation_steps, knobs=knobs,
                 slot=record.slot or "", start=t.datetime_start, end=t.datetime_complete, detail=detail,
                 result_dir=record.result_dir or "", peak_memory=record.peak_gpu_memory,
+                chosen=best is not None and stage == best.stage and t.number in best.trials,
             ))
-    return rows
+    return sorted(rows, key=lambda r: (not r.chosen, r.number != (best.trial_number if best else -1), r.stage, r.number))
 
 
 def format_value(value: Any) -> str:
@@ -135,10 +158,33 @@ def _stage_name(stage: int) -> str:
     return f"z{stage}"
 
 
-def _metric_vs_mbs(rows: list[ExperimentRow], metric: Metric, baseline: ExperimentRow | None) -> go.Figure:
+def _chosen_label(best: Optimum, metric: Metric) -> str:
+    """The optimum as a figure's hover and legend say it: the same figure as the headline."""
+    return _safe(f"{CHOSEN}: {best.name}") + "<br>" + _safe(best.figure(metric))
+
+
+def _error_bars(best: Optimum) -> dict[str, Any]:
+    """Its runs' range about their mean."""
+    return {"type": "data", "symmetric": False, "array": [max(best.runs) - best.value], "arrayminus": [best.value - min(best.runs)],
+            "color": _CHOSEN_COLOR, "thickness": 2, "width": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every figure is drawn against: the metric, the user's config, the optimum, and the
+    name of the devices."""
+
+    metric: Metric
+    baseline: ExperimentRow | None
+    best: Optimum | None
+    device: str  # "GPU", "CPU device"...
+
+
+def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
     fig = go.Figure()
+    metric, baseline = ctx.metric, ctx.baseline
     label = metric.label
-    hover = "%{text}<br>mbs %{x}<br>" + _safe(metric.name) + " %{y:.4g}<extra></extra>"
+    hover = "%{text}<br>mbs %{x}<br>" + _safe(metric.name) + " %{y:,.4r}<extra></extra>"
     floor = min((r.value for r in rows if r.value is not None), default=0.0)
     for stage in sorted({r.stage for r in rows}):
         color = _STAGE_COLORS.get(stage, "#333")
@@ -172,56 +218,67 @@ def _metric_vs_mbs(rows: list[ExperimentRow], metric: Metric, baseline: Experime
     if baseline is not None and baseline.value is not None:
         fig.add_trace(go.Scatter(x=[baseline.mbs], y=[baseline.value], mode="markers+text", name="your config",
                                  marker=_BASELINE_MARKER, text=["your config"], textposition="top right",
-                                 hovertemplate=_safe(baseline.name) + "<br>your config<br>%{y:.4g}<extra></extra>"))
-    fig.update_layout(title=f"{_safe(label)} against micro-batch size per GPU", xaxis_title="micro-batch size per GPU",
-                      yaxis_title=_safe(label), **_FIGURE_LAYOUT)
+                                 hovertemplate=_safe(baseline.name) + "<br>your config<br>%{y:,.4r}<extra></extra>"))
+    if ctx.best is not None:
+        best = ctx.best
+        fig.add_trace(go.Scatter(x=[best.micro_batch_size], y=[best.value], mode="markers+text", name=CHOSEN, marker=_CHOSEN_MARKER,
+                                 error_y=_error_bars(best), text=[CHOSEN], textposition="bottom right",
+                                 hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
+    fig.update_layout(title=_title(f"{_safe(label)} against micro-batch size per {ctx.device}"),
+                      xaxis_title=f"micro-batch size per {ctx.device}", yaxis_title=_safe(label), **_FIGURE_LAYOUT)
     return fig
 
 
-def _best_per_stage(rows: list[ExperimentRow], metric: Metric, baseline: ExperimentRow | None) -> go.Figure:
-    best: dict[int, ExperimentRow] = {}
-    for r in rows:
-        if r.status == "complete" and r.value is not None:
-            cur = best.get(r.stage)
-            if cur is None or metric.better(r.value, cur.value):  # type: ignore[arg-type]
-                best[r.stage] = r
-    stages = sorted(best)
+def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
+    """Each stage's best config (the chosen stage's is the optimum) by the mean of its runs,
+    with their range."""
+    metric, baseline = ctx.metric, ctx.baseline
+    stages = sorted(leaders)
     label = metric.label
+    chosen = ctx.best.stage if ctx.best is not None else None
     fig = go.Figure(go.Bar(
-        x=[_stage_name(s) for s in stages], y=[best[s].value for s in stages], name="best",
+        x=[_stage_name(s) for s in stages], y=[leaders[s].value for s in stages], name="best",
         marker_color=[_STAGE_COLORS.get(s, "#333") for s in stages],
-        text=[f"{best[s].value:.4g}<br>mbs {best[s].mbs}" for s in stages], textposition="outside", cliponaxis=False,
-        customdata=[_safe(best[s].name) for s in stages], hovertemplate="%{customdata}<br>%{y:.4g}<extra></extra>"))
+        error_y={"type": "data", "symmetric": False, "array": [max(leaders[s].runs) - leaders[s].value for s in stages],
+                 "arrayminus": [leaders[s].value - min(leaders[s].runs) for s in stages]},
+        text=[("<b>chosen</b><br>" if s == chosen else "") + f"{format_number(leaders[s].value)}<br>mbs {leaders[s].micro_batch_size}"
+              for s in stages],
+        textposition="outside", cliponaxis=False,
+        customdata=[_safe(leaders[s].name) + "<br>" + _safe(leaders[s].figure(metric)) for s in stages],
+        hovertemplate="%{customdata}<extra></extra>"))
+    if ctx.best is not None:
+        best = ctx.best
+        fig.add_trace(go.Bar(x=[_stage_name(best.stage)], y=[best.value], name=CHOSEN, hovertemplate=_chosen_label(best, metric) + "<extra></extra>",
+                             marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 4}}))
     if baseline is not None and baseline.value is not None:
         fig.add_hline(y=baseline.value, line={"color": "#000", "dash": "dash"},
-                      annotation_text=f"your config {baseline.value:.4g}", annotation_position="top left")
-    top = max((r.value for r in best.values() if r.value is not None), default=1.0)
-    fig.update_layout(title=f"Best {_safe(metric.name)} per ZeRO stage", xaxis_title="ZeRO stage", yaxis_title=_safe(label),
-                      showlegend=False, yaxis_range=[0, top * 1.2], **_FIGURE_LAYOUT)
+                      annotation_text=f"your config {format_number(baseline.value)}", annotation_position="top left")
+    top = max((max(b.runs) for b in leaders.values()), default=1.0)
+    fig.update_layout(title=_title(f"Best {_safe(metric.name)} per ZeRO stage (mean of each config's runs)"), xaxis_title="ZeRO stage",
+                      yaxis_title=_safe(label), showlegend=False, yaxis_range=[0, top * 1.3], barmode="overlay", **_FIGURE_LAYOUT)
     return fig
 
 
-def _history(rows: list[ExperimentRow], metric: Metric, baseline: ExperimentRow | None) -> go.Figure:
+def _history(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
+    metric, baseline, best = ctx.metric, ctx.baseline, ctx.best
     ordered = sorted((r for r in rows if r.end), key=lambda r: r.end)  # type: ignore[arg-type,return-value]
     fig = go.Figure()
     for stage in sorted({r.stage for r in ordered}):
         pts = [(i, r) for i, r in enumerate(ordered) if r.stage == stage and r.value is not None]
         fig.add_trace(go.Scatter(x=[i for i, _ in pts], y=[r.value for _, r in pts], mode="markers", name=_stage_name(stage),
                                  marker={"symbol": _STAGE_SYMBOL.get(stage, "circle"), "size": 9, "color": _STAGE_COLORS.get(stage, "#333")},
-                                 text=[_safe(r.name) for _, r in pts], hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"))
-    best, xs, ys = None, [], []
-    for i, r in enumerate(ordered):
-        if r.value is not None and (best is None or metric.better(r.value, best)):
-            best = r.value
-        if best is not None:
-            xs.append(i)
-            ys.append(best)
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="best so far", line={"shape": "hv", "color": "#444"}))
+                                 text=[_safe(r.name) for _, r in pts], hovertemplate="%{text}<br>%{y:,.4r}<extra></extra>"))
+    if best is not None:
+        runs = [(i, r) for i, r in enumerate(ordered) if r.chosen and r.value is not None]
+        fig.add_trace(go.Scatter(x=[i for i, _ in runs], y=[r.value for _, r in runs], mode="markers", name=CHOSEN, marker=_CHOSEN_MARKER,
+                                 hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
+        fig.add_hline(y=best.value, line={"color": _CHOSEN_COLOR, "dash": "dot"},
+                      annotation_text=_safe(f"{CHOSEN}: {metric.with_unit(best.value)}"), annotation_position="bottom right")
     mine = [i for i, r in enumerate(ordered) if baseline is not None and r.name == baseline.name and r.stage == baseline.stage]
     if mine and baseline is not None and baseline.value is not None:
         fig.add_trace(go.Scatter(x=mine[:1], y=[baseline.value], mode="markers+text", name="your config", marker=_BASELINE_MARKER,
-                                 text=["your config"], textposition="top right", hovertemplate="your config<br>%{y:.4g}<extra></extra>"))
-    fig.update_layout(title="Optimization history", xaxis={"title": "experiment (in order of completion)", "tickformat": "d"},
+                                 text=["your config"], textposition="top right", hovertemplate="your config<br>%{y:,.4r}<extra></extra>"))
+    fig.update_layout(title=_title("Optimization history"), xaxis={"title": "experiment (in order of completion)", "tickformat": "d"},
                       yaxis_title=_safe(metric.label), **_FIGURE_LAYOUT)
     return fig
 
@@ -233,13 +290,14 @@ class _Profile:
     slot: str
 
 
-def _timeline(rows: list[ExperimentRow], baseline: ExperimentRow | None, profile: _Profile | None, spend: str) -> go.Figure:
+def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None, spend: str) -> go.Figure:
+    baseline = ctx.baseline
     fig = go.Figure()
     timed = [r for r in rows if r.start and r.end]
     if profile is not None:
         fig.add_trace(go.Bar(base=[profile.start.isoformat()], x=[profile.seconds * 1000], y=[_safe(profile.slot)], orientation="h",
                              name="profile run", marker_color=_PROFILE_COLOR, text=["profile"], textposition="inside",
-                             hovertemplate="profile run<br>%{x:.0f} ms<extra></extra>"))
+                             hovertemplate="profile run<br>%{x:,.0f} ms<extra></extra>"))
     for stage in sorted({r.stage for r in timed}):
         group = [r for r in timed if r.stage == stage]
         fig.add_trace(go.Bar(
@@ -251,14 +309,23 @@ def _timeline(rows: list[ExperimentRow], baseline: ExperimentRow | None, profile
                     "line": {"color": ["#000" if baseline is not None and r.name == baseline.name else "#fff" for r in group],
                              "width": [3 if baseline is not None and r.name == baseline.name else 0.5 for r in group]}},
             text=[_safe(r.name + (" (your config)" if baseline is not None and r.name == baseline.name else "")) for r in group],
-            textposition="none", hovertemplate="%{text}<br>%{x:.0f} ms<extra></extra>",
+            textposition="none", hovertemplate="%{text}<br>%{x:,.0f} ms<extra></extra>",
         ))
-    fig.update_layout(title=f"GPU slots: {_safe(spend)}", xaxis={"type": "date", "title": "time"},
-                      yaxis_title="GPU slot", barmode="overlay", **_FIGURE_LAYOUT)
+    chosen = [r for r in timed if r.chosen]
+    if ctx.best is not None and chosen:
+        fig.add_trace(go.Bar(
+            base=[r.start.isoformat() for r in chosen],  # type: ignore[union-attr]
+            x=[r.duration * 1000 for r in chosen],  # type: ignore[operator]
+            y=[_safe(r.slot or "?") for r in chosen], orientation="h", name=CHOSEN,
+            marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 3}},
+            text=[_safe(r.name) for r in chosen], textposition="none",
+            hovertemplate=_chosen_label(ctx.best, ctx.metric) + "<br>this run: %{text}<extra></extra>"))
+    fig.update_layout(title=_title(f"{ctx.device} slots: {_safe(spend)}"), xaxis={"type": "date", "title": "time"},
+                      yaxis_title=f"{ctx.device} slot", barmode="overlay", **_FIGURE_LAYOUT)
     return fig
 
 
-def _importances(study: optuna.Study, stage: int) -> go.Figure | None:
+def _importances(study: optuna.Study, stage: int, ctx: _Context) -> go.Figure | None:
     knob_trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                    if ExperimentRecord.from_trial(t).phase is Phase.KNOBS]
     if len(knob_trials) < _MIN_TRIALS_FOR_IMPORTANCE:
@@ -276,8 +343,21 @@ def _importances(study: optuna.Study, stage: int) -> go.Figure | None:
         except (RuntimeError, ValueError, ImportError):
             return None
     names = list(scores)[::-1]
-    fig = go.Figure(go.Bar(x=[scores[n] for n in names], y=[_safe(n) for n in names], orientation="h"))
-    fig.update_layout(title=f"Knob importances, z{stage} (PED-ANOVA over {len(knob_trials)} experiments)", xaxis_title="importance")
+    best = ctx.best
+    # Each knob's setting in the optimum, beside its bar; another stage's optimum is named.
+    setting = {}
+    if best is not None and best.stage == stage:
+        setting = {**(best.ds_config.get("zero_optimization") or {}), MBS_KEY: best.micro_batch_size}
+    chosen = {n: f"{CHOSEN}: {format_value(setting[n])}" for n in names if n in setting}
+    fig = go.Figure(go.Bar(x=[scores[n] for n in names], y=[_safe(n) for n in names], orientation="h", name="importance",
+                           text=[_safe(chosen.get(n, "")) for n in names], textposition="outside", cliponaxis=False))
+    if best is not None:
+        where = f"{CHOSEN}: {best.name}" + ("" if best.stage == stage else f" (z{best.stage})")
+        fig.add_annotation(text=_safe(where), xref="paper", yref="paper", x=1, y=1.02, xanchor="right", yanchor="bottom",
+                           showarrow=False, font={"color": _CHOSEN_COLOR})
+    fig.update_layout(title=_title(f"Knob importances, z{stage} (PED-ANOVA over {len(knob_trials)} experiments)"),
+                      xaxis={"title": "importance", "range": [0, max(scores.values(), default=1.0) * 1.35]}, height=430,
+                      margin=_FIGURE_LAYOUT["margin"])
     return fig
 
 
@@ -295,6 +375,9 @@ class ReportData:
     headline: tuple[str, ...] = ()
     memory_note: str = ""
     baseline: str = ""  # the experiment that ran the user's own config
+    best: Optimum | None = None
+    summary_rows: tuple[tuple[str, ...], ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def _profile(root: optuna.Study, rows: list[ExperimentRow]) -> _Profile | None:
@@ -306,111 +389,174 @@ def _profile(root: optuna.Study, rows: list[ExperimentRow]) -> _Profile | None:
     return _Profile(start=start, seconds=float(seconds), slot=slots[0] if slots else "?")
 
 
-def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result: TuningResult) -> ReportData:
-    metric = result.metric
+def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result: TuningResult,
+                advice: LearningRateAdvice | str | None = None) -> ReportData:
+    metric, best, spend = result.metric, result.best, result.spend
     studies = stage_studies(storage, study_name)
-    rows = _hide(experiment_rows(studies))
+    rows = _hide(experiment_rows(studies, best))
     root = optuna.load_study(study_name=study_name, storage=storage)
     base = result.baseline
     baseline = next((r for r in rows if base is not None and base.name and r.name == base.name and r.stage == base.stage), None)
-    spend = result.spend
-    spent = f"{spend.gpu_hours:.3g} GPU-hours, {spend.experiments} runs"
+    ctx = _Context(metric=metric, baseline=baseline, best=best, device=spend.noun)
     figures = {
-        "metric_vs_mbs": _metric_vs_mbs(rows, metric, baseline),
-        "best_per_stage": _best_per_stage(rows, metric, baseline),
-        "history": _history(rows, metric, baseline),
-        "timeline": _timeline(rows, baseline, _profile(root, rows), spent),
+        "metric_vs_mbs": _metric_vs_mbs(rows, ctx),
+        "best_per_stage": _best_per_stage({s.stage: s.best for s in result.stages if s.best is not None}, ctx),
+        "history": _history(rows, ctx),
+        "timeline": _timeline(rows, ctx, _profile(root, rows), f"{spend.hours}, {spend.experiments} runs"),
     }
     for stage, study in studies.items():
-        fig = _importances(study, stage)
+        fig = _importances(study, stage, ctx)
         if fig is not None:
             figures[f"importance_z{stage}"] = fig
     plan = load_plan(storage, study_name)
     script = os.path.basename(plan.script) if plan is not None else ""
     title = f"{script}: the fastest DeepSpeed config" + ("" if study_name == "optuna-ds" else f" (tuning {study_name})")
-    memory_note = "" if any(r.peak_memory for r in rows) else (
-        "Peak GPU memory per experiment: " + str((root.user_attrs.get("resources") or {}).get("gpu_memory") or "not reported") + ".")
+    memory_note = ""
+    if not any(r.peak_memory for r in rows):
+        memory_note = (f"Peak GPU memory per experiment: {(root.user_attrs.get('resources') or {}).get('gpu_memory') or 'not reported'}."
+                       if spend.device == "GPU" else f"Peak memory per experiment: not measured on this accelerator ({spend.noun}).")
     return ReportData(study_name=study_name, metric=metric, studies=studies, rows=rows, figures=figures, title=title,
-                      headline=tuple(headline(result)), memory_note=memory_note, baseline=baseline.name if baseline else "")
+                      headline=tuple(headline(result)), memory_note=memory_note, baseline=baseline.name if baseline else "",
+                      best=best, summary_rows=tuple(summary_rows(result)), notes=tuple(summary_notes(result, advice)))
 
 
 def _gib(n: float | None) -> str:
     return "" if not n else f"{n / 2**30:.2f} GiB"
 
 
-def _link(path: str, base_dir: str, text: str) -> str:
-    if not path:
-        return html.escape(text)
-    href = urllib.parse.quote(os.path.relpath(path, base_dir) if base_dir else path)
-    return f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
+def _href(path: str, base_dir: str) -> str:
+    return urllib.parse.quote(os.path.relpath(path, base_dir) if base_dir else path)
 
 
-def _table(rows: list[ExperimentRow], metric: Metric, *, base_dir: str, baseline: str) -> str:
-    e = html.escape
-    memory = any(r.peak_memory for r in rows)
+@dataclasses.dataclass(frozen=True)
+class _Cell:
+    text: str = ""
+    sort: str | None = None  # what the column sorts by, where the text is not it
+    href: str = ""
+
+
+def _table(data: ReportData, *, base_dir: str) -> tuple[list[str], list[tuple[ExperimentRow, dict[str, Any]]]]:
+    """The experiments table's columns and, per row, its cells by column."""
+    metric, best = data.metric, data.best
+    memory = any(r.peak_memory for r in data.rows)
     heads = ["stage", "trial", "experiment", "status", metric.label, "mbs", "gas", "knobs", "slot", "seconds",
              *(["peak GPU memory"] if memory else []), "reason", "logs"]
-    head = "".join(f'<th class="{e(h.split()[0])}">{e(h)}</th>' for h in heads)
-    body = []
-    for r in sorted(rows, key=lambda r: (r.stage, r.number)):
-        knobs = ", ".join(f"<span>{e(k)}={e(format_value(v))}</span>" for k, v in sorted(r.knobs.items()))
-        name = _link(r.result_dir, base_dir, r.name) + (' <span class="mine">your config</span>' if r.name == baseline else "")
-        logs = " ".join(_link(os.path.join(r.result_dir, f), base_dir, f.split(".")[0]) for f in ("stdout.log", "stderr.log")) if r.result_dir else ""
-        cells = [e(f"z{r.stage}"), e(str(r.number)), name, e(r.status), "" if r.value is None else e(f"{r.value:.6g}"),
-                 e(str(r.mbs or "")), e(str(r.gas or "")), knobs, e(r.slot), "" if r.duration is None else e(f"{r.duration:.1f}"),
-                 *([e(_gib(r.peak_memory))] if memory else []), e(r.detail), logs]
-        body.append(f'<tr class="{e(r.status)}">' + "".join(f'<td class="{e(h.split()[0])}">{c}</td>' for h, c in zip(heads, cells)) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    out = []
+    for r in data.rows:
+        badge = ""
+        if best is not None and r.chosen and r.number == best.trial_number:
+            badge = f"{CHOSEN}: {best.figure(metric)}"
+        cells = {
+            "stage": _Cell(f"z{r.stage}"),
+            "trial": _Cell(str(r.number)),
+            "experiment": _Cell(r.name, href=_href(r.result_dir, base_dir) if r.result_dir else ""),
+            "badge": badge,
+            "mine": r.name == data.baseline,
+            "status": _Cell(r.status),
+            "value": _Cell("" if r.value is None else format_number(r.value), sort="" if r.value is None else repr(r.value)),
+            "mbs": _Cell(str(r.mbs or "")),
+            "gas": _Cell(str(r.gas or "")),
+            "knobs": [f"{k}={format_value(v)}" for k, v in sorted(r.knobs.items())],
+            "slot": _Cell(r.slot),
+            "seconds": _Cell("" if r.duration is None else f"{r.duration:,.1f}", sort="" if r.duration is None else repr(r.duration)),
+            "memory": _Cell(_gib(r.peak_memory), sort=repr(r.peak_memory or 0)) if memory else None,
+            "reason": _Cell(r.detail),
+            "logs": [(f.split(".")[0], _href(os.path.join(r.result_dir, f), base_dir)) for f in ("stdout.log", "stderr.log")]
+                    if r.result_dir else [],
+        }
+        out.append((r, cells))
+    return heads, out
 
 
-def render_report(data: ReportData, *, summary: str, base_dir: str = "") -> str:
-    """One self-contained HTML page (plotly.js inlined): the headline, figures, summary and
-    every experiment, readable at 1280 px. Every user-provided string is escaped; each
-    experiment links to its folder and logs relative to ``base_dir``, where the page lies."""
-    study_name, metric = data.study_name, data.metric
-    parts = []
-    for i, (fig_id, fig) in enumerate(data.figures.items()):
-        parts.append(plotly.io.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=fig_id,
-                                       default_width="100%", config={"responsive": True, "displaylogo": False}))
-    e = html.escape
-    rest = summary.split("\n\n", 1)[1] if data.headline and "\n\n" in summary else summary
-    headline = "".join(f"<p>{e(line)}</p>" for line in data.headline)
-    memory = f'<p class="note">{e(data.memory_note)}</p>' if data.memory_note else ""
-    return f"""<!DOCTYPE html>
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_PAGE = _ENV.from_string("""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
-<title>{e(data.title or study_name)}</title>
+<title>{{ title }}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
-h1 {{ font-size: 1.6em; margin: 0 0 .5em; }}
-.headline {{ background: #eef6ee; border-left: 6px solid #2a9d8f; padding: .6em 1em; font-size: 1.1em; }}
-.headline p {{ margin: .3em 0; }}
-.figures {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 1em; }}
-.figures > div {{ min-width: 0; }}
-table {{ border-collapse: collapse; font-size: 13px; width: 100%; }}
-td, th {{ border: 1px solid #ccc; padding: 3px 6px; text-align: left; vertical-align: top; }}
-td.experiment {{ min-width: 15em; overflow-wrap: anywhere; }}
-td.knobs span {{ white-space: nowrap; }}
-td.reason {{ min-width: 16em; overflow-wrap: anywhere; }}
-tr.oom td, tr.error td, tr.timeout td, tr.no-metrics td {{ background: #fdecea; }}
-.mine {{ background: #ffd60a; border-radius: 3px; padding: 0 4px; font-size: 11px; white-space: nowrap; }}
-pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; overflow-wrap: anywhere; }}
-.note {{ color: #555; }}
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.6em; margin: 0 0 .5em; }
+.headline { background: #eef6ee; border-left: 6px solid #2a9d8f; padding: .6em 1em; font-size: 1.1em; }
+.headline p { margin: .3em 0; }
+.headline p.warning { color: #9a3412; }
+.figures { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 1em; }
+.figures > div { min-width: 0; }
+table { border-collapse: collapse; font-size: 13px; }
+table.experiments { width: 100%; }
+td, th { border: 1px solid #ccc; padding: 3px 6px; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.sortable th { cursor: pointer; user-select: none; background: #f3f3f3; }
+table.sortable th[aria-sort=ascending]::after { content: " \\25B2"; }
+table.sortable th[aria-sort=descending]::after { content: " \\25BC"; }
+td.experiment { min-width: 15em; overflow-wrap: anywhere; }
+td.knobs span { white-space: nowrap; }
+td.reason { min-width: 16em; overflow-wrap: anywhere; }
+tr.oom td, tr.error td, tr.timeout td, tr.no-metrics td { background: #fdecea; }
+tr.chosen td { background: #fff1f0; }
+tr.chosen td:first-child { border-left: 4px solid #d62728; }
+.mine { background: #ffd60a; border-radius: 3px; padding: 0 4px; font-size: 11px; white-space: nowrap; }
+.chosen-badge { display: block; color: #fff; background: #d62728; border-radius: 3px; padding: 0 4px; font-size: 11px; margin-top: 2px; }
+.note { color: #555; }
 </style></head><body>
-<h1>{e(data.title or study_name)}</h1>
-<div class="headline">{headline}</div>
-<div class="figures">{''.join(parts)}</div>
+<h1>{{ title }}</h1>
+<div class="headline">{% for line in headline %}<p{% if line.startswith("Warning:") %} class="warning"{% endif %}>{{ line }}</p>{% endfor %}</div>
+<div class="figures">{% for figure in figures %}{{ figure }}{% endfor %}</div>
 <h2>Summary</h2>
-<pre>{e(rest)}</pre>
+<table class="summary sortable"><thead><tr>{% for h in summary_head %}<th>{{ h }}</th>{% endfor %}</tr></thead><tbody>
+{% for row in summary_rows %}<tr{% if row[0] == "global" or (best and row[-1] == best.name) %} class="chosen"{% endif %}>{% for cell in row %}<td{% if loop.index in (2, 3, 4) %} class="num"{% endif %}>{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+<ul class="notes">{% for note in notes %}<li>{{ note }}</li>{% endfor %}</ul>
 <h2>Experiments</h2>
-{memory}
-{_table(data.rows, metric, base_dir=base_dir, baseline=data.baseline)}
+{% if memory_note %}<p class="note">{{ memory_note }}</p>{% endif %}
+<p class="note">The optimum's runs come first{% if best %} (highlighted){% endif %}; click a column's header to sort by it.</p>
+<table class="experiments sortable"><thead><tr>{% for h in heads %}<th class="{{ h.split()[0] }}">{{ h }}</th>{% endfor %}</tr></thead><tbody>
+{% for row, c in rows %}<tr class="{{ row.status }}{% if row.chosen %} chosen{% endif %}">
+<td class="stage">{{ c.stage.text }}</td><td class="trial num">{{ c.trial.text }}</td>
+<td class="experiment">{% if c.experiment.href %}<a href="{{ c.experiment.href }}">{{ c.experiment.text }}</a>{% else %}{{ c.experiment.text }}{% endif %}{% if c.mine %} <span class="mine">your config</span>{% endif %}{% if c.badge %}<span class="chosen-badge">{{ c.badge }}</span>{% endif %}</td>
+<td class="status">{{ c.status.text }}</td><td class="{{ heads[4].split()[0] }} num" data-sort="{{ c.value.sort }}">{{ c.value.text }}</td>
+<td class="mbs num">{{ c.mbs.text }}</td><td class="gas num">{{ c.gas.text }}</td>
+<td class="knobs">{% for k in c.knobs %}{% if not loop.first %}, {% endif %}<span>{{ k }}</span>{% endfor %}</td>
+<td class="slot">{{ c.slot.text }}</td><td class="seconds num" data-sort="{{ c.seconds.sort }}">{{ c.seconds.text }}</td>
+{% if c.memory %}<td class="peak num" data-sort="{{ c.memory.sort }}">{{ c.memory.text }}</td>{% endif %}
+<td class="reason">{{ c.reason.text }}</td>
+<td class="logs">{% for text, href in c.logs %}{% if not loop.first %} {% endif %}<a href="{{ href }}">{{ text }}</a>{% endfor %}</td></tr>
+{% endfor %}</tbody></table>
+<script>
+document.querySelectorAll("table.sortable").forEach(table => table.querySelectorAll("th").forEach((th, column) => {
+  th.addEventListener("click", () => {
+    const up = th.getAttribute("aria-sort") !== "ascending";
+    table.querySelectorAll("th").forEach(h => h.removeAttribute("aria-sort"));
+    th.setAttribute("aria-sort", up ? "ascending" : "descending");
+    const key = tr => { const td = tr.children[column]; const v = td ? (td.dataset.sort ?? td.textContent.trim()) : "";
+                        const n = Number(v.replace(/^z/, "")); return v === "" ? null : isNaN(n) ? v : n; };
+    const body = table.tBodies[0];
+    [...body.rows].sort((a, b) => { const x = key(a), y = key(b);
+      if (x === null || y === null) return (x === null) - (y === null);
+      return (typeof x === typeof y ? (x > y) - (x < y) : typeof x === "number" ? -1 : 1) * (up ? 1 : -1); })
+      .forEach(tr => body.appendChild(tr));
+  });
+}));
+</script>
 </body></html>
-"""
+""")
 
 
-def write_report(data: ReportData, path: str, *, summary: str) -> str:
+def render_report(data: ReportData, *, base_dir: str = "") -> str:
+    """One self-contained HTML page (plotly.js inlined, nothing loaded from elsewhere): the
+    headline, the figures (the optimum marked in each), the summary, and every experiment (the
+    optimum's first), readable at 1280 px. jinja2 escapes every string; each experiment links
+    to its folder and logs relative to ``base_dir``, where the page lies."""
+    figures = [markupsafe.Markup(plotly.io.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=fig_id, default_width="100%",
+                                                   config=_PLOTLY_CONFIG))
+               for i, (fig_id, fig) in enumerate(data.figures.items())]
+    heads, rows = _table(data, base_dir=base_dir)
+    return _PAGE.render(title=data.title or data.study_name, headline=data.headline, figures=figures, summary_head=SUMMARY_HEAD,
+                        summary_rows=data.summary_rows, best=data.best, notes=data.notes, memory_note=data.memory_note,
+                        heads=heads, rows=rows)
+
+
+def write_report(data: ReportData, path: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
-        f.write(render_report(data, summary=summary, base_dir=os.path.dirname(os.path.abspath(path))))
+        f.write(render_report(data, base_dir=os.path.dirname(os.path.abspath(path))))
     return path
 
 
@@ -418,11 +564,20 @@ ROOT_NOTE = """This study holds the tuning's plan (script, arguments, config), t
 memory estimates; it has no experiments. Each experiment is a trial of a stage study:
 {stages}.
 """
+OPTIMUM_ATTR = "optimum"  # on each stage study: where the tuning's optimum is, for optuna-dashboard
+
+
+def optimum_attr(best: Optimum, *, tuning: str, metric: Metric) -> dict[str, Any]:
+    """The optimum as a stage study's user attr: Optuna's own best trial is its single highest
+    run, so the dashboard shows, beside it, which trial the tuning chose and why."""
+    return {"study": stage_study_name(tuning, best.stage), "trial": best.trial_number, "exp_name": best.name,
+            "runs": list(best.trials), "figure": best.figure(metric), "final": best.chosen}
 
 
 def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStorage, *, note: str) -> None:
     """Give optuna-dashboard what it can show: the summary (a Markdown note with the headline)
-    on each study, the root study described, and the report's figures as custom plots."""
+    on each study, where the optimum is (a user attr, and a line saying why Optuna's best trial
+    is another), the root study described, and the report's figures as custom plots."""
     import optuna_dashboard
 
     root = optuna.load_study(study_name=data.study_name, storage=storage)
@@ -431,6 +586,8 @@ def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStora
     for fig_id, fig in data.figures.items():
         optuna_dashboard.save_plotly_graph_object(root, fig, graph_object_id=fig_id)
     for stage, study in data.studies.items():
+        if data.best is not None:
+            study.set_user_attr(OPTIMUM_ATTR, optimum_attr(data.best, tuning=data.study_name, metric=data.metric))
         optuna_dashboard.save_note(study, note)
         for fig_id in ("metric_vs_mbs", f"importance_z{stage}"):
             if fig_id in data.figures:
@@ -438,14 +595,15 @@ def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStora
 
 
 def best_stage_study(storage: optuna.storages.BaseStorage) -> tuple[int, str] | None:
-    """The stage study holding the best experiment of the storage's tunings, ``(id, name)``:
-    where the dashboard should open, rather than a root study that has no trials."""
-    best: tuple[float, int, str] | None = None
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=True):
-        trial = summary.best_trial
-        if trial is None or trial.value is None or not ExperimentRecord.from_trial(trial).claimed:
+    """The stage study holding the optimum of the storage's first tuning that has one,
+    ``(id, name)``: where the dashboard should open, rather than a root study that has no trials."""
+    for tuning in tuning_names(storage):
+        plan = load_plan(storage, tuning)
+        if plan is None:
             continue
-        score = trial.value if summary.direction == optuna.study.StudyDirection.MAXIMIZE else -trial.value
-        if best is None or score > best[0]:
-            best = (score, summary._study_id, summary.study_name)
-    return (best[1], best[2]) if best else None
+        user = parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args)
+        best = load_result(storage, plan, user).best
+        if best is not None:
+            name = stage_study_name(tuning, best.stage)
+            return storage.get_study_id_from_name(name), name
+    return None

@@ -10,32 +10,37 @@ from typing import Any
 
 from optuna_ds.config import UserConfig
 from optuna_ds.config import find_arg
+from optuna_ds.config import format_number
 from optuna_ds.config import set_arg
 from optuna_ds.config import with_integer_sizes
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import shell_line
+from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
-from optuna_ds.studies import noise_phrase
+
+SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "runs", "best_exp_name")
 
 
-def _format_value(value: float) -> str:
-    return f"{value:.6g}"
+def summary_rows(result: TuningResult) -> list[tuple[str, ...]]:
+    """DeepSpeed's summary table, without its header: one row per tuned space, each with its
+    best (:func:`~optuna_ds.studies.leader`: the chosen stage's is the optimum), then the optimum."""
+    rows: list[tuple[str, ...]] = []
+    for stage in result.stages:
+        if stage.status == "tuned":
+            rows.append((stage.name, str(stage.num_experiments), *_best_cells(stage.best)))
+    rows.append(("global", str(result.num_experiments), *_best_cells(result.best)))
+    return rows
+
+
+def _best_cells(best: Optimum | None) -> tuple[str, str, str]:
+    return (format_number(best.value), str(len(best.runs)), best.name) if best is not None else ("-", "-", "-")
 
 
 def summary_table(result: TuningResult) -> str:
-    """DeepSpeed's summary table: one row per tuning space, then the global best. The chosen
-    stage's row shows the planner's choice, as the global row does, not its highest single
-    measurement."""
-    rows = [("tuning_space", "num_experiments", "best_metric_val", "best_exp_name")]
-    for stage in result.stages:
-        if stage.status != "tuned":
-            continue
-        best = result.chosen if result.chosen is not None and result.chosen.stage == stage.stage else stage.best
-        rows.append((stage.name, str(stage.num_experiments), _format_value(best.value) if best else "-", best.name if best else "-"))
-    best = result.best
-    rows.append(("global", str(result.num_experiments), _format_value(best.value) if best else "-", best.name if best else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    right = (False, True, True, False)
+    """:func:`summary_rows` as a Markdown table (the text summary and the dashboard's note)."""
+    rows = [SUMMARY_HEAD, *summary_rows(result)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_HEAD))]
+    right = (False, True, True, True, False)
 
     def line(cells: tuple[str, ...]) -> str:
         return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)) + " |"
@@ -57,9 +62,27 @@ def _mean_of(runs: int) -> str:
     return f" (mean of {runs} runs)" if runs > 1 else ""
 
 
+def optimum_line(result: TuningResult) -> str:
+    """The optimum as every view states it: the config, its figure (measured runs and the
+    planner's estimate), how much faster than the user's config, and the noise."""
+    best, metric = result.best, result.metric
+    if best is None:
+        return "Optimum: none, no experiment ran successfully."
+    what = "Optimum" if best.chosen else "Best so far (the planner has not chosen yet)"
+    line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.micro_batch_size}, gradient accumulation "
+            f"{best.gradient_accumulation_steps}): {best.figure(metric)}")
+    factor = speedup(result)
+    if factor is not None:
+        base = result.baseline
+        same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
+        line += f", {format_number(factor, 3)}x {'faster' if factor >= 1 else 'as fast'}{same}"
+    return f"{line}; {result.noise.phrase}."
+
+
 def headline(result: TuningResult) -> list[str]:
-    """What the user came for, in three lines: their config, the optimum and how much faster
-    (with the run-to-run noise where this tuning measured it), and what finding it cost."""
+    """What the user came for: their config, the optimum and how much faster (with the
+    run-to-run noise and what it was measured from), what finding it cost, and a warning where
+    the optimum's own runs disagree more than the noise explains."""
     base, best, metric = result.baseline, result.best, result.metric
     lines = []
     if base is not None and base.stage is not None:
@@ -75,19 +98,13 @@ def headline(result: TuningResult) -> list[str]:
     else:
         mine = "Your config: not measured"
     lines.append(mine + ".")
-    if best is None:
-        lines.append("Optimum: none, no experiment ran successfully.")
-    else:
-        optimum = f"Optimum ({best.name}): {metric.with_unit(best.value)}{_mean_of(best.runs)}"
-        factor = speedup(result)
-        if factor is not None:
-            noise = noise_phrase(result.noise, result.noise_runs)
-            same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
-            optimum += f", {factor:.3g}x faster{same} ({noise})"
-        lines.append(optimum + ".")
+    lines.append(optimum_line(result))
     spend = result.spend
     lines.append(f"Spent: {spend.experiments} experiment(s)" + (" (the profile run included)" if spend.profiled else "")
-                 + f", {spend.gpu_hours:.3g} GPU-hours.")
+                 + f", {spend.hours}.")
+    warning = best.warning(metric, result.noise) if best is not None else ""
+    if warning:
+        lines.append(warning)
     return lines
 
 
@@ -182,27 +199,39 @@ def scale_learning_rate(advice: LearningRateAdvice, *, config: dict[str, Any], s
 
 
 def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None) -> str:
-    """The headline, DeepSpeed's summary table, then the tuning time, the optimum, skipped
-    stages, failures."""
-    return "\n".join([*headline(result), "", summary_table(result), "", *_notes(result, advice)]) + "\n"
+    """The headline, DeepSpeed's summary table, then the notes."""
+    return "\n".join([*headline(result), "", summary_table(result), "", *summary_notes(result, advice)]) + "\n"
 
 
 def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str | None) -> str:
     """The summary as optuna-dashboard's note renders it: the headline, the table, the notes."""
     head = "\n\n".join(f"**{line}**" if i == 0 else line for i, line in enumerate(headline(result)))
-    return "\n".join([head, "", summary_table(result), "", *(f"- {n}" for n in _notes(result, advice))]) + "\n"
+    return "\n".join([head, "", summary_table(result), "", *(f"- {n}" for n in summary_notes(result, advice))]) + "\n"
 
 
-def _notes(result: TuningResult, advice: LearningRateAdvice | str | None) -> list[str]:
+def optuna_best_note(result: TuningResult) -> str:
+    """Why Optuna's best trial (``optuna best-trial``, optuna-dashboard) is not the optimum,
+    where it is not: Optuna ranks single runs; the planner ranks configs by all their runs."""
+    other, best = result.optuna_best, result.best
+    if other is None or best is None:
+        return ""
+    return (f"Optuna's best trial in the z{other.stage} study (what `optuna best-trial` and optuna-dashboard show) is trial "
+            f"{other.number}, {other.name}: one run at {result.metric.with_unit(other.value)}. The optimum is {best.name} "
+            f"(trial {best.trial_number}; the study's user attr `optimum`): Optuna ranks single runs, the planner ranks "
+            f"configs by all their runs, its estimate and the measured noise.")
+
+
+def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None) -> list[str]:
+    """What follows the table: the time, what its values are, Optuna's own best trial where it
+    differs, skipped stages, failures, the learning-rate advice."""
     lines = []
     duration = datetime.timedelta(seconds=round(result.duration))
-    lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}.")
-    best = result.best
-    if best is not None:
-        lines.append(f"Optimal: {best.name} (z{best.stage}, micro-batch {best.micro_batch_size}, "
-                     f"gradient accumulation {best.gradient_accumulation_steps}), {result.metric.name} = {_format_value(best.value)}.")
-    else:
+    lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}. "
+                 f"Each best_metric_val is the mean of its config's runs.")
+    if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
+    if note := optuna_best_note(result):
+        lines.append(note)
     for stage in result.stages:
         if stage.status == "skipped":
             lines.append(f"{stage.name} skipped: {stage.reason}")

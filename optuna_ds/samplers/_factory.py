@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.study import Study
@@ -11,14 +13,16 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._errors import ConfigError
-from optuna_ds.samplers._distributions import contains
+from optuna_ds._optuna_compat import contains
+from optuna_ds._optuna_compat import storage_of
+from optuna_ds._optuna_compat import trial_id
 from optuna_ds.samplers._xgboost import XGBoostSampler
 
 
 def create_sampler(tuner_type: str, search_space: Mapping[str, Sequence[Any]], *, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The sampler of ``autotuning.tuner_type`` over a finite ``search_space``."""
     if tuner_type == "gridsearch":
-        grid = _GridSampler({k: list(v) for k, v in search_space.items()}, seed=seed)
+        grid = _GridSampler(search_space, seed=seed)
         if seed is None:
             grid.reseed_rng()  # the grid's order is the same everywhere; the picks past it differ by worker
         return grid
@@ -57,48 +61,84 @@ class _ListedRandomSampler(optuna.samplers.RandomSampler):
     def __init__(self, search_space: Mapping[str, Sequence[Any]], seed: int | None = None) -> None:
         super().__init__(seed=seed)
         self._lists = {k: list(v) for k, v in search_space.items()}
+        self._pick = np.random.RandomState(seed)
+
+    def reseed_rng(self) -> None:
+        super().reseed_rng()
+        self._pick.seed()
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
         listed = [v for v in self._lists.get(param_name, ()) if contains(param_distribution, v)]
         if not listed:
             return super().sample_independent(study, trial, param_name, param_distribution)
-        return listed[int(self._rng.rng.randint(len(listed)))]
+        return listed[int(self._pick.randint(len(listed)))]
 
 
-class _GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler, as the knob search uses it: one trial per ``optimize`` call, many
-    slots and workers on one study, and no enqueued trials.
+class _GridSampler(optuna.samplers.BaseSampler):
+    """A grid sampler for the knob search: one trial per ``optimize`` call, many slots and
+    workers on one study, and no enqueued trials.
 
-    It remembers the point it gave each trial (Optuna's reads the trial back from the storage
-    for each param), and it does not stop the study once the grid is taken (reading every
-    trial after each): the tuner ends the search.
+    As Optuna's ``GridSampler``, it gives a trial the point of its number (every worker shuffles
+    the grid alike, so they do not collide) unless that point is taken, else an unvisited one at
+    random, and marks it in the trial's system attrs ``grid_id`` and ``search_space``. Unlike
+    it, it remembers the point it gave each trial (Optuna's reads the trial back from the
+    storage for each param), and it does not stop the study once the grid is taken (reading
+    every trial after each): the tuner ends the search. Built on the public sampler API, since
+    it would override every method of Optuna's.
     """
 
     def __init__(self, search_space: Mapping[str, Sequence[Any]], seed: int | None = None) -> None:
-        super().__init__(search_space, seed=seed)
-        self._points: dict[int, int] = {}  # trial id: grid id
+        self._search_space = {k: list(search_space[k]) for k in sorted(search_space)}
+        self.param_names = list(self._search_space)
+        self.points: list[tuple[Any, ...]] = list(itertools.product(*self._search_space.values()))
+        np.random.RandomState(seed or 0).shuffle(self.points)  # a list of tuples shuffles in place
+        self._rng = np.random.RandomState(seed)
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._given: dict[int, int] = {}  # trial id: grid id
+
+    def reseed_rng(self) -> None:
+        self._rng.seed()
+        self._random.reseed_rng()
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def _unvisited(self, study: Study) -> list[int]:
+        """The points no trial of this grid has run nor is running; if every one has started,
+        those not finished."""
+        finished, running = set(), set()
+        for t in study.get_trials(deepcopy=False):
+            if t.system_attrs.get("search_space") == self._search_space and "grid_id" in t.system_attrs:
+                if t.state.is_finished():
+                    finished.add(t.system_attrs["grid_id"])
+                elif t.state == TrialState.RUNNING:
+                    running.add(t.system_attrs["grid_id"])
+        every = set(range(len(self.points)))
+        return sorted(every - finished - running) or sorted(every - finished)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        # As Optuna's: the point of the trial's number (every worker numbers the points alike, so
-        # they do not collide) unless a fixed trial took it, else an unvisited one at random.
-        unvisited = self._get_unvisited_grid_ids(study) or list(range(self._n_min_trials))
-        grid_id = trial.number if trial.number in unvisited else int(self._rng.rng.choice(unvisited))
+        unvisited = self._unvisited(study) or list(range(len(self.points)))
+        grid_id = trial.number if trial.number in unvisited else int(self._rng.choice(unvisited))
         self.take(study, trial, grid_id)
 
     def take(self, study: Study, trial: FrozenTrial, grid_id: int) -> None:
         """Give ``trial`` the point ``grid_id`` and mark it so for every worker."""
-        self._points[trial._trial_id] = grid_id
-        study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
-        study._storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
+        self._given[trial_id(trial)] = grid_id
+        storage = storage_of(study)
+        storage.set_trial_system_attr(trial_id(trial), "search_space", self._search_space)
+        storage.set_trial_system_attr(trial_id(trial), "grid_id", grid_id)
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
-        grid_id = self._points.get(trial._trial_id)
+        grid_id = self._given.get(trial_id(trial))
         if grid_id is None or param_name not in self._search_space:
-            return super().sample_independent(study, trial, param_name, param_distribution)
-        return self._all_grids[grid_id][self._param_names.index(param_name)]
+            return self._random.sample_independent(study, trial, param_name, param_distribution)
+        return self.points[grid_id][self.param_names.index(param_name)]
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
-        self._points.pop(trial._trial_id, None)
+        self._given.pop(trial_id(trial), None)
 
 
 def with_fixed_params(sampler: optuna.samplers.BaseSampler, params: Mapping[str, Any]) -> optuna.samplers.BaseSampler:
@@ -109,9 +149,9 @@ def with_fixed_params(sampler: optuna.samplers.BaseSampler, params: Mapping[str,
     on top, that point would never be run. Where ``params`` is a whole point of the grid, the
     trial takes that point instead.
     """
-    if isinstance(sampler, _GridSampler) and set(params) == set(sampler._param_names):
-        point = tuple(params[n] for n in sampler._param_names)
-        for grid_id, grid in enumerate(sampler._all_grids):
+    if isinstance(sampler, _GridSampler) and set(params) == set(sampler.param_names):
+        point = tuple(params[n] for n in sampler.param_names)
+        for grid_id, grid in enumerate(sampler.points):
             if grid == point:
                 return _GridPoint(sampler, grid_id)
     return optuna.samplers.PartialFixedSampler(dict(params), sampler)

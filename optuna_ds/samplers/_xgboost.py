@@ -14,7 +14,9 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds.samplers._distributions import contains
+from optuna_ds._optuna_compat import contains
+from optuna_ds._optuna_compat import storage_of
+from optuna_ds._optuna_compat import trial_id
 from optuna_ds.storage import ExperimentRecord
 
 CANDIDATE_ATTR = "xgboost:candidate"
@@ -117,21 +119,21 @@ class XGBoostSampler(BaseSampler):
 
     @staticmethod
     def _single_objective(study: optuna.Study) -> None:
-        if study._is_multi_objective():
+        if len(study.directions) > 1:
             raise ValueError("XGBoostSampler supports single-objective studies only")
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if not self._candidates or study._is_multi_objective():
+        if not self._candidates or len(study.directions) > 1:
             return
         if CANDIDATE_ATTR in trial.system_attrs or "fixed_params" in trial.system_attrs:
             return
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+        trials = study.get_trials(deepcopy=False)
         taken: set[int] = set()
         scored: list[tuple[int, float]] = []
         failed: set[int] = set()
         sign = 1.0 if study.direction == StudyDirection.MAXIMIZE else -1.0
         for t in trials:
-            if t._trial_id == trial._trial_id:
+            if t.number == trial.number:
                 continue
             # The params once set (a fixed-param trial may differ from its published candidate),
             # the published candidate while they are not.
@@ -158,7 +160,7 @@ class XGBoostSampler(BaseSampler):
             choice = int(self._rng.choice(untried))
         else:
             choice = self._predict_best(scored, failed, untried)
-        study._storage.set_trial_system_attr(trial._trial_id, CANDIDATE_ATTR, choice)
+        storage_of(study).set_trial_system_attr(trial_id(trial), CANDIDATE_ATTR, choice)
 
     def _neighbours(self, scored: list[tuple[int, float]], untried: list[int]) -> list[int]:
         """The untried candidates one parameter away from the best so far: with few trials,

@@ -145,10 +145,6 @@ class KnobSpace:
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "tuned": self.tuned, "fixed": self.fixed, "offload": self.offload}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> KnobSpace:
-        return cls(stage=data["stage"], tuned=data["tuned"], fixed=data["fixed"], offload=data.get("offload", ""))
-
     def with_offload(self, label: str) -> KnobSpace:
         """This space with the offload variant ``label`` fixed in every experiment."""
         from optuna_ds.space._offload import offload_sections

@@ -1,6 +1,6 @@
 """Layer 5a: the Optuna RDB storage, and what is kept in it: the tuning plan, the experiments' records."""
 
-from optuna_ds.storage._cache import TrialCache
+from optuna_ds._optuna_compat import TrialCache
 from optuna_ds.storage._folders import claim_folder
 from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import check_study_name

@@ -10,7 +10,7 @@ import optuna
 
 from optuna_ds._errors import PlanMismatchError
 from optuna_ds.storage._plan import TuningPlan
-from optuna_ds.storage._plan import _PLAN_ATTR
+from optuna_ds.storage._plan import stored_plan
 
 CLAIM_FILE = ".optuna-ds-tuning.json"
 
@@ -55,9 +55,9 @@ def _previous_user(storage: optuna.storages.BaseStorage, folder: str, study_name
     """Another tuning of ``storage`` whose plan names ``folder`` (one started before folders
     were claimed)."""
     real = os.path.realpath(folder)
-    for s in optuna.storages.get_storage(storage).get_all_studies():
-        plan = s.user_attrs.get(_PLAN_ATTR)
-        if not isinstance(plan, dict) or s.study_name == study_name:
+    for s in storage.get_all_studies():
+        plan = stored_plan(s.user_attrs, s.system_attrs)
+        if plan is None or s.study_name == study_name:
             continue
         try:
             other = TuningPlan.from_dict(plan)

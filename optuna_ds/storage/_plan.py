@@ -12,6 +12,9 @@ from optuna_ds._errors import ConfigError
 from optuna_ds._errors import PlanMismatchError
 
 PLAN_VERSION = 1
+# On the root study: the plan whole in a system attr, and in a user attr its fingerprint only,
+# which marks the study as a tuning's root. `optuna studies` prints every user attr of every
+# study on one line, and no system attr; workers on other nodes read the plan from the storage.
 _PLAN_ATTR = "optuna_ds:plan"
 _TUNING_ATTR = "optuna_ds:tuning"  # on a stage study: the tuning that owns it
 # Optuna's study_name column holds 512 characters; stage studies add "-z<stage>".
@@ -23,8 +26,9 @@ _STAGE_SUFFIX = re.compile(r"-z[0-9]$")
 class TuningPlan:
     """Everything a process needs to take part in a tuning, stored in the Optuna storage.
 
-    It lives in the user attrs of the tuning's root study (named like the tuning) so that a
-    resumed run or another worker reads it from the database, never from memory.
+    It lives in the system attrs of the tuning's root study (named like the tuning) so that a
+    resumed run or another worker, on any node, reads it from the database, never from memory
+    or a folder; the root's user attr ``optuna_ds:plan`` holds its fingerprint only.
     """
 
     study_name: str
@@ -117,7 +121,7 @@ def open_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
     """Create or load tuning ``tuning``'s study of ZeRO stage ``stage`` (see :func:`claim_stage_study`).
     Checked before anything reads its trials: a foreign study's running trials must not be
     taken for our orphans."""
-    study = optuna.create_study(storage=storage, study_name=stage_study_name(tuning, stage), direction=direction,
+    study = optuna.create_study(storage=storage, study_name=stage_study_name(tuning, stage), direction=optuna.study.StudyDirection[direction.upper()],
                                 load_if_exists=True)
     claim_stage_study(study, tuning, direction=direction)
     return study
@@ -126,15 +130,16 @@ def open_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
 def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, direction: str) -> optuna.Study:
     """Create the root study holding ``plan``, or load it and check it holds the same plan.
     A study of that name that holds no plan is ours only if blank (see :func:`claim_stage_study`)."""
-    study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=direction, load_if_exists=True)
-    stored = study.user_attrs.get(_PLAN_ATTR)
+    study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=optuna.study.StudyDirection[direction.upper()], load_if_exists=True)
+    study_id = storage.get_study_id_from_name(plan.study_name)
+    stored = stored_plan(study.user_attrs, storage.get_study_system_attrs(study_id))
     if stored is None:
         if not _blank(study) or study.direction.name.lower() != direction:
             raise PlanMismatchError(_foreign(study))
-        study.set_user_attr(_PLAN_ATTR, plan.to_dict())
-        study.set_user_attr("fingerprint", plan.fingerprint)
+        storage.set_study_system_attr(study_id, _PLAN_ATTR, plan.to_dict())
+        study.set_user_attr(_PLAN_ATTR, plan.fingerprint)
         # Two processes that created the tuning at once each stored a plan: the last one stays.
-        stored = optuna.load_study(storage=storage, study_name=plan.study_name).user_attrs.get(_PLAN_ATTR)
+        stored = storage.get_study_system_attrs(study_id)[_PLAN_ATTR]
     previous = TuningPlan.from_dict(stored)
     if previous.fingerprint != plan.fingerprint:
         raise PlanMismatchError(
@@ -158,11 +163,20 @@ def load_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
 def load_plan(storage: optuna.storages.BaseStorage, study_name: str) -> TuningPlan | None:
     """The plan stored under ``study_name``, or ``None`` if no tuning was started there yet."""
     try:
-        study = optuna.load_study(storage=storage, study_name=study_name)
+        study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
         return None
-    stored = study.user_attrs.get(_PLAN_ATTR)
+    stored = stored_plan(storage.get_study_user_attrs(study_id), storage.get_study_system_attrs(study_id))
     return TuningPlan.from_dict(stored) if stored else None
+
+
+def stored_plan(user_attrs: dict[str, Any], system_attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan of a root study, as stored, from its attrs: in its system attrs, or whole in its
+    user attrs where a tuning started before the plan moved put it; ``None`` for any other study."""
+    if _PLAN_ATTR not in user_attrs:
+        return None
+    stored = system_attrs.get(_PLAN_ATTR, user_attrs[_PLAN_ATTR])
+    return stored if isinstance(stored, dict) else None
 
 
 def tuning_names(storage: optuna.storages.BaseStorage) -> list[str]:
@@ -184,7 +198,6 @@ def tuning_study_names(storage: optuna.storages.BaseStorage, study_name: str) ->
     names = []
     # The studies alone, not their summaries: a summary reads every trial of every study in the
     # database (5 s at the end of each tuning on a database shared by 150 studies).
-    storage = optuna.storages.get_storage(storage)
     for s in storage.get_all_studies():
         attrs = s.user_attrs
         if s.study_name == study_name:
@@ -194,7 +207,7 @@ def tuning_study_names(storage: optuna.storages.BaseStorage, study_name: str) ->
             ours = _PLAN_ATTR not in attrs and attrs.get(_TUNING_ATTR) == study_name
         else:
             continue
-        if ours or (not attrs and not storage.get_all_trials(s._study_id, deepcopy=False)):
+        if ours or (not attrs and not storage.get_all_trials(storage.get_study_id_from_name(s.study_name), deepcopy=False)):
             names.append(s.study_name)
     return names
 

@@ -149,7 +149,7 @@ def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> 
     while True:
         try:
             connection = dialect.connect(*cargs, **cparams)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - each driver raises its own class: re-raised unless its message says the server is full
             if not _FULL.search(str(e)):
                 raise
             now = time.monotonic()
@@ -242,7 +242,7 @@ def storage_failures(url: str, *, advice: str) -> Iterator[None]:
     coordinator, the summary's writer."""
     try:
         yield
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - re-raised unless a database's failure is in it, whichever driver or wrapper raised it
         cause = database_error(e)
         if cause is None:
             raise
@@ -265,7 +265,7 @@ def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStor
                     heartbeat_interval=HEARTBEAT_INTERVAL,
                     grace_period=GRACE_PERIOD,
                 )
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - each driver raises its own class: re-raised unless it names the race below
                 # Processes started together race to create Optuna's tables: the loser retries.
                 if not any(m in str(e) for m in ("already exists", "Duplicate", "duplicate key", "UNIQUE constraint")) or attempt == 4:
                     raise
@@ -273,7 +273,7 @@ def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStor
         raise AssertionError("unreachable")
     except ImportError as e:
         raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or optuna-ds[mysql]") from None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever opening the storage fails with (driver, SQLAlchemy, Optuna) is told in one line
         denied = permission_denied(e)
         if denied is not None:
             raise StorageError(f"cannot open storage {redact_url(url)}: {_explain(url, denied)}: {_grant(url)}") from None

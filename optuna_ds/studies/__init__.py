@@ -5,31 +5,33 @@ from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._results import Baseline
-from optuna_ds.studies._results import BestExperiment
+from optuna_ds.studies._results import Noise
+from optuna_ds.studies._results import Optimum
+from optuna_ds.studies._results import OptunaBest
 from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
+from optuna_ds.studies._results import failure_text
 from optuna_ds.studies._results import is_finished_experiment
-from optuna_ds.studies._results import noise_phrase
-from optuna_ds.studies._stage import StageTuner
-from optuna_ds.studies._tuning import ProfileError
+from optuna_ds.studies._results import leader
 from optuna_ds.studies._tuning import Tuning
 from optuna_ds.studies._tuning import load_result
 
 __all__ = [
     "Baseline",
-    "BestExperiment",
     "ExperimentBuilder",
+    "Noise",
+    "Optimum",
+    "OptunaBest",
     "PrintObserver",
-    "ProfileError",
     "Spend",
     "StageResult",
-    "StageTuner",
     "Tuning",
     "TuningObserver",
     "TuningResult",
+    "failure_text",
     "is_finished_experiment",
-    "noise_phrase",
+    "leader",
     "load_result",
     "observation_of",
 ]

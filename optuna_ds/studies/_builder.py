@@ -44,12 +44,18 @@ class ExperimentBuilder:
             return None
         return max(1, bound // self.data_parallel_size)
 
+    def min_batch_per_gpu(self) -> int:
+        """The floor on ``mbs * gas`` that ``min_train_batch_size`` puts on one data-parallel rank."""
+        return -(-self._user.autotuning.min_train_batch_size // self.data_parallel_size)
+
     def gas_for(self, mbs: int) -> int:
-        """Gradient accumulation for ``mbs``: as much as the global-batch bound allows, else the user's."""
+        """Gradient accumulation for ``mbs``: as much as the global-batch bound allows, else the
+        user's; and at least enough for ``min_train_batch_size``. Where no accumulation fits
+        both bounds at this size, the floor wins: a global batch below it is one the user said
+        the training cannot use, while one above the bound exceeds it by less than a micro-batch."""
         bound = self.max_batch_per_gpu()
-        if bound is None:
-            return self._user.gradient_accumulation_steps
-        return max(1, bound // mbs)
+        gas = self._user.gradient_accumulation_steps if bound is None else bound // mbs
+        return max(1, gas, -(-self.min_batch_per_gpu() // mbs))
 
     def train_batch_size(self, mbs: int, gas: int) -> int:
         return mbs * gas * self.data_parallel_size

@@ -29,12 +29,10 @@ from optuna_ds.space import transferred_knobs
 from optuna_ds.storage import ExperimentRecord
 from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import given_up
-from optuna_ds.studies._stage import KnobSearch
-from optuna_ds.studies._stage import StageContext
+from optuna_ds.studies._context import StageContext
+from optuna_ds.studies._knob_search import KnobSearch
+from optuna_ds.studies._knob_search import Step
 from optuna_ds.studies._stage import StageTuner
-from optuna_ds.studies._stage import Step
-from optuna_ds.studies._stage import Stopped
-from optuna_ds.studies._stage import decision_started
 
 KNOB_MARGIN = 0.05
 KNOB_SEARCH_ATTR = "knob_search"  # on the root study, "done" once a process's knob search is over
@@ -77,7 +75,7 @@ class Coordinator:
     The planner sees every stage study's trials (this process's, and those of workers elsewhere,
     running ones included) plus the proposals this process handed out but not yet claimed in
     the storage, so two slots never get the same experiment; across processes a trial's claim
-    (:meth:`StageTuner._competitor`) settles a race. When the planner has nothing left, the knob
+    (:func:`._claims.competitor`) settles a race. When the planner has nothing left, the knob
     search runs (unless in fast mode, or once it is over: see :meth:`run`), then the planner
     again, which may measure knob settings again before its choice; the choice is stored on the
     root study.
@@ -136,7 +134,6 @@ class Coordinator:
     def _next(self) -> Proposal | None:
         """The next experiment for a free slot; ``None`` when there is none now. Sets
         ``_phase_done`` once the planner is done."""
-        decision_started()
         with self._lock:
             if self._phase_done or time.monotonic() < self._idle_until:
                 return None  # nothing changed here since a slot found nothing to start
@@ -163,36 +160,33 @@ class Coordinator:
         knob search (unless fast). Ctrl-C or SIGTERM stops every slot: each ends its running
         experiment by process group and marks its trial ``interrupted``."""
         self._slots(self._plan_slot)
-        if self._stop.is_set():
-            raise Stopped
         if not self._ctx.fast:
             # Once over, the knob search is not run again (a rerun, a worker joining the finals):
             # its steps follow the choice, which its own results and the finals have moved since,
             # so they would search afresh.
             if self._root.user_attrs.get(KNOB_SEARCH_ATTR) != "done":
                 self._knob_search()
-                if self._stop.is_set():
-                    raise Stopped
                 self._root.set_user_attr(KNOB_SEARCH_ATTR, "done")
             # The planner again, with the knob results: finalists within the noise of each other
             # (knob settings measured once) are measured again before the choice.
             with self._lock:
                 self._phase_done, self._idle_until, self._finals = False, 0.0, True
             self._slots(self._plan_slot)
-            if self._stop.is_set():
-                raise Stopped
         with self._lock:
             self._decide()
 
     def _slots(self, target: Callable[[], None]) -> None:
+        """Run ``target`` on every slot of this process until each returns. A slot's error or an
+        interrupt of this thread sets the stop, which ends every slot, and is raised once they
+        have ended: so a return says the slots were not stopped."""
         errors: list[BaseException] = []
         finished = [threading.Event() for _ in range(self._pool.size)]
 
         def slot(index: int) -> None:
             try:
                 target()
-            except (Stopped, ExperimentInterrupted):
-                pass
+            except ExperimentInterrupted:
+                pass  # the stop, seen by a running experiment: this slot is done
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 errors.append(e)
                 self._stop.set()
@@ -208,7 +202,7 @@ class Coordinator:
             for done in finished:
                 while not done.wait(0.1):
                     pass
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - re-raised: an interrupt (Ctrl-C, SIGTERM) first stops every slot
             self._stop.set()
             with self._lock:
                 self._changed.notify_all()
@@ -223,13 +217,14 @@ class Coordinator:
         while not self._stop.is_set():
             lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
-                raise Stopped
+                return  # stopped
             proposal = None
             try:
+                free_since = time.monotonic()
                 proposal = self._next()
                 if proposal is not None:
-                    self._tuners[proposal.stage].run_config(proposal.mbs, lease, offload=proposal.offload, knobs=dict(proposal.knobs),
-                                                            repeat=proposal.repeat, why=proposal.why)
+                    self._tuners[proposal.stage].run_config(proposal.mbs, lease, free_since=free_since, offload=proposal.offload,
+                                                            knobs=dict(proposal.knobs), repeat=proposal.repeat, why=proposal.why)
             finally:
                 self._pool.release(lease)
                 if proposal is not None:
@@ -274,8 +269,6 @@ class Coordinator:
             tuners = [self._tuners[stage].with_knobs(KnobSearch.ONE, sizes=(mbs,), offload=offload)
                       for (stage, offload), mbs in others]
             self._slots(lambda: self._knob_slot(*tuners))
-            if self._stop.is_set():
-                raise Stopped
             tried |= {arm for arm, _ in others}
             with self._lock:
                 choice = self._decide().choice
@@ -291,8 +284,6 @@ class Coordinator:
             _, (stage, offload), mbs = max(knobbed)
         search = self._knob_tuner(stage, offload, mbs)
         self._slots(lambda: self._knob_slot(search))
-        if self._stop.is_set():
-            raise Stopped
         self._transfer()
         self._leaner()
 
@@ -330,8 +321,6 @@ class Coordinator:
         if not tuners:
             return
         self._slots(lambda: self._knob_slot(*tuners))
-        if self._stop.is_set():
-            raise Stopped
         with self._lock:
             choice = self._decide().choice
         if choice is not None and (choice.stage, choice.offload) != chosen:
@@ -360,8 +349,6 @@ class Coordinator:
         while setting is not None and size <= cap:
             lean = tuner.with_knobs(KnobSearch.ONE, sizes=(size,), offload=choice.offload, setting=setting)
             self._slots(lambda: self._knob_slot(lean))
-            if self._stop.is_set():
-                raise Stopped
             with self._lock:
                 choice = self._decide().choice
             if choice is None or (choice.stage, choice.offload, choice.mbs) != (*arm, size) or dict(choice.knobs) != setting:
@@ -392,13 +379,13 @@ class Coordinator:
             for tuner in list(pending):
                 lease = self._pool.acquire(self._stop, on_wait=self._log)
                 if lease is None:
-                    raise Stopped
+                    return  # stopped
                 try:
                     step = tuner.step_knobs(lease)
                 finally:
                     self._pool.release(lease)
                 if self._stop.is_set():
-                    raise Stopped
+                    return
                 if step is Step.DONE:
                     pending.remove(tuner)
                 ran |= step is Step.RAN

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-import threading
 from typing import Protocol
 
 from optuna_ds.config import Metric
 
 
 class TuningObserver(Protocol):
-    """What the tuning tells its watcher; ``optuna_ds.reporting.Progress`` shows it."""
+    """What the tuning tells its watcher; ``optuna_ds.reporting.Progress`` shows it. The slots'
+    driver threads call it at once: an observer that keeps state serialises its calls."""
 
     def log(self, text: str) -> None: ...
 
@@ -15,9 +15,18 @@ class TuningObserver(Protocol):
 
     def plan(self, remaining: int, *, metric: Metric) -> None: ...
 
+    def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
+        """Trial ``number`` is about to launch ``name``, ``seconds`` after its slot became free:
+        the decision's cost (the planner's or the knob search's, and the claim), which
+        `make bench-parallel` reports."""
+
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None: ...
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None: ...
+
+    def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
+        """An experiment an earlier run of the tuning measured: a resumed tuning's best so far
+        starts from the results it already has."""
 
 
 class PrintObserver:
@@ -32,36 +41,14 @@ class PrintObserver:
     def plan(self, remaining: int, *, metric: Metric) -> None:
         pass
 
+    def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
+        pass
+
     def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
         self.log(f"[z{stage}] trial {number}: running {name} on {slot}")
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
 
-
-class LockedObserver:
-    """Serialises the calls of several driver threads to one observer."""
-
-    def __init__(self, observer: TuningObserver) -> None:
-        self._observer = observer
-        self._lock = threading.Lock()
-
-    def log(self, text: str) -> None:
-        with self._lock:
-            self._observer.log(text)
-
-    def detail(self, text: str) -> None:
-        with self._lock:
-            self._observer.detail(text)
-
-    def plan(self, remaining: int, *, metric: Metric) -> None:
-        with self._lock:
-            self._observer.plan(remaining, metric=metric)
-
-    def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
-        with self._lock:
-            self._observer.started(stage=stage, number=number, name=name, slot=slot)
-
-    def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
-        with self._lock:
-            self._observer.finished(stage=stage, number=number, name=name, value=value, duration=duration, outcome=outcome)
+    def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
+        pass

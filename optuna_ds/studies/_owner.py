@@ -9,6 +9,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from optuna_ds._optuna_compat import storage_of
+from optuna_ds._optuna_compat import trial_id
 from optuna_ds.config import Metric
 from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import ExperimentFiles
@@ -96,7 +98,9 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
     trials only). Returns the numbers of the trials completed, of those failed whose experiment
     runs again, and of those failed before their claim.
     """
-    completed, failed, unclaimed = [], [], []
+    completed: list[int] = []
+    failed: list[int] = []
+    unclaimed: list[int] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         record = ExperimentRecord.from_trial(t)
         if not (isinstance(record.worker, dict) and _dead(record.worker)):
@@ -110,18 +114,19 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
         # The token from the storage, never from the folder, which another launch may have
         # rewritten: its processes are not this trial's to end.
         mark = record.mark
-        set_user_attr = functools.partial(study._storage.set_trial_user_attr, t._trial_id)
+        storage = storage_of(study)
+        set_user_attr = functools.partial(storage.set_trial_user_attr, trial_id(t))
         try:
             if metrics is not None:
                 ExperimentRecord(metrics=metrics, recovered="its process died; the experiment finished and wrote its metrics").write(set_user_attr)
-                study._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [float(metrics[metric.key])])
+                storage.set_trial_state_values(trial_id(t), TrialState.COMPLETE, [float(metrics[metric.key])])
                 completed.append(t.number)
                 if mark:
                     end_marked(mark)  # what it left running outside its group
                 continue
             detail = "its process died" if record.claimed else "its process died before it claimed an experiment"
             ExperimentRecord(reason=FailureReason.INTERRUPTED, detail=detail, lost=True).write(set_user_attr)
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            storage.set_trial_state_values(trial_id(t), TrialState.FAIL)
         except RuntimeError:
             continue  # finished meanwhile
         if mark:

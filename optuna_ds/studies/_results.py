@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.config import Metric
+from optuna_ds.config import format_number
 from optuna_ds.launcher import FailureReason
 from optuna_ds.launcher import Phase
 from optuna_ds.launcher import telling_line
@@ -48,39 +49,124 @@ def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed]
 
 
+# A config whose runs scatter more than this many times the measured noise is flagged: with two
+# or three runs, scatter beyond the noise itself is common (the noise is their average).
+SCATTER_WARNING = 2.0
+
+
 @dataclasses.dataclass(frozen=True)
-class BestExperiment:
-    name: str
+class Noise:
+    """The run-to-run noise this tuning measured, as the planner measures it (the relative
+    noise of one measurement), and what it was measured from: the configs that ran more than
+    once. ``value`` is ``None`` where nothing measured it."""
+
+    value: float | None = None
+    configs: int = 0  # configs that ran more than once
+    runs: int = 0  # their runs
+
+    @property
+    def phrase(self) -> str:
+        """The noise as every output states it."""
+        if self.value is None:
+            why = "no config ran twice" if not self.configs else "the repeated runs were judged stragglers"
+            return f"run-to-run noise not measured: {why}"
+        configs = f"{self.configs} repeated config{'s' if self.configs > 1 else ''}"
+        return f"run-to-run noise {self.value:.1%}, measured from {configs}, {self.runs} runs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimum:
+    """A config as every view shows it: its measured runs (mean, count, spread) and, for the
+    planner's choice, the planner's estimate beside them. The tuning's optimum and each stage's
+    best are both :func:`leader`'s."""
+
+    name: str  # its first run's
     stage: int
-    value: float
-    trial_number: int
+    trial_number: int  # its first run's, in the stage study
     ds_config: dict[str, Any]
     result_dir: str
     cmd: list[str]
     micro_batch_size: int
     gradient_accumulation_steps: int
-    runs: int = 1  # how many runs ``value`` is the mean of (the planner measures finalists again)
+    runs: tuple[float, ...]
+    trials: tuple[int, ...] = ()  # the stage study's trials that ran it
+    estimate: float | None = None  # the planner's, where this is its choice
+    chosen: bool = False  # the planner's final choice, not the best mean so far
+
+    @property
+    def value(self) -> float:
+        """The mean of its runs: what it is compared by."""
+        return statistics.fmean(self.runs)
+
+    @property
+    def spread(self) -> float | None:
+        """The relative standard deviation of its runs; ``None`` for one run."""
+        return statistics.stdev(self.runs) / self.value if len(self.runs) > 1 and self.value else None
 
     @property
     def train_batch_size(self) -> int | None:
         value = self.ds_config.get("train_batch_size")
         return value if isinstance(value, int) else None
 
-    @classmethod
-    def from_trial(cls, trial: FrozenTrial, stage: int) -> BestExperiment:
-        record = ExperimentRecord.from_trial(trial)
-        assert trial.value is not None and record.exp_name is not None
-        return cls(
-            name=record.exp_name,
-            stage=stage,
-            value=trial.value,
-            trial_number=trial.number,
-            ds_config=record.ds_config or {},
-            result_dir=record.result_dir or "",
-            cmd=record.cmd or [],
-            micro_batch_size=int(record.micro_batch_size or 0),
-            gradient_accumulation_steps=int(record.gradient_accumulation_steps or 1),
-        )
+    def scatters(self, noise: Noise) -> bool:
+        """Whether its runs disagree by more than the measured noise explains."""
+        return self.spread is not None and noise.value is not None and self.spread > SCATTER_WARNING * noise.value
+
+    def figure(self, metric: Metric) -> str:
+        """Its measurement as every view writes it: the mean, the runs and their spread, and the
+        planner's estimate where it made one."""
+        runs = f"mean of {len(self.runs)} runs, ±{self.spread:.1%}" if self.spread is not None else "one run"
+        estimate = f"; planner's estimate {metric.with_unit(self.estimate)}" if self.estimate is not None else ""
+        return f"{metric.with_unit(self.value)} ({runs}{estimate})"
+
+    def warning(self, metric: Metric, noise: Noise) -> str:
+        """The line that says its figure is uncertain, or ``""``."""
+        if not self.scatters(noise):
+            return ""
+        return (f"Warning: the {len(self.runs)} runs of {self.name} scatter by {self.spread:.1%}, more than "
+                f"{SCATTER_WARNING:g}x the {noise.value:.1%} run-to-run noise: its {metric.name} is uncertain.")
+
+
+def _config_identity(ds_config: dict[str, Any]) -> str:
+    config = {k: v for k, v in ds_config.items() if k != "autotuning"}
+    return json.dumps(config, sort_keys=True)
+
+
+def leader(trials: Iterable[FrozenTrial], *, stage: int, metric: Metric, chosen_trial: int | None = None,
+           estimate: float | None = None, final: bool = False) -> Optimum | None:
+    """The best config among ``trials`` (one stage study's), the one definition of "best": the
+    planner's choice (``chosen_trial``, one of its runs) where it is among them, else the
+    config with the best mean of runs. One run is not a result when the noise is a few percent,
+    so no view ranks single runs."""
+    groups: dict[str, list[FrozenTrial]] = {}
+    for t in launched(list(trials)):
+        ds_config = ExperimentRecord.from_trial(t).ds_config
+        if t.state == TrialState.COMPLETE and t.value is not None and ds_config is not None:
+            groups.setdefault(_config_identity(ds_config), []).append(t)
+    if not groups:
+        return None
+    picked = next((g for g in groups.values() if any(t.number == chosen_trial for t in g)), None)
+    if picked is None:
+        estimate, final = None, False
+        picked = metric.best(groups.values(), key=lambda g: statistics.fmean(t.value for t in g))  # type: ignore[misc]
+    assert picked is not None
+    first = picked[0]
+    record = ExperimentRecord.from_trial(first)
+    assert record.exp_name is not None
+    return Optimum(
+        name=record.exp_name,
+        stage=stage,
+        trial_number=first.number,
+        ds_config=record.ds_config or {},
+        result_dir=record.result_dir or "",
+        cmd=record.cmd or [],
+        micro_batch_size=int(record.micro_batch_size or 0),
+        gradient_accumulation_steps=int(record.gradient_accumulation_steps or 1),
+        runs=tuple(float(t.value) for t in picked),  # type: ignore[arg-type]
+        trials=tuple(t.number for t in picked),
+        estimate=estimate,
+        chosen=final,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +178,7 @@ class StageResult:
     reason: str = ""
     num_experiments: int = 0
     num_failed: int = 0
-    best: BestExperiment | None = None
+    best: Optimum | None = None
     last_failure: str = ""
 
     @property
@@ -100,30 +186,36 @@ class StageResult:
         return f"z{self.stage}"
 
 
-def stage_result(study: optuna.Study, stage: int, *, status: str = "tuned", reason: str = "") -> StageResult:
+_CRASHES = (FailureReason.ERROR, FailureReason.OOM, FailureReason.SCRIPT)
+
+
+def failure_text(record: ExperimentRecord) -> str:
+    """Why an experiment failed, each thing said once: our detail, then for a crash the line of
+    its stderr that says why, unless the detail already quotes it (the last stderr line of a
+    killed run is whatever it printed last, so a timeout has our detail alone)."""
+    detail = record.detail or ""
+    line = telling_line(record.stderr_tail or "") if record.reason in _CRASHES else ""
+    if line and line[:200] not in detail:
+        return f"{detail}: {line}" if detail else line
+    return detail
+
+
+def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str = "tuned", reason: str = "",
+                 chosen_trial: int | None = None, estimate: float | None = None, final: bool = False) -> StageResult:
     trials = launched(study.get_trials(deepcopy=False))
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    best = None
-    if complete:
-        pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
-        best = BestExperiment.from_trial(pick(complete, key=lambda t: t.value), stage)
     failed = [t for t in trials if t.state == TrialState.FAIL]
     last_failure = ""
     if failed:
         record = ExperimentRecord.from_trial(failed[-1])
-        reason = record.reason.value if record.reason else "failed"
-        # stderr says why a run crashed; a timeout or a missing metric is said by our own detail
-        # (the last stderr line of a killed run is whatever it printed last).
-        crashed = record.reason in (FailureReason.ERROR, FailureReason.OOM, FailureReason.SCRIPT)
-        line = telling_line(record.stderr_tail or "") if crashed else record.detail or ""
-        last_failure = f"{record.exp_name}: {reason}" + (f": {line}" if line else "")
+        why = failure_text(record)
+        last_failure = f"{record.exp_name}: {record.reason.value if record.reason else 'failed'}" + (f": {why}" if why else "")
     return StageResult(
         stage=stage,
         status=status,
         reason=reason,
         num_experiments=len(trials),
         num_failed=len(failed),
-        best=best,
+        best=leader(trials, stage=stage, metric=metric, chosen_trial=chosen_trial, estimate=estimate, final=final),
         last_failure=last_failure,
     )
 
@@ -149,12 +241,28 @@ class Spend:
     each experiment's duration times the GPUs it ran on."""
 
     experiments: int = 0
-    gpu_seconds: float = 0.0
+    gpu_seconds: float = 0.0  # device-seconds, whatever the accelerator
     profiled: bool = False
+    device: str = ""  # the accelerator's kind ("GPU", "CPU"); "" where the tuning did not record it
 
     @property
     def gpu_hours(self) -> float:
         return self.gpu_seconds / 3600
+
+    @property
+    def noun(self) -> str:
+        """One of its devices, in words: ``GPU``, ``CPU device``."""
+        if self.device == "GPU":
+            return "GPU"
+        return f"{self.device} device" if self.device else "device"
+
+    @property
+    def hours(self) -> str:
+        """The device time in words true of the accelerator: no GPU-hours from a CPU."""
+        figure = format_number(self.gpu_hours, 3)
+        if self.device == "GPU":
+            return f"{figure} GPU-hours"
+        return f"{figure} device-hours" + (f" ({self.device})" if self.device else "")
 
 
 def experiment_seconds(trial: FrozenTrial) -> float | None:
@@ -168,16 +276,13 @@ def experiment_seconds(trial: FrozenTrial) -> float | None:
     return None
 
 
-def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None, gpus_per_experiment: int) -> Spend:
+def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None, gpus_per_experiment: int,
+                 device: str = "") -> Spend:
     seconds = [s for t in launched(list(trials)) if (s := experiment_seconds(t)) is not None]
     if profile_seconds is not None:
         seconds.append(profile_seconds)
-    return Spend(experiments=len(seconds), gpu_seconds=sum(seconds) * gpus_per_experiment, profiled=profile_seconds is not None)
-
-
-def _config_identity(ds_config: dict[str, Any]) -> str:
-    config = {k: v for k, v in ds_config.items() if k != "autotuning"}
-    return json.dumps(config, sort_keys=True)
+    return Spend(experiments=len(seconds), gpu_seconds=sum(seconds) * gpus_per_experiment, profiled=profile_seconds is not None,
+                 device=device)
 
 
 def _runs_by_config(trials: Iterable[FrozenTrial]) -> dict[str, list[float]]:
@@ -200,21 +305,13 @@ def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
     return _runs_by_config(trials).get(_config_identity(ds_config), [])
 
 
-def measurement_noise(trials: Iterable[FrozenTrial]) -> tuple[float | None, int]:
+def measurement_noise(trials: Iterable[FrozenTrial]) -> Noise:
     """The run-to-run noise this tuning measured, as the planner measures it (relative, from the
-    configs that ran more than once), and the repeated runs it rests on; ``(None, 0)`` when no
-    config ran twice, since one run says nothing of its noise."""
+    configs that ran more than once): one run says nothing of its noise."""
     groups = [v for v in _runs_by_config(trials).values() if all(x > 0 for x in v)]
-    noise, runs = measured_noise(groups)
-    return (noise, runs) if runs else (None, 0)
-
-
-def noise_phrase(noise: float | None, runs: int) -> str:
-    """The noise as every output states it: the figure with what it was measured from, or that
-    it was not measured."""
-    if noise is None or not runs:
-        return "run-to-run noise not measured: no config ran twice"
-    return f"run-to-run noise {noise:.1%}, measured from {runs} repeated run{'s' if runs > 1 else ''}"
+    repeated = [v for v in groups if len(v) > 1]
+    noise, dof = measured_noise(groups)
+    return Noise(value=noise if dof else None, configs=len(repeated), runs=sum(len(v) for v in repeated))
 
 
 def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], skipped: dict[int, str],
@@ -229,7 +326,7 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
                else "your config gives no micro-batch size (set one, or map \"auto\" to a script flag)")
         return Baseline(stage=stage, micro_batch_size=None, reason=why, listed=listed)
     if not explored:
-        return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=f"z{stage} was skipped: {skipped.get(stage, '')}",
+        return Baseline(stage=stage, micro_batch_size=micro_batch_size, reason=f"z{stage} was skipped: {skipped.get(stage, '') if stage is not None else ''}",
                         listed=listed)
     assert stage is not None
     runs = [(t, r) for t in stages.get(stage, []) if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed
@@ -250,8 +347,20 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
 
 
 @dataclasses.dataclass(frozen=True)
+class OptunaBest:
+    """The trial Optuna calls best in the chosen stage's study (``optuna best-trial``,
+    optuna-dashboard): its single highest run, which need not be the tuning's choice."""
+
+    stage: int
+    number: int
+    name: str
+    value: float
+
+
+@dataclasses.dataclass(frozen=True)
 class TuningResult:
-    """Every stage's outcome and the global best: what the summary and optimal files show."""
+    """Every stage's outcome and the one optimum: what the summary, the report, the dashboard
+    notes and the optimal files show."""
 
     metric: Metric
     stages: list[StageResult]
@@ -259,18 +368,10 @@ class TuningResult:
     model_info: dict[str, Any]
     baseline: Baseline | None = None
     spend: Spend = Spend()
-    noise: float | None = None  # relative noise of one measurement, measured from repeated configs
-    noise_runs: int = 0  # the repeated runs (beyond each config's first) the noise was measured from
-    chosen: BestExperiment | None = None  # the planner's choice, by its estimate
-
+    noise: Noise = Noise()
+    best: Optimum | None = None  # the planner's choice; before it chose, the best mean of runs so far
+    optuna_best: OptunaBest | None = None
 
     @property
     def num_experiments(self) -> int:
         return sum(s.num_experiments for s in self.stages)
-
-    @property
-    def best(self) -> BestExperiment | None:
-        """The planner's choice; without one (an older or unfinished tuning) the best measured."""
-        if self.chosen is not None:
-            return self.chosen
-        return self.metric.best((s.best for s in self.stages if s.best is not None), key=lambda b: b.value)

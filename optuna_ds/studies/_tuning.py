@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from optuna_ds.config import UserConfig
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import SlotPool
 from optuna_ds.launcher import telling_line
+from optuna_ds.launcher import device_kind
 from optuna_ds.launcher import gpu_memory_support
 from optuna_ds.launcher import Resources
 from optuna_ds.planner import Arm
@@ -35,18 +35,17 @@ from optuna_ds.storage import load_stage_study
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
-from optuna_ds.studies._observer import LockedObserver
 from optuna_ds.studies._observer import TuningObserver
-from optuna_ds.studies._results import BestExperiment
+from optuna_ds.studies._results import Optimum
+from optuna_ds.studies._results import OptunaBest
+from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
-from optuna_ds.studies._results import noise_phrase
-from optuna_ds.studies._results import runs_of
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
-from optuna_ds.studies._stage import StageContext
+from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._stage import StageTuner
 
 STAGE_ATTR_PREFIX = "stage:"
@@ -113,7 +112,7 @@ class Tuning:
         batch sizes and the memory estimates depend on it. The first process records them."""
         recorded = self._root.user_attrs.get("resources")
         mine = {"gpus_per_experiment": self._resources.total_gpus, "device_memory": self._resources.device_memory,
-                "gpu_memory": gpu_memory_support()}
+                "gpu_memory": gpu_memory_support(), "device": device_kind()}
         if recorded is None:
             if not self._worker:
                 self._root.set_user_attr("resources", mine)
@@ -229,7 +228,7 @@ class Tuning:
             early_stopping=a.tuner_early_stopping,
             num_trials=a.tuner_num_trials,
             mbs_high=mbs_high,
-            gas_high=max(self._user.gradient_accumulation_steps, bound),
+            gas_high=max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu()),
             timeout=self._timeout(),
             observer=observer,
             seed=self._seed,
@@ -314,16 +313,15 @@ class Tuning:
         """The planner's search on every GPU slot of this process (:class:`Coordinator`): slots
         lease their GPUs for each experiment, so the processes of one node share them."""
         a = self._user.autotuning
+        device = Spend(device=device_kind()).noun
         self._log(
             f"model: {_humanize(info['num_params'])} parameters; "
-            f"{_humanize(self._device_memory)}B memory per GPU; "
-            f"{self._resources.total_gpus} GPU(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
+            f"{_humanize(self._device_memory)}B memory per {device}; "
+            f"{self._resources.total_gpus} {device}(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
         )
         estimates = self._estimates(info)
-        if not self._worker:
-            self._root.set_user_attr("memory", {f"z{s}": e.to_dict() for s, e in estimates.items()})
         arms = self._arms(info, estimates)
-        ctx = self._context(LockedObserver(self._observer))
+        ctx = self._context(self._observer)
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
@@ -336,6 +334,10 @@ class Tuning:
         if not arms:
             return
         coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root)
+        for stage, tuner in tuners.items():
+            for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                if t.value is not None and "exp_name" in t.user_attrs:
+                    ctx.observer.resumed(stage=stage, name=t.user_attrs["exp_name"], value=t.value, metric=a.tuned_metric)
         ended = False
         try:
             coordinator.run()
@@ -350,7 +352,7 @@ class Tuning:
         an unexplored stage is only not reached yet (unless a process whose search ended said more)."""
         observations = coordinator.observations()
         recorded = recorded_stages(self._root)
-        for stage, tuner in tuners.items():
+        for stage in tuners:
             mine = [o for o in observations if o.stage == stage]
             if not mine:
                 if ended:
@@ -373,12 +375,11 @@ class Tuning:
                   and o.config == (c.stage, c.offload, c.mbs, c.knobs)]
         if not trials:
             return
-        trial = trials[0]
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        self._root.set_user_attr(CHOICE_ATTR, {"stage": c.stage, "trial": trial.number, "estimate": estimate})
-        noise = f"; {noise_phrase(decision.noise if decision.noise_runs else None, decision.noise_runs)}"
-        self._log(f"chosen: {ExperimentRecord.from_trial(trial).exp_name} ({metric.name} estimated "
-                  f"{metric.with_unit(estimate)} from {len(trials)} run(s){noise})")
+        self._root.set_user_attr(CHOICE_ATTR, {"stage": c.stage, "trial": trials[0].number, "estimate": estimate})
+        result = self.result()
+        if result.best is not None:
+            self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
 
 
 def recorded_stages(root: optuna.Study) -> dict[str, dict[str, Any]]:
@@ -392,6 +393,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     a = user.autotuning
     root = optuna.load_study(study_name=plan.study_name, storage=storage)
     recorded = recorded_stages(root)
+    choice = root.user_attrs.get(CHOICE_ATTR) or {}
     results = []
     trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
     for stage in user.stages:
@@ -402,24 +404,20 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         if entry.get("status") in ("skipped", "pending"):
             results.append(StageResult(stage=stage, status=entry["status"], reason=entry.get("reason", "")))
         elif study is not None:
-            result = stage_result(study, stage)
+            chosen = bool(choice) and int(choice["stage"]) == stage
+            result = stage_result(study, stage, metric=a.tuned_metric, chosen_trial=int(choice["trial"]) if chosen else None,
+                                  estimate=choice.get("estimate") if chosen else None, final=chosen)
             if result.best is None:
-                result = stage_result(study, stage, reason="no experiment ran successfully")
+                result = dataclasses.replace(result, reason="no experiment ran successfully")
             results.append(result)
         else:
             results.append(StageResult(stage=stage, status="pending", reason="not reached yet"))
+    leaders = [r.best for r in results if r.best is not None]
+    # The planner's choice; before it chose (an interrupted or running tuning), the best mean so far.
+    best = next((b for b in leaders if b.chosen), None) or a.tuned_metric.best(leaders, key=lambda b: b.value)
     every = [t for ts in trials.values() for t in ts]
     profile = root.user_attrs.get("profile_duration")
-    gpus = int((root.user_attrs.get("resources") or {}).get("gpus_per_experiment", 1))
-    noise, noise_runs = measurement_noise(every)
-    chosen = None
-    choice = root.user_attrs.get(CHOICE_ATTR)
-    if choice and int(choice["stage"]) in trials:
-        match = [t for t in trials[int(choice["stage"])] if t.number == int(choice["trial"]) and t.value is not None]
-        if match:
-            values = runs_of(match[0], trials[int(choice["stage"])])
-            chosen = dataclasses.replace(BestExperiment.from_trial(match[0], int(choice["stage"])),
-                                         value=statistics.fmean(values), runs=len(values))
+    resources = root.user_attrs.get("resources") or {}
     return TuningResult(
         metric=a.tuned_metric,
         stages=results,
@@ -428,8 +426,23 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         baseline=find_baseline(stages=trials, order=list(user.stages),
                                skipped={r.stage: r.reason for r in results if r.status == "skipped"},
                                micro_batch_size=user.baseline_micro_batch_size, user_list=bool(user.micro_batch_sizes)),
-        spend=tuning_spend(every, profile_seconds=float(profile) if profile is not None else None, gpus_per_experiment=gpus),
-        noise=noise,
-        noise_runs=noise_runs,
-        chosen=chosen,
+        spend=tuning_spend(every, profile_seconds=float(profile) if profile is not None else None,
+                           gpus_per_experiment=int(resources.get("gpus_per_experiment", 1)), device=resources.get("device", "")),
+        noise=measurement_noise(every),
+        best=best,
+        optuna_best=_optuna_best(storage, plan.study_name, best),
     )
+
+
+def _optuna_best(storage: optuna.storages.BaseStorage, tuning: str, best: Optimum | None) -> OptunaBest | None:
+    """Optuna's own best trial of the optimum's stage study, where it is another config's run."""
+    study = load_stage_study(storage, tuning=tuning, stage=best.stage) if best is not None else None
+    if study is None or best is None:
+        return None
+    try:
+        trial = study.best_trial
+    except ValueError:
+        return None
+    if trial.number in best.trials or trial.value is None:
+        return None
+    return OptunaBest(stage=best.stage, number=trial.number, name=ExperimentRecord.from_trial(trial).exp_name or "", value=trial.value)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import hashlib
 import json
 import os
@@ -19,6 +17,7 @@ import pytest
 
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from conftest import run_in_process
 
 HOSTILE = str(Path(__file__).parent / "hostile_deepspeed.py")
 
@@ -53,9 +52,11 @@ class Hostile(Workspace):
         return super().env(surface, **{"OPTUNA_DS_LOCK_DIR": str(self.base / "locks"), **extra})
 
     def hostile(self, config: str = "ds_config.json", *extra: str, table: dict[str, Any] | None = None,
-                command: str = "tune", timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                command: str = "tune", timeout: float = 120, env: dict[str, str] | None = None,
+                process: bool = False) -> subprocess.CompletedProcess[str]:
         env = env or self.env(HOSTILE_DS_TABLE=json.dumps(table or {}))
-        return self.cli(command, LAUNCHER_OPTION, HOSTILE, *extra, "train.py", "--deepspeed_config", config, env=env, timeout=timeout)
+        return self.cli(command, LAUNCHER_OPTION, HOSTILE, *extra, "train.py", "--deepspeed_config", config, env=env, timeout=timeout,
+                        process=process)
 
     def popen(self, *args: str, table: dict[str, Any] | None = None, **extra_env: str) -> subprocess.Popen[str]:
         env = self.env(HOSTILE_DS_TABLE=json.dumps(table or {}), **extra_env)
@@ -63,10 +64,10 @@ class Hostile(Workspace):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def main(self, *args: str, config: str | None = "ds_config.json") -> subprocess.CompletedProcess[str]:
-        """``tune ARGS`` (or any command when ``config`` is None) in this process."""
-        if config is None:
-            return run_main(*args, cwd=self.root)
-        return run_main("tune", *self.hostile_args(*args, config=config), cwd=self.root)
+        """``tune ARGS`` (or any command when ``config`` is None) in this process, with this
+        workspace's launch log and GPU leases (those of the node are any tuning's on it)."""
+        argv = list(args) if config is None else ["tune", *self.hostile_args(*args, config=config)]
+        return run_in_process(argv, cwd=self.root, env=self.env())
 
     def hostile_args(self, *extra: str, config: str = "ds_config.json") -> list[str]:
         return [LAUNCHER_OPTION, HOSTILE, *extra, "train.py", "--deepspeed_config", config]
@@ -121,26 +122,6 @@ class Hostile(Workspace):
         for pid in alive:
             os.kill(pid, 9)
         assert not alive, f"processes left behind: {alive}"
-
-
-def run_main(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The CLI run in this process, for bad input that must fail before anything launches:
-    the same ``main`` as ``python -m optuna_ds``, without a new interpreter's start-up."""
-    from optuna_ds.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    previous = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main(list(args))
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-    finally:
-        os.chdir(previous)
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def _alive(pid: int) -> bool:

@@ -3,10 +3,8 @@ nothing written outside the tuning's own folders."""
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
-from pathlib import Path
 
 import pytest
 

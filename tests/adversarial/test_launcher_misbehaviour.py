@@ -71,6 +71,7 @@ def test_hung_deaf_escaping_and_dying_runs_are_ended(hws: Hostile) -> None:
 
 
 def test_the_summary_says_a_timeout_timed_out() -> None:
+    from optuna_ds.config import Metric
     from optuna_ds.studies._results import stage_result
 
     study = optuna.create_study()
@@ -80,7 +81,7 @@ def test_the_summary_says_a_timeout_timed_out() -> None:
                            "stderr_tail": "UserWarning: torch.distributed ErrorHandler is deprecated"}.items():
             trial.set_user_attr(key, value)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    last = stage_result(study, 1).last_failure
+    last = stage_result(study, 1, metric=Metric.named("throughput")).last_failure
     assert "timed out" in last and "ErrorHandler" not in last, last
 
 

@@ -81,23 +81,16 @@ def test_a_trial_whose_claim_the_planner_cannot_read_ends_the_tuning(hws: Hostil
     hws.assert_untouched()
 
 
-def _in_process(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``hws.main`` runs tunings in this process: the launcher's environment is this one's."""
-    for key, value in hws.env().items():
-        monkeypatch.setenv(key, value)
-
-
 def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
 
 
-def test_a_resumed_tuning_ends_and_reads_only_what_its_trial_launched(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resumed_tuning_ends_and_reads_only_what_its_trial_launched(hws: Hostile) -> None:
     """An orphaned trial whose folder another launch has taken since (its exp.json names another
     token, its metrics are another run's): the resumed tuning read the token from the folder and
     SIGTERMed the other launch's live process, and took its metrics as the trial's result."""
-    _in_process(hws, monkeypatch)
     hws.config(base_config())
     hws.results.mkdir()
     folder = hws.results / "z1_gas1_tmbspg2"
@@ -143,11 +136,10 @@ def _digests(folder) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("claimed", [True, False], ids=["claimed", "before-claims"])
-def test_a_second_tuning_in_the_same_folder_is_refused(hws: Hostile, claimed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_tuning_in_the_same_folder_is_refused(hws: Hostile, claimed: bool) -> None:
     """A second tuning (another --study-name) in the same working directory overwrote the
     first's outputs and experiments, and its --overwrite deleted them. ``before-claims``: the
     first tuning ran before folders were claimed (its claim file is not there)."""
-    _in_process(hws, monkeypatch)
     hws.config(base_config())
     assert hws.main().returncode == 0
     first = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).trials

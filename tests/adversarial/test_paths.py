@@ -20,12 +20,6 @@ NAME_MAX = os.pathconf("/", "PC_NAME_MAX")
 PATH_MAX = os.pathconf("/", "PC_PATH_MAX")
 
 
-def _in_process(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``hws.main`` runs tunings in this process: the launcher's environment is this one's."""
-    for key, value in hws.env().items():
-        monkeypatch.setenv(key, value)
-
-
 def _deep(base: Path, length: int) -> str:
     """A relative folder path whose absolute path under ``base`` is ``length`` bytes long."""
     parts, size = [], len(str(base))
@@ -37,8 +31,7 @@ def _deep(base: Path, length: int) -> str:
 
 
 def test_a_results_folder_named_at_name_max_and_a_study_name_at_the_storage_limit_tune(
-        hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
-    _in_process(hws, monkeypatch)
+        hws: Hostile) -> None:
     hws.config(base_config())
     name = "é" * 499 + "s"  # 500 characters, 999 bytes
     folder = "r" * NAME_MAX
@@ -81,10 +74,9 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 def test_a_results_folder_that_is_a_link_loses_nothing_of_the_user_with_overwrite(
-        hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+        hws: Hostile) -> None:
     """``autotuning_results`` a link to a folder of the user's elsewhere: the tuning writes its
     own files there, and ``--overwrite`` deletes those and nothing of the user's beside them."""
-    _in_process(hws, monkeypatch)
     target = hws.base / "outside" / "shared"
     (target / "mine").mkdir(parents=True)
     (target / "mine" / "data.txt").write_text("the user's\n")

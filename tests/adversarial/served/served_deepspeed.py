@@ -5,6 +5,5 @@ with the per-node launcher, from its launch server (see ``sitecustomize.py`` her
 
 import os
 import runpy
-import sys
 
 runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hostile_deepspeed.py"), run_name="__main__")

@@ -1,0 +1,158 @@
+"""The one door to Optuna beyond its public API.
+
+Every use optuna-ds makes of Optuna's private names is here, each with what it relies on;
+``tests/test_optuna_contract.py`` pins each of those behaviours in a test named after it, so an
+Optuna upgrade that changes one fails that test, not a tuning. Everything else in the package
+uses Optuna's public API only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.storages import _CachedStorage
+from optuna.trial import FrozenTrial
+
+
+def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
+    """The storage ``study`` reads and writes, as Optuna holds it: the ``_CachedStorage`` it
+    wraps an RDB storage in, or the one passed in if it is a cache already (``Study._storage``).
+
+    Optuna has no public accessor; its own samplers read ``study._storage`` too."""
+    return study._storage
+
+
+def study_id(study: optuna.Study) -> int:
+    """``study``'s id in its storage (``Study._study_id``), without the query that the public
+    ``storage.get_study_id_from_name`` makes: the knob decision reads it once per decision."""
+    return study._study_id
+
+
+def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
+    """``trial``'s id in its storage (``Trial._trial_id``, ``FrozenTrial._trial_id``): the
+    storage's per-trial methods take it, and a trial's public number does not name it without a
+    query (``storage.get_trial_id_from_study_id_trial_number``)."""
+    return trial._trial_id
+
+
+def contains(distribution: BaseDistribution, value: Any) -> bool:
+    """Whether a trial whose param has ``distribution`` can take ``value``: a sampler's own list
+    may hold values the trial's suggestion does not admit (another range, another type).
+
+    ``BaseDistribution._contains`` on the internal representation, as Optuna's samplers check."""
+    try:
+        return bool(distribution._contains(distribution.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False
+
+
+def optimize_once(study: optuna.Study, objective: Callable[[optuna.Trial], float], *,
+                  catch: tuple[type[Exception], ...], storage_failed: Callable[[BaseException], bool]) -> None:
+    """One trial of ``objective`` with Optuna's heartbeat (``study.optimize(n_trials=1)``).
+
+    When the storage fails both to record the trial and to read it back, Optuna's ``_run_trial``
+    raises ``UnboundLocalError`` from its ``finally`` (optuna/optuna#5280): the storage's error
+    (the ``UnboundLocalError``'s context, when ``storage_failed`` says it is one) is raised
+    instead, so that the user is told the database failed, not shown a bug."""
+    try:
+        study.optimize(objective, n_trials=1, catch=catch, gc_after_trial=False)
+    except UnboundLocalError as e:
+        if e.__context__ is None or not storage_failed(e.__context__):
+            raise
+        raise e.__context__  # noqa: B904 - with its own cause, the driver's error
+
+
+class TrialCache(_CachedStorage):
+    """Optuna's cache of an RDB storage, shared by every study of a stage this process opens.
+
+    Optuna's cache reads again only the trials that are new or still running, but it does so at
+    every read, and one ask reads several times (the waiting trials, the sampler's view). Within
+    :meth:`freeze` and :meth:`thaw`, the reads of this thread come from the cache as it was just
+    refreshed: a decision reads the storage once. Other threads (a claim's check against other
+    workers, the pruner) keep reading afresh.
+
+    It extends Optuna's private ``_CachedStorage``: Optuna has no public cache of an RDB storage
+    (``optuna.create_study`` wraps one in this class itself, and uses a ``_CachedStorage`` it is
+    given as it is), and none that could be told when to read again. It relies on the cache
+    refreshing a study in ``_read_trials_from_remote_storage(study_id)``, which every read of
+    trials calls first, and on ``_studies`` (the studies read so far) under ``_lock``.
+    """
+
+    def __init__(self, backend: optuna.storages.RDBStorage) -> None:
+        super().__init__(backend)
+        self._frozen = threading.local()
+
+    def freeze(self, study: optuna.Study) -> None:
+        """Refresh ``study``'s trials once, then serve this thread's reads from the cache
+        until :meth:`thaw`."""
+        self._read_trials_from_remote_storage(study_id(study))
+        self._frozen.on = True
+
+    def thaw(self) -> None:
+        self._frozen.on = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Serve this thread's reads from the cache as this process last read it: for a read
+        that follows one just made (the early-stopping check after a claim's check)."""
+        before = getattr(self._frozen, "on", False)
+        self._frozen.on = True
+        try:
+            yield
+        finally:
+            self._frozen.on = before
+
+    def _read_trials_from_remote_storage(self, study_id: int) -> None:
+        if getattr(self._frozen, "on", False):
+            with self._lock:
+                if study_id in self._studies:
+                    return
+        super()._read_trials_from_remote_storage(study_id)
+
+    def set_trial_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
+        """Store several user attrs in one statement: a claim is a dozen attrs, one round trip
+        instead of a dozen, and the others see it whole or not at all.
+
+        Optuna's storage API sets one attr per transaction, so this upsert uses its private RDB
+        models (``optuna.storages._rdb.models``: ``TrialModel.find_or_raise_by_id``,
+        ``TrialUserAttributeModel`` with columns ``trial_id``, ``key``, ``value_json`` unique on
+        the first two) and session helper (``_create_scoped_session``): the same table, the same
+        check that the trial is still running, the same error (``UpdateFinishedTrialError``) as
+        its ``set_trial_user_attr``. A database without an upsert here gets that public call,
+        attr by attr, in order.
+        """
+        backend = self._backend
+        dialect = backend.engine.name
+        if dialect not in ("postgresql", "sqlite", "mysql"):
+            for key, value in attrs.items():
+                backend.set_trial_user_attr(trial_id, key, value)
+            return
+
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        table = models.TrialUserAttributeModel
+        rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
+        with _create_scoped_session(backend.scoped_session, True) as session:
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+            backend.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]  # the ORM column's value: a TrialState
+            if dialect in ("postgresql", "sqlite"):
+                from sqlalchemy.dialects import postgresql
+                from sqlalchemy.dialects import sqlite
+
+                insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(rows)
+                session.execute(insert.on_conflict_do_update(index_elements=[table.trial_id, table.key],
+                                                             set_={"value_json": insert.excluded.value_json}))
+            else:
+                from sqlalchemy.dialects import mysql
+
+                upsert = mysql.insert(table).values(rows)
+                session.execute(upsert.on_duplicate_key_update(value_json=upsert.inserted.value_json))

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import optuna
+
+from optuna_ds.config import Metric
+from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import SlotPool
+from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._observer import TuningObserver
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    """What every stage of one tuning shares."""
+
+    storage: optuna.storages.BaseStorage
+    builder: ExperimentBuilder
+    runner: ExperimentRunner
+    pool: SlotPool
+    stop: threading.Event
+    metric: Metric
+    tuner_type: str
+    fast: bool
+    num_tuning: int
+    early_stopping: int
+    num_trials: int
+    mbs_high: int
+    gas_high: int
+    timeout: float | None
+    observer: TuningObserver
+    seed: int | None = None

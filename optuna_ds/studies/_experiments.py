@@ -1,0 +1,220 @@
+"""One experiment as a trial of its stage study: claimed, run through the launcher, its record and
+outcome stored on the trial; and the planner's experiments, one such trial each."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shlex
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+from optuna_ds._errors import OptunaDSError
+from optuna_ds._errors import ScriptError
+from optuna_ds._optuna_compat import optimize_once
+from optuna_ds._optuna_compat import storage_of
+from optuna_ds._optuna_compat import trial_id
+from optuna_ds.config import GAS_KEY
+from optuna_ds.config import MBS_KEY
+from optuna_ds.launcher import ExperimentResult
+from optuna_ds.launcher import FailureReason
+from optuna_ds.launcher import Lease
+from optuna_ds.launcher import Phase
+from optuna_ds.launcher import new_mark
+from optuna_ds.launcher import shell_line
+from optuna_ds.space import KnobSpace
+from optuna_ds.storage import ExperimentRecord
+from optuna_ds.storage import TrialCache
+from optuna_ds.storage import database_error
+from optuna_ds.studies._claims import Reaper
+from optuna_ds.studies._claims import competitor
+from optuna_ds.studies._claims import should_prune
+from optuna_ds.studies._context import StageContext
+from optuna_ds.studies._owner import process_identity
+from optuna_ds.studies._owner import this_process
+
+
+class UnreadableTrial(OptunaDSError):
+    """A settled trial claims an experiment the planner wants, with a record it cannot read."""
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One trial as its objective left it."""
+
+    stood_down: bool = False
+    competitor: FrozenTrial | None = None  # the trial it stood down to
+    script_failed: ExperimentResult | None = None  # failed whatever its config: the tuning stops
+
+
+def _nothing() -> None:
+    pass
+
+
+def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
+    """Write ``record`` to the trial: in one transaction where the storage allows (``exp_name``
+    is then seen with the rest of its claim), else field by field, ``exp_name`` last."""
+    storage = storage_of(trial.study)
+    if isinstance(storage, TrialCache):
+        storage.set_trial_user_attrs(trial_id(trial), record.attrs())
+    else:
+        record.write(trial.set_user_attr)
+
+
+def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], *, catch: tuple[type[Exception], ...]) -> None:
+    """One trial of ``objective`` with Optuna's heartbeat; a failed database is raised as such
+    (see :func:`optimize_once`)."""
+    optimize_once(study, objective, catch=catch, storage_failed=lambda e: database_error(e) is not None)
+
+
+def study_with(study: optuna.Study, **kwargs: Any) -> optuna.Study:
+    """``study`` with a sampler or pruner of its own, on the same storage (and its cache)."""
+    return optuna.load_study(storage=storage_of(study), study_name=study.study_name, **kwargs)
+
+
+class StageExperiments:
+    """Runs experiments of one ZeRO stage, one trial each, in its study.
+
+    A trial claims its experiment by name, and of two claimants of one experiment one runs it and
+    the other stands down (:func:`competitor`): any number of slots, of this process and of
+    workers elsewhere, can run the same stage.
+    """
+
+    def __init__(self, *, ctx: StageContext, stage: int, study: optuna.Study, space: KnobSpace, reaper: Reaper) -> None:
+        self._ctx = ctx
+        self._stage = stage
+        self._study = study
+        self._space = space
+        self._reaper = reaper
+        self._settled: set[int] = set()  # settled trials the planner's experiments stood down to
+
+    def run(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *, free_since: float,
+            space: KnobSpace | None = None, repeat: int = 0, claimed: Callable[[], None] = _nothing,
+            early_stopped: Callable[[], None] = _nothing) -> Attempt:
+        """One trial of ``study`` (its sampler and pruner say which experiment) on ``lease``;
+        ``claimed`` is called once its claim is published, ``early_stopped`` when the pruner
+        ends the knob search instead."""
+        attempt = Attempt()
+        objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat,
+                                    claimed=claimed, early_stopped=early_stopped)
+        run_trial(study, objective, catch=())
+        failed = attempt.script_failed
+        if failed is not None:
+            # Recorded (reason "script", run again on resume); the other slots are stopped.
+            raise ScriptError(
+                f"{failed.name} failed whatever its config ({failed.detail}): every experiment would; "
+                f"fix the script, its arguments or its environment and run again -- see "
+                f"{self._ctx.builder.result_dir(failed.name)}/stderr.log"
+            )
+        return attempt
+
+    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, attempt: Attempt, *, free_since: float,
+                   space: KnobSpace | None, repeat: int, claimed: Callable[[], None],
+                   early_stopped: Callable[[], None]) -> Callable[[optuna.Trial], float]:
+        ctx = self._ctx
+        space = space or self._space
+
+        # A trial that stands down or ends the knob search is pruned: Optuna's optimize knows no
+        # other way than its objective raising TrialPruned.
+        def objective(trial: optuna.Trial) -> float:
+            ExperimentRecord(worker=this_process()).write(trial.set_user_attr)
+            if phase is Phase.MICRO_BATCH:
+                mbs = trial.suggest_int(MBS_KEY, 1, ctx.mbs_high)
+                knobs: dict[str, Any] = {}
+            else:
+                mbs = trial.suggest_int(MBS_KEY, min(tuning_list), max(tuning_list))
+                knobs = {k: trial.suggest_categorical(k, choices) for k, choices in space.tuned.items()}
+            gas = ctx.builder.gas_for(mbs)
+            if phase is Phase.KNOBS:
+                trial.suggest_int(GAS_KEY, gas, gas)  # derived from mbs: recorded, not sampled
+            else:
+                trial.suggest_int(GAS_KEY, 1, ctx.gas_high)
+            experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=space, knobs=knobs,
+                                           repeat=repeat)
+            slot = lease.slot.include
+            mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
+            _store(trial, ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat, mark=mark))  # the claim
+            claimed()
+            previous = competitor(self._study, trial, experiment.name)
+            if previous is not None:
+                ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
+                attempt.stood_down, attempt.competitor = True, previous
+                raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
+            if phase is Phase.KNOBS and should_prune(trial):  # tuner_early_stopping, tuner_num_trials
+                ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
+                early_stopped()
+                raise optuna.TrialPruned("the knob search is over")
+            ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
+            ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
+            try:
+                result = ctx.runner.run(
+                    experiment,
+                    slot=lease.slot,
+                    slot_index=lease.index,
+                    timeout=ctx.timeout,
+                    on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
+                    on_command=lambda cmd: ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(cmd)}"),
+                    on_retry=lambda why: ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {why}"),
+                    stop=ctx.stop,
+                    pass_fds=lease.fds,
+                    mark=mark,
+                )
+            except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
+                ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
+                raise
+            _store(trial, ExperimentRecord.outcome(result))
+            if not result.ok:
+                assert result.reason is not None
+                ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
+                                      duration=result.duration, outcome=f"failed ({result.reason.value}: {result.detail})")
+                if result.stderr_tail:
+                    ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
+                if result.reason is FailureReason.SCRIPT:
+                    attempt.script_failed = result
+                return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
+            value = float(result.metrics[ctx.metric.key])
+            ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
+                                  duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
+            return value
+
+        return objective
+
+    def run_config(self, mbs: int, lease: Lease, *, free_since: float, offload: str = "", knobs: dict[str, Any] | None = None,
+                   repeat: int = 0, why: str = "") -> None:
+        """Run the planner's experiment on ``lease``: size ``mbs`` with the offload variant
+        ``offload`` and the default knobs, or ``knobs`` (a knob setting that ran, measured
+        again); ``repeat``: how many times it ran before; ``free_since``: when the slot became
+        free (``time.monotonic()``), the start of the decision the observer is told the time of."""
+        self._reaper.reap()
+        space = self._space.with_offload(offload) if offload else self._space
+        # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
+        # is not atomic on SQLite, and any slot could pop another's.
+        fixed = {**(knobs or {}), MBS_KEY: mbs, GAS_KEY: self._ctx.builder.gas_for(mbs)}
+        sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler())
+        study = study_with(self._study, sampler=sampler, pruner=optuna.pruners.NopPruner())
+        if why:
+            setting = f" {knobs}" if knobs else ""
+            self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {mbs}{' ' + offload if offload else ''}{setting}: {why}")
+        attempt = self.run(study, Phase.KNOBS if knobs else Phase.MICRO_BATCH, [mbs], lease, free_since=free_since,
+                           space=space, repeat=repeat)
+        self._check_settled(attempt.competitor)
+
+    def _check_settled(self, competitor: FrozenTrial | None) -> None:
+        """The planner asks again only for an experiment it saw no result of: standing down twice
+        to the same settled trial means the planner cannot read that trial's record (another tool
+        wrote it), and asking again would only add a pruned trial each time, for ever."""
+        if competitor is None or competitor.state == TrialState.RUNNING:
+            return
+        if competitor.number in self._settled:
+            name = ExperimentRecord.from_trial(competitor).exp_name
+            raise UnreadableTrial(
+                f"trial {competitor.number} of study '{self._study.study_name}' claims experiment {name} but holds no result "
+                "optuna-ds can read (another tool wrote it): optuna-ds will neither run that experiment again nor "
+                "change the trial; choose another --study-name"
+            )
+        self._settled.add(competitor.number)
