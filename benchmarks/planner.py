@@ -87,7 +87,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     while True:
         t0 = time.perf_counter()
-        decision = plan(problem, observations + [r[2] for r in running_view(running)], free_slots=slots - len(running),
+        decision = plan(problem, observations + [r[2] for r in running_view(running, now)], free_slots=slots - len(running),
                         settings=settings)
         decisions.append(time.perf_counter() - t0)
         if decision.choice is not None:
@@ -121,8 +121,10 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve}
 
 
-def running_view(running: list[tuple[float, int, Observation]]) -> list[tuple[float, int, Observation]]:
-    return [(e, n, Observation(stage=o.stage, offload=o.offload, mbs=o.mbs, status=Status.RUNNING, knobs=o.knobs))
+def running_view(running: list[tuple[float, int, Observation]], now: float) -> list[tuple[float, int, Observation]]:
+    """The experiments under way as the planner sees them: running, for so many seconds."""
+    return [(e, n, Observation(stage=o.stage, offload=o.offload, mbs=o.mbs, status=Status.RUNNING, knobs=o.knobs,
+                               seconds=now - (e - (o.seconds or 0.0))))
             for e, n, o in running]
 
 

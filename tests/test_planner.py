@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from optuna_ds.planner import Arm
 from optuna_ds.planner import FeasibilityModel
+from optuna_ds.planner import PlannerSettings
 from optuna_ds.planner import Observation
 from optuna_ds.planner import PlannerSettings
 from optuna_ds.planner import Problem
@@ -116,11 +117,12 @@ def test_running_experiments_are_not_proposed_again_and_a_batch_spreads_out() ->
 def test_a_batch_for_many_slots_counts_the_experiments_under_way_as_the_best_so_far() -> None:
     """Each proposal of a batch must beat the experiments already under way, at the model's
     mean: measured against the first results alone, 32 free slots took the whole budget (40)
-    where one slot takes 10."""
+    where one slot takes 10. (Slots that would sit idle run what is worth ``batch_gain``: a
+    wide batch trades launches for rounds, within bounds.)"""
     problem, surface = _job()
     alone, _ = _drive(problem, surface, slots=1)
     wide, decision = _drive(problem, surface, slots=32)
-    assert len(wide) <= 2.5 * len(alone) < problem.max_experiments
+    assert len(wide) <= 3 * len(alone) and len(wide) < problem.max_experiments
     assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.99 * _optimum(surface)
 
 
@@ -265,6 +267,111 @@ def test_the_choice_is_bracketed_on_both_sides_before_the_search_ends() -> None:
     assert any(c.mbs / 1.25 <= m < c.mbs or m == c.mbs - 1 for m in ran) or c.mbs == 1
     assert any(c.mbs < m <= c.mbs * 1.25 or m == c.mbs + 1 for m in ran | {oom})
     assert _true(surface, c.stage, c.mbs) >= 0.99 * _optimum(surface)
+
+
+def _first_results(problem: Problem, surface: Surface, *, slots: int) -> tuple[list[Observation], list[Observation]]:
+    """The first decision for ``slots`` slots: its first experiment finished, the others running."""
+    first = plan(problem, [], free_slots=slots).proposals
+    value = surface(first[0].stage, first[0].mbs, first[0].offload)
+    assert isinstance(value, float)
+    done = [Observation(stage=first[0].stage, mbs=first[0].mbs, status=Status.OK, score=value, seconds=60.0)]
+    return done, [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, status=Status.RUNNING) for p in first[1:]]
+
+
+def test_a_batch_for_many_slots_after_the_first_result_measures_every_stage_likely_to_fit() -> None:
+    """The sequential search measures a stage when its expected gain over the best so far pays a
+    launch; slots that would sit idle meanwhile run every stage likely to fit at once."""
+    problem, surface = _job(stage_factor=(1.0, 0.97, 0.95, 0.8))
+    done, _ = _first_results(problem, surface, slots=1)
+    batch = plan(problem, done, free_slots=64).proposals
+    stages = {p.stage for p in batch}
+    assert stages == {0, 1, 2, 3}, stages
+    assert len(batch) < 24, "a wide batch still holds only what is worth a launch"
+    alone = plan(problem, done, free_slots=1).proposals
+    assert len(alone) == 1 and alone[0] == batch[0], "the batch's first is what one slot would run"
+
+
+def test_a_batch_never_holds_a_config_twice_nor_one_running() -> None:
+    problem, surface = _job(noise=0.02, seed=5)
+    done, running = _first_results(problem, surface, slots=4)
+    for slots in (1, 8, 64):
+        observations = done + running
+        for _ in range(3):
+            configs = [p.config for p in plan(problem, observations, free_slots=slots).proposals]
+            assert len(configs) == len(set(configs))
+            assert not set(configs) & {o.config for o in observations if o.status is Status.RUNNING}
+            assert not any(p.repeat == 0 and p.config in {o.config for o in observations} for p in
+                           plan(problem, observations, free_slots=slots).proposals)
+            observations += [Observation(stage=c[0], offload=c[1], mbs=c[2], status=Status.RUNNING) for c in configs]
+
+
+def test_one_slot_is_the_sequential_search_whatever_the_width_setting() -> None:
+    """With one slot nothing runs when the planner is asked: the batch rule never acts, so a
+    tuning on one slot is the sequential search, decision by decision."""
+    problem, surface = _job(noise=0.02, seed=3)
+    observations, _ = _drive(problem, surface)
+    narrow = PlannerSettings(batch_gain=PlannerSettings().min_gain)
+    for k in range(len(observations) + 1):
+        assert plan(problem, observations[:k]) == plan(problem, observations[:k], settings=narrow)
+
+
+def test_a_slot_free_while_others_run_takes_what_one_slot_would_not() -> None:
+    """Each process asks for one slot at a time and sees the others' experiments running: a
+    batch built so is as wide as one asked for at once, and ends with the search."""
+    problem, surface = _job(noise=0.02, seed=5)
+    done, running = _first_results(problem, surface, slots=4)
+    narrow = PlannerSettings(batch_gain=PlannerSettings().min_gain)
+    observations = done + running
+    asked = []
+    for _ in range(6):
+        p = plan(problem, observations + asked, free_slots=1).proposals
+        if not p:
+            break
+        asked.append(Observation(stage=p[0].stage, mbs=p[0].mbs, offload=p[0].offload, status=Status.RUNNING))
+    assert len(asked) > len(plan(problem, observations, free_slots=6, settings=narrow).proposals)
+    # Once the search is over, a slot free while another runs starts nothing.
+    over, decision = _drive(problem, surface, slots=1)
+    assert decision.done
+    late = Observation(stage=3, mbs=2, status=Status.RUNNING)
+    assert late.config not in {o.config for o in over}
+    assert not plan(problem, over + [late], free_slots=8).proposals
+
+
+def test_a_slot_free_late_in_a_round_starts_only_what_the_sequential_search_would() -> None:
+    """A member started while every experiment under way is past half its run ends that long
+    after them: where their results end the search it only lengthens the tuning."""
+    problem, surface = _job(noise=0.02, seed=5)
+    done = _drive(problem, surface)[0][:3]
+
+    def asked(age: float) -> list[str]:
+        running: list[Observation] = []
+        whys = []
+        for _ in range(8):
+            p = plan(problem, done + running, free_slots=1).proposals
+            if not p:
+                break
+            running.append(Observation(stage=p[0].stage, mbs=p[0].mbs, status=Status.RUNNING, seconds=age))
+            whys.append(p[0].why)
+        return whys
+
+    young, late = asked(0.0), asked(50.0)  # runs take 60 s
+    assert len(young) > len(late) and any(w.startswith("a slot free") for w in young)
+    assert not any(w.startswith("a slot free") for w in late)
+
+
+def test_free_slots_take_the_closing_steps_together_and_the_first_is_one_slots() -> None:
+    """Both sides of a bracket, a finalist and its rival: with nothing else left, free slots take
+    the closing steps at once rather than one round each, never one config twice; the first is
+    what one slot would run."""
+    for job in (dict(noise=0.02, seed=3), dict(noise=0.03, seed=7, stage_factor=(1.0, 0.995, 0.99, 0.8))):
+        problem, surface = _job(**job)
+        observations, _ = _drive(problem, surface)
+        for k in range(len(observations)):
+            alone = plan(problem, observations[:k]).proposals
+            wide = plan(problem, observations[:k], free_slots=4).proposals
+            assert wide[:1] == alone
+            assert len({p.config for p in wide}) == len(wide)
+            assert sum(p.repeat > 0 for p in wide) <= PlannerSettings().max_remeasures
 
 
 def test_the_choice_never_rests_on_one_run() -> None:

@@ -90,6 +90,16 @@ def test_a_successful_trial_round_trips_through_sqlite(study: optuna.Study) -> N
     }
 
 
+def test_a_running_experiment_is_seen_with_how_long_it_has_run(study: optuna.Study) -> None:
+    """The planner starts no extra experiment late in a round: it needs each running one's age."""
+    trial = study.ask()
+    trial.suggest_int("train_micro_batch_size_per_gpu", 4, 4)
+    ExperimentRecord.claim(_EXPERIMENT, slot="localhost:0").write(trial.set_user_attr)
+    seen = observation_of(study.get_trials()[0], stage=1, metric=Metric.named("throughput"), dead={})
+    assert seen is not None and seen.status is Status.RUNNING
+    assert seen.seconds is not None and 0.0 <= seen.seconds < 60.0
+
+
 def test_a_failed_trial_keeps_its_reason_and_stderr(study: optuna.Study) -> None:
     trial = study.ask()
     ExperimentRecord.claim(_EXPERIMENT, slot="localhost:1").write(trial.set_user_attr)

@@ -9,6 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from optuna_ds.planner._batch import remeasuring
+from optuna_ds.planner._batch import under_way
+from optuna_ds.planner._batch import widen
 from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Choice
@@ -213,8 +216,8 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     if baseline is not None and first is not None and (first.stage, first.offload, baseline, ()) not in state.tried:
         proposals.append(Proposal(stage=first.stage, offload=first.offload, mbs=baseline, why="your micro-batch size"))
     repeats = len(state.finished) - len({o.config for o in state.finished})
-    if (model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not state.running
-            and repeats < settings.max_remeasures):
+    if (model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None
+            and not remeasuring(state) and repeats < settings.max_remeasures):
         # Every later decision weighs gains against the noise: measure it, on the best so far.
         again = _repeat(state, (choice.stage, choice.offload, choice.mbs, choice.knobs), "re-measure the best so far: the noise")
         if again is not None:
@@ -230,17 +233,27 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         if nxt is None:
             break
         proposals.append(nxt)
+    if state.ok and (state.running or proposals) and len(proposals) < free_slots:
+        proposals += widen(state, model, proposals, slots=min(free_slots, problem.max_experiments - launched) - len(proposals))
     if not proposals and not state.running and choice is not None:
-        steps: tuple[Callable[[], Proposal | None], ...] = (
-                     lambda: _bracket(problem, state, choice),
-                     lambda: _confirm(state, ranked) if repeats < settings.max_remeasures else None,
-                     lambda: _contradicted(model, state, ranked) if repeats < settings.max_remeasures else None,
-                     lambda: _remeasure(model, state, ranked) if repeats < settings.max_remeasures else None)
-        for step in steps:
-            again = step()
-            if again is not None:
-                proposals.append(again)
+        settling = state
+        while len(proposals) < min(free_slots, problem.max_experiments - launched):
+            steps: tuple[Callable[[], Proposal | None], ...] = (
+                lambda: _bracket(problem, settling, choice),
+                lambda: _confirm(settling, ranked) if repeats < settings.max_remeasures else None,
+                lambda: _contradicted(model, settling, ranked) if repeats < settings.max_remeasures else None,
+                lambda: _remeasure(model, settling, ranked) if repeats < settings.max_remeasures else None)
+            for step in steps:
+                again = step()
+                if again is not None and again.config not in {p.config for p in proposals}:
+                    proposals.append(again)
+                    repeats += again.repeat > 0
+                    break
+            else:
                 break
+            # Another free slot takes the next step, with those proposed under way (the other
+            # side of a bracket, a finalist's rival): each would otherwise wait a round.
+            settling = _State(problem, [*observations, *under_way(proposals)], settings)
     done = not proposals and not state.running
     return decision(proposals, done, "no experiment left is expected to pay" if done else "")
 

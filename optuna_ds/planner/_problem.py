@@ -60,7 +60,8 @@ class Status(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """One experiment, finished or running. ``score`` is the metric made positive and
-    higher-better (a latency is inverted); ``seconds`` the experiment's duration; ``repeat``
+    higher-better (a latency is inverted); ``seconds`` the experiment's duration (of a running
+    one, how long it has run so far, ``None`` if unknown); ``repeat``
     how many times its config ran before it (a re-measurement's is 1 or more); ``memory`` the
     peak memory of one of its GPUs in bytes, where the accelerator reports it."""
 

@@ -39,6 +39,14 @@ class PlannerSettings:
             Once this many runs succeeded and no config ran twice, the best so far runs again:
             the noise is measured, not inferred from how well the model fits, and every later
             decision weighs gains against it.
+        batch_gain:
+            A slot free while other experiments run takes the candidate of highest expected
+            gain per second while that gain (per run of the usual length) is at least this,
+            and while the tuning goes on anyway (see :mod:`optuna_ds.planner._batch`): such a
+            run costs GPU-seconds but no wall time, and saves a round where the search would
+            have waited for its result. Between 0 and ``min_gain``: the lower, the more
+            GPU-hours a tuning spends to finish sooner; at ``min_gain`` a batch holds what the
+            sequential search would run, plus every stage once. With one slot it never acts.
     """
 
     min_gain: float = 0.002
@@ -50,3 +58,4 @@ class PlannerSettings:
     plausible_z: float = 2.0
     growth: float = 1.04
     noise_after: int = 3
+    batch_gain: float = 0.0005

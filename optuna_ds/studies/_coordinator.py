@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime
 import random
 import threading
 import time
@@ -56,6 +57,9 @@ def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict
     base = dict(stage=stage, mbs=int(record.micro_batch_size), offload=record.offload or "", knobs=knobs,
                 seconds=record.duration, repeat=record.repeat or 0)
     if trial.state == TrialState.RUNNING:
+        # How long it has run: the planner starts no extra experiment late in a round.
+        started = trial.datetime_start
+        base["seconds"] = max(0.0, (datetime.datetime.now() - started).total_seconds()) if started is not None else None
         return Observation(status=Status.RUNNING, **base)
     if trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0:
         return Observation(status=Status.OK, score=metric.rate(trial.value), memory=record.peak_gpu_memory or None, **base)
