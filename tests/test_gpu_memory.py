@@ -69,11 +69,16 @@ def test_absent_without_pynvml_and_said_so(fresh: None, monkeypatch: pytest.Monk
 def test_the_report_has_a_peak_memory_column_where_it_was_recorded() -> None:
     from optuna_ds.config import Metric
     from optuna_ds.reporting._report import ExperimentRow
-    from optuna_ds.reporting._report import _table
+    from optuna_ds.reporting._report import ReportData
+    from optuna_ds.reporting._report import render_report
 
     row = ExperimentRow(stage=0, number=0, name="z0_gas1_tmbspg4", phase="micro_batch", status="complete", value=1.0, mbs=4,
                         gas=1, knobs={}, slot="localhost:0", start=None, end=None, detail="", result_dir="/r/z0_gas1_tmbspg4",
                         peak_memory=3 * 2**30)
-    html = _table([row], Metric.named("throughput"), base_dir="/r", baseline="")
-    assert '<th class="peak">peak GPU memory</th>' in html and '<td class="peak">3.00 GiB</td>' in html
-    assert "peak" not in _table([ExperimentRow(**{**row.__dict__, "peak_memory": None})], Metric.named("throughput"), base_dir="/r", baseline="")
+
+    def page(rows: list[ExperimentRow]) -> str:
+        return render_report(ReportData(study_name="t", metric=Metric.named("throughput"), studies={}, rows=rows, figures={}), base_dir="/r")
+
+    html = page([row])
+    assert ">peak GPU memory<" in html and '<td class="peak num" data-sort="3221225472">3.00 GiB</td>' in html
+    assert "peak GPU memory" not in page([ExperimentRow(**{**row.__dict__, "peak_memory": None})])
