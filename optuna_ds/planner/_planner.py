@@ -28,12 +28,12 @@ _BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
 
 
-
 def _known(problem: Problem, key: tuple[int, str]) -> Arm:
     """The problem's arm of ``key``: every observation and ranked config is of one of its arms."""
     arm = problem.arm(key)
     assert arm is not None, key
     return arm
+
 
 def _candidate_sizes(problem: Problem, arm: Arm, growth: float) -> list[int]:
     if problem.sizes:
@@ -333,7 +333,7 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[tu
     # against the first results alone, and a batch for many slots would crowd one curve.
     # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
     measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
-    incumbent = float(np.max(model.mean([(problem.arm((c[0], c[1])), c[2], c[3]) for c in measured])))  # type: ignore[misc]
+    incumbent = float(np.max(model.mean([(_known(problem, (c[0], c[1])), c[2], c[3]) for c in measured])))
     # A gain a run cannot show is none: under large measured noise the walk down a plateau stops.
     gain = p_run * model.expected_improvement(rows, incumbent + max(settings.margin, settings.noise_margin * model.noise))
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed

@@ -19,7 +19,7 @@ class PlannerSettings:
             measurement can tell.
         noise_margin:
             ... or beyond this multiple of the measured noise of one run, where that is larger:
-            a gain of a tenth of a run's noise is not one a run can show, and without this
+            a gain well within one run's noise is not one a run can show, and without this
             bound a tuning whose runs scatter by 10% walks a plateau size by size (41 launches
             on one benchmark job, 16 with it).
         hopeless_oom:

@@ -261,40 +261,33 @@ class Tuning:
         return self.result()
 
     def _arms(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate]) -> list[Arm]:
-        """What the planner may explore: every listed stage whose model states fit, and where the
-        user's config has no offload of its own, the optimizer offloaded to CPU (stages 1-3) and
-        the parameters too (stage 3). A stage that fits in no variant is recorded as skipped."""
+        """What the planner may explore: every listed stage that fits one sample by the
+        profile's estimate, and where the user's config has no offload of its own, the optimizer
+        offloaded to CPU (stages 1-3) and the parameters too (stage 3). Where the estimate leaves
+        room for no sample anywhere, every variant whose model states fit (the estimate can be off
+        by a factor; each is tried once, at the smallest size). A stage left out is recorded as
+        skipped, with why."""
         zero = self._user.zero_section()
-        arms: list[Arm] = []
-        states_fit: list[tuple[int, str, MemoryEstimate]] = []
+        variants: list[tuple[int, str, MemoryEstimate]] = []
         for stage in self._user.stages:
-            variants = [("", estimates[stage])]
+            variants.append((stage, "", estimates[stage]))
             if stage >= 1 and not user_offloads(zero):
-                variants += [(label, self._estimate(stage, info, {**zero, **offload_sections(label)}))
+                variants += [(stage, label, self._estimate(stage, info, {**zero, **offload_sections(label)}))
                              for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
-            fitting = [(label, e) for label, e in variants if e.fits]
-            states_fit += [(stage, label, e) for label, e in variants if e.states_fit]
-            if not fitting and not any(e.states_fit for _, e in variants):
-                e = estimates[stage]
-                self._skip(stage, (
-                    f"needs {_humanize(e.instantiation)}B per GPU for parameters, gradients and optimizer "
-                    f"states, more than the {_humanize(e.device_memory)}B available"
-                ), e, self._log)
-            arms += [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers)
-                     for label, e in fitting]
-        if not arms:
-            # The profile's activation estimate leaves no room for one sample anywhere; it can be
-            # off by a factor, so every variant whose states fit is tried (once, at the smallest size).
-            arms = [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers)
-                    for stage, label, e in states_fit]
-        elif len(states_fit) > len(arms):
-            for stage in sorted({s for s, _, _ in states_fit} - {a.stage for a in arms}):
-                e = estimates[stage]
-                self._skip(stage, (
-                    f"one sample's activations ({_humanize(e.activation_per_sample)}B by the profile) leave no room "
-                    f"beside its {_humanize(e.instantiation)}B of model states"
-                ), e, self._log)
-        return arms
+        chosen = [v for v in variants if v[2].fits] or [v for v in variants if v[2].states_fit]
+        for stage in self._user.stages:
+            if any(s == stage for s, _, _ in chosen):
+                continue
+            e = estimates[stage]
+            if any(s == stage and v.states_fit for s, _, v in variants):
+                reason = (f"one sample's activations ({_humanize(e.activation_per_sample)}B by the profile) leave no room "
+                          f"beside its {_humanize(e.instantiation)}B of model states")
+            else:
+                reason = (f"needs {_humanize(e.instantiation)}B per GPU for parameters, gradients and optimizer "
+                          f"states, more than the {_humanize(e.device_memory)}B available")
+            self._skip(stage, reason, e, self._log)
+        return [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers)
+                for stage, label, e in chosen]
 
     def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
         a = self._user.autotuning
