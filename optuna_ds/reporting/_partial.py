@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from optuna_ds.reporting._summary import stage_notes
 from optuna_ds.reporting._summary import summary_table
 from optuna_ds.studies import TuningResult
 
@@ -39,10 +40,5 @@ def partial_summary(result: TuningResult, *, finished: int, resume: str) -> Part
     if base is not None and base.value is not None:
         head.append(f"Your config ({base.name}): {metric.with_unit(base.value)}.")
     head.append(f"Spent so far: {spend.hours}.")
-    notes = []
-    for stage in result.stages:
-        if stage.status in ("skipped", "pending"):
-            notes.append(f"{stage.name} {stage.status}: {stage.reason}")
-        elif stage.num_failed:
-            notes.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
+    notes = stage_notes(result)
     return PartialSummary(head=tuple(head), body=(summary_table(result), "", *notes), notes=tuple(notes))

@@ -221,6 +221,18 @@ def optuna_best_note(result: TuningResult) -> str:
             f"configs by all their runs, its estimate and the measured noise.")
 
 
+def stage_notes(result: TuningResult) -> list[str]:
+    """A line for each stage left out (skipped, or pending where the search did not end) or
+    with failures: the summary's and the partial summary's."""
+    lines = []
+    for stage in result.stages:
+        if stage.status in ("skipped", "pending"):
+            lines.append(f"{stage.name} {stage.status}: {stage.reason}")
+        elif stage.num_failed:
+            lines.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
+    return lines
+
+
 def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None) -> list[str]:
     """What follows the table: the time, what its values are, Optuna's own best trial where it
     differs, skipped stages, failures, the learning-rate advice."""
@@ -232,13 +244,7 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     if note := optuna_best_note(result):
         lines.append(note)
-    for stage in result.stages:
-        if stage.status == "skipped":
-            lines.append(f"{stage.name} skipped: {stage.reason}")
-        elif stage.status == "pending":
-            lines.append(f"{stage.name}: {stage.reason}")
-        elif stage.num_failed:
-            lines.append(f"{stage.name}: {stage.num_failed} of {stage.num_experiments} experiment(s) failed; last: {stage.last_failure}")
+    lines += stage_notes(result)
     if advice:
         lines.append(advice if isinstance(advice, str) else advice.text)
     return lines
