@@ -6,7 +6,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 from typing import TextIO
 
 from rich.console import Console
@@ -230,9 +229,10 @@ class Progress:
 
     def best_line(self) -> str:
         with self._lock:
-            if not self._best:
+            best = self._metric.best(self._best.values(), key=lambda b: b[0])
+            if best is None:
                 return "fastest run: none yet"
-            value, name = self._metric.best(self._best.values(), key=lambda b: b[0])
+            value, name = best
             stages = " ".join(f"z{s} {format_number(v)}" for s, (v, _) in sorted(self._best.items()))
             return f"fastest run {self._with_unit(value)} {name} | {stages}"
 
@@ -275,6 +275,6 @@ class Progress:
             print(text, file=self._stream, flush=True)
 
 
-def _clock(seconds: Any) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+def _clock(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
