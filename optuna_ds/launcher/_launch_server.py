@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 _MAX_FDS = 64
 _MAX_MESSAGE = 1 << 20
@@ -36,10 +36,19 @@ _REPLY_SECONDS = 30.0  # a fork, or the exit status of a launcher that has exite
 _END_GRACE = 10.0  # the tuner is gone: its launchers get this long after SIGTERM
 
 
+class _Request(TypedDict):
+    """What the tuner sends the server, as JSON, for one launcher (its log files and GPU locks
+    travel beside it as descriptors)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
 # -- the server --------------------------------------------------------------------------------
 
 
-def _run_launch(sock: socket.socket, replies: Sequence[socket.socket], request: dict, fds: list[int]) -> None:
+def _run_launch(sock: socket.socket, replies: Sequence[socket.socket], request: _Request, fds: list[int]) -> None:
     """In the forked child: become the experiment's per-node launcher. Never returns."""
     code = 1
     try:
@@ -108,7 +117,8 @@ def serve(fd: int) -> None:
         if not open_ and time.monotonic() > kill_at:
             _signal_groups(children, signal.SIGKILL)
             kill_at = float("inf")
-        readable, _, _ = select.select([sock, wake_r] if open_ else [wake_r], [], [], 1.0)
+        watched: list[socket.socket | int] = [sock, wake_r] if open_ else [wake_r]
+        readable, _, _ = select.select(watched, [], [], 1.0)
         if wake_r in readable:
             os.read(wake_r, 4096)
         while children:
@@ -130,7 +140,7 @@ def serve(fd: int) -> None:
                 _signal_groups(children, signal.SIGTERM)
                 kill_at = time.monotonic() + _END_GRACE
                 continue
-            request = json.loads(message)
+            request: _Request = json.loads(message)
             reply = socket.socket(fileno=fds[0])
             sys.stdout.flush()
             sys.stderr.flush()
@@ -214,7 +224,8 @@ class ServedProcess:
             now = time.monotonic()
             if self._status_lost(now):
                 return self._settle(returncode=None)
-            waits: list[Any] = [] if self._server_gone or self._reply is None else [self._reply]
+            reply = None if self._server_gone else self._reply
+            waits: list[socket.socket | int] = [] if reply is None else [reply]
             if self._pidfd is not None:
                 waits.append(self._pidfd)
             limits = [deadline - now] if deadline is not None else []
@@ -229,8 +240,8 @@ class ServedProcess:
                 time.sleep(wait or 0.0)
                 readable = []
             now = time.monotonic()
-            if self._reply in readable:
-                message = self._reply.recv(_MAX_MESSAGE)
+            if reply is not None and reply in readable:
+                message = reply.recv(_MAX_MESSAGE)
                 if message:
                     return self._settle(returncode=int(json.loads(message)["returncode"]))
                 self._server_gone = True  # the server died: the launcher's status went with it
@@ -311,7 +322,7 @@ class LaunchServer:
         """Fork a per-node launcher running ``deepspeed.launcher.launch argv``. ``None`` when the
         server cannot: a request it took but did not answer may still have forked one, which
         the caller must find (by its environment) and end before it starts another."""
-        request = json.dumps({"argv": argv, "env": dict(env), "cwd": os.getcwd()}).encode()
+        request = json.dumps(_Request(argv=argv, env=dict(env), cwd=os.getcwd())).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with self._lock:
