@@ -399,9 +399,10 @@ def _wait_for_plan(options: WorkerOptions, log: Callable[[str], None]) -> tuple[
                 storage = create_storage(options.storage)  # it exists: opened as tune opens it, under its lock
             except NoDatabase:
                 pass
-        plan = load_plan(storage, options.study_name) if storage is not None else None
-        if plan is not None:
-            return storage, plan
+        if storage is not None:
+            plan = load_plan(storage, options.study_name)
+            if plan is not None:
+                return storage, plan
         held = _held_tunings(storage)
         if time.monotonic() >= deadline:
             raise ConfigError(
