@@ -33,9 +33,10 @@ class ExperimentRecord:
     Each field is stored under its own name, so the field names are the storage's keys: stored
     tunings, the report, other workers and optuna-dashboard read them, so they never change.
     The config is stored field by field (:data:`_CONFIG_KEYS`: ``stage``, ``micro_batch_size``,
-    ``gradient_accumulation_steps``, ``offload`` and ``knobs``, the last two only when set);
-    trials stored before ``stage`` and ``knobs`` were have them read from their ``ds_config``
-    and params. A field the trial does not hold is ``None`` (``False`` for the marks).
+    ``gradient_accumulation_steps``, ``offload`` and ``knobs``, the last two only when set); a
+    trial an earlier version stored, without ``stage`` and ``knobs``, has them read from its
+    ``ds_config`` and its params. A field the trial does not hold is ``None`` (``False`` for the
+    marks).
 
     The record is written in parts, each by whoever knows it, with :meth:`write`: the claim
     before the run (:meth:`claim`), the processes as they start, the result after the run
