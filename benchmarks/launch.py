@@ -32,10 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from optuna_ds.domain import Config  # noqa: E402
+from optuna_ds.domain import Experiment  # noqa: E402
+from optuna_ds.domain import Phase  # noqa: E402
 from optuna_ds.launcher import CommandBuilder  # noqa: E402
-from optuna_ds.launcher import Experiment  # noqa: E402
+from optuna_ds.launcher import ExperimentFiles  # noqa: E402
 from optuna_ds.launcher import ExperimentRunner  # noqa: E402
-from optuna_ds.launcher import Phase  # noqa: E402
 from optuna_ds.launcher import Slot  # noqa: E402
 
 FIRST_LINE = """import os, sys, time
@@ -70,14 +72,14 @@ def measure(mode: str, work: Path, index: int, port: int) -> dict[str, float]:
                               arg_mappings={})
     runner = ExperimentRunner(commands=commands, master_port=port, metric_key="throughput", exps_dir=str(work / "exps"),
                               local_start=local_start)
-    experiment = Experiment(name=name, stage=0, phase=Phase.MICRO_BATCH, ds_config=config, result_dir=result_dir, micro_batch_size=4)
+    experiment = Experiment(name=name, phase=Phase.MICRO_BATCH, config=Config(stage=0, micro_batch=4), ds_config=config, result_dir=result_dir)
     start = time.time()
     result = runner.run(experiment, slot=Slot({"localhost": [0]}), timeout=600)
     end = time.time()
     if not result.ok:
         sys.exit(f"bench-launch: {mode} failed: {result.detail}\n{result.stderr_tail}")
     return {"first line": float(first_line.read_text()) - start,
-            "metrics file": os.stat(experiment.files.metrics).st_mtime - start,
+            "metrics file": os.stat(ExperimentFiles(experiment.result_dir).metrics).st_mtime - start,
             "end": end - start}
 
 

@@ -30,10 +30,10 @@ import surfaces  # noqa: E402
 
 from optuna_ds.planner import Arm  # noqa: E402
 from optuna_ds.planner import Observation  # noqa: E402
+from optuna_ds.planner import PlannerSettings  # noqa: E402
 from optuna_ds.planner import Problem  # noqa: E402
 from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
-from optuna_ds.planner import PlannerSettings  # noqa: E402
 from optuna_ds.space import estimate_memory  # noqa: E402
 
 GB = surfaces.GB
@@ -100,8 +100,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
             score = surface.measure(config, nonce) if status is Status.OK else None
             peak = peak_memory(surface, config, nonce) if memory and status is Status.OK else None
-            done = Observation(stage=p.stage, offload=p.offload, mbs=p.mbs, status=status, score=score, seconds=outcome.seconds,
-                               memory=peak)
+            done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak)
             if trace:
                 print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} -> {status.value:6} {score or 0:9.3f} true "
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
@@ -123,8 +122,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
 
 def running_view(running: list[tuple[float, int, Observation]], now: float) -> list[tuple[float, int, Observation]]:
     """The experiments under way as the planner sees them: running, for so many seconds."""
-    return [(e, n, Observation(stage=o.stage, offload=o.offload, mbs=o.mbs, status=Status.RUNNING, knobs=o.knobs,
-                               seconds=now - (e - (o.seconds or 0.0))))
+    return [(e, n, Observation(config=o.config, status=Status.RUNNING, seconds=now - (e - (o.seconds or 0.0))))
             for e, n, o in running]
 
 

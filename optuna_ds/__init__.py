@@ -1,8 +1,18 @@
 """optuna-ds: find the fastest DeepSpeed configuration of a training script, with Optuna.
 
-Layers, by folder: ``config`` -> ``space`` -> ``studies``/``samplers``/``pruners`` ->
-``launcher`` -> ``storage``/``reporting`` -> ``cli``. Every layer reaches Optuna beyond its
-public API through ``_optuna_compat`` only.
+Layers, by folder, each importing only those before it (``tests/test_layers.py`` checks):
+
+0. ``domain``: a config, an experiment, the records a tuning stores;
+1. side by side, none importing another: ``config``, ``space``, ``planner``, ``samplers``,
+   ``pruners``, ``storage``;
+2. ``launcher``;
+3. ``studies``;
+4. ``reporting``;
+5. ``_tune``: :func:`tune`, the one call that runs a tuning;
+6. ``cli``.
+
+``_errors``, ``_redact`` and ``_optuna_compat`` serve any layer and import none. Every layer
+reaches Optuna beyond its public API through ``_optuna_compat`` only.
 """
 
 from optuna_ds._errors import ConfigError

@@ -53,7 +53,7 @@ from optuna_ds.reporting import summary_markdown
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.samplers import check_tuner_type
-from optuna_ds.storage import ExperimentRecord
+from optuna_ds.domain import ExperimentRecord
 from optuna_ds.storage import NoDatabase
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
@@ -70,7 +70,7 @@ from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
 from optuna_ds.studies import TuningObserver
 from optuna_ds.studies import TuningResult
-from optuna_ds.studies import is_finished_experiment
+from optuna_ds.domain import is_finished_experiment
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from optuna_ds.config import parse_user_config
-from optuna_ds.launcher import Phase
+from optuna_ds.domain import Config
+from optuna_ds.domain import Phase
 from optuna_ds.space import build_knob_space
 from optuna_ds.studies import ExperimentBuilder
 
@@ -24,7 +25,7 @@ RAW = {
 def test_experiment_config_is_the_users_with_tuned_values() -> None:
     b = _builder(RAW)
     space = build_knob_space(2, RAW["zero_optimization"], fast=False)
-    exp = b.build(stage=2, phase=Phase.KNOBS, mbs=8, gas=2, space=space, knobs={"overlap_comm": True})
+    exp = b.build(Config(stage=2, micro_batch=8, accumulation=2, knobs={"overlap_comm": True}), phase=Phase.KNOBS, space=space)
     c = exp.ds_config
     assert exp.name == "z2_gas2_tmbspg8_ocT"
     assert (c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"], c["train_batch_size"]) == (8, 2, 64)
@@ -60,7 +61,7 @@ def test_users_train_batch_size_bounds_the_global_batch() -> None:
 
 def test_auto_train_batch_size_is_left_to_the_script() -> None:
     b = _builder({**RAW, "train_batch_size": "auto"})
-    exp = b.build(stage=1, phase=Phase.MICRO_BATCH, mbs=4, gas=1, space=build_knob_space(1, {}, fast=True))
+    exp = b.build(b.config(stage=1, mbs=4), phase=Phase.MICRO_BATCH, space=build_knob_space(1, {}, fast=True))
     assert exp.ds_config["train_batch_size"] == "auto"
 
 

@@ -250,12 +250,13 @@ def test_sigint_ends_real_deepspeed_ranks(project: Path) -> None:
 def test_the_fast_start_gives_the_script_what_deepspeeds_runner_gives_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same argv, same environment (CUDA_VISIBLE_DEVICES, rendezvous, ranks, the tuner's own
     variables), same rank logs, as when the experiment goes through the `deepspeed` runner."""
-    from optuna_ds.launcher import CommandBuilder
-    from optuna_ds.launcher import Experiment
-    from optuna_ds.launcher import ExperimentRunner
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import Experiment
+    from optuna_ds.domain import Phase
     from optuna_ds.launcher import MARK_VAR
+    from optuna_ds.launcher import CommandBuilder
+    from optuna_ds.launcher import ExperimentRunner
     from optuna_ds.launcher import LauncherOptions
-    from optuna_ds.launcher import Phase
     from optuna_ds.launcher import Slot
 
     script = tmp_path / "dump.py"
@@ -280,7 +281,7 @@ def test_the_fast_start_gives_the_script_what_deepspeeds_runner_gives_it(tmp_pat
                                   arg_mappings={}, options=LauncherOptions(enable_each_rank_log=str(tmp_path / f"ranks-{local_start}")))
         runner = ExperimentRunner(commands=commands, master_port=29690, metric_key=None, exps_dir=str(tmp_path / "exps"), local_start=local_start)
         result_dir = str(tmp_path / f"results-{local_start}" / "exp")
-        experiment = Experiment(name="exp", stage=0, phase=Phase.MICRO_BATCH, ds_config={}, result_dir=result_dir)
+        experiment = Experiment(name="exp", phase=Phase.MICRO_BATCH, config=Config(stage=0, micro_batch=1), ds_config={}, result_dir=result_dir)
         result = runner.run(experiment, slot=Slot({"localhost": [1, 2]}), timeout=300)
         assert result.returncode == 0, result
         launched = json.loads((Path(result_dir) / "exp.json").read_text()).get("launched")

@@ -1,10 +1,12 @@
 """Peak GPU memory per experiment: sampled through NVML where it is there, said absent elsewhere."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import types
 
+import optuna
 import pytest
 
 from optuna_ds.launcher import Slot
@@ -72,13 +74,17 @@ def test_the_report_has_a_peak_memory_column_where_it_was_recorded() -> None:
     from optuna_ds.reporting._report import ReportData
     from optuna_ds.reporting._report import render_report
 
-    row = ExperimentRow(stage=0, number=0, name="z0_gas1_tmbspg4", phase="micro_batch", status="complete", value=1.0, mbs=4,
-                        gas=1, knobs={}, slot="localhost:0", start=None, end=None, detail="", result_dir="/r/z0_gas1_tmbspg4",
-                        peak_memory=3 * 2**30)
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import ExperimentRecord
+    from optuna_ds.domain import Phase
+
+    record = ExperimentRecord(phase=Phase.MICRO_BATCH, config=Config(stage=0, micro_batch=4), slot="localhost:0",
+                              result_dir="/r/z0_gas1_tmbspg4", peak_gpu_memory=3 * 2**30, exp_name="z0_gas1_tmbspg4")
+    row = ExperimentRow(stage=0, trial=optuna.trial.create_trial(value=1.0), record=record)
 
     def page(rows: list[ExperimentRow]) -> str:
         return render_report(ReportData(study_name="t", metric=Metric.named("throughput"), studies={}, rows=rows, figures={}), base_dir="/r")
 
     html = page([row])
     assert ">peak GPU memory<" in html and '<td class="peak num" data-sort="3221225472">3.00 GiB</td>' in html
-    assert "peak GPU memory" not in page([ExperimentRow(**{**row.__dict__, "peak_memory": None})])
+    assert "peak GPU memory" not in page([dataclasses.replace(row, record=dataclasses.replace(record, peak_gpu_memory=None))])

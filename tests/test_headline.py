@@ -15,6 +15,8 @@ from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
+from optuna_ds.domain import Config
+from optuna_ds.domain import ExperimentRecord
 from optuna_ds.reporting import headline
 from optuna_ds.studies import Baseline
 from optuna_ds.studies import Noise
@@ -107,8 +109,7 @@ def test_a_config_without_one_size_says_why_there_is_no_baseline(ws: Workspace) 
 
 def test_noise_is_measured_only_from_configs_run_more_than_once() -> None:
     def trial(value: float, mbs: int) -> optuna.trial.FrozenTrial:
-        return optuna.trial.create_trial(value=value, user_attrs={"ds_config": {"train_micro_batch_size_per_gpu": mbs,
-                                                                                 "autotuning": {"metric_path": f"/x/{value}"}}})
+        return optuna.trial.create_trial(value=value, user_attrs=ExperimentRecord(config=Config(stage=0, micro_batch=mbs)).attrs())
 
     assert measurement_noise([trial(100.0, 2), trial(200.0, 4)]) == Noise()
     noise = measurement_noise([trial(100.0, 2), trial(104.0, 2), trial(200.0, 4), trial(201.0, 4)])
@@ -131,13 +132,13 @@ def test_the_headline_compares_the_means_of_the_runs_not_one_lucky_run() -> None
     from optuna_ds.studies._results import runs_of
 
     def trial(value: float, mbs: int, name: str) -> optuna.trial.FrozenTrial:
-        return optuna.trial.create_trial(value=value, user_attrs={"exp_name": name, "ds_config": {
-            "train_micro_batch_size_per_gpu": mbs, "autotuning": {"metric_path": f"/x/{name}"}}})
+        return optuna.trial.create_trial(value=value, user_attrs=ExperimentRecord(config=Config(stage=0, micro_batch=mbs),
+                                                                                  exp_name=name).attrs())
 
     trials = [trial(110.0, 8, "z0_mbs8"), trial(100.0, 8, "z0_mbs8_r1"), trial(96.0, 4, "z0_mbs4"), trial(50.0, 2, "z0_mbs2")]
     assert runs_of(trials[1], trials) == [110.0, 100.0] and runs_of(trials[3], trials) == [50.0]
-    best = Optimum(name="z0_mbs8", stage=0, trial_number=0, ds_config={}, result_dir="", cmd=[], micro_batch_size=8,
-                   gradient_accumulation_steps=1, runs=(110.0, 100.0), trials=(0, 1), estimate=104.0, chosen=True)
+    best = Optimum(name="z0_mbs8", config=Config(stage=0, micro_batch=8), trial_number=0, ds_config={}, result_dir="", cmd=[],
+                   runs=(110.0, 100.0), trials=(0, 1), estimate=104.0, chosen=True)
     result = TuningResult(metric=Metric.named("throughput"), stages=[StageResult(stage=0, status="tuned", best=best)], duration=1.0,
                           model_info={}, baseline=Baseline(stage=0, micro_batch_size=4, name="z0_mbs4", value=96.0, status="complete"),
                           spend=Spend(experiments=4, gpu_seconds=3600.0, profiled=False), noise=Noise(0.05, 1, 2), best=best)

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
+from optuna_ds.domain import Config
+from optuna_ds.domain import Experiment
+from optuna_ds.domain import ExperimentResult
+from optuna_ds.domain import Phase
 from optuna_ds.launcher import CommandBuilder
-from optuna_ds.launcher import Experiment
-from optuna_ds.launcher import ExperimentResult
 from optuna_ds.launcher import ExperimentRunner
-from optuna_ds.launcher import Phase
 from optuna_ds.launcher import Slot
 from optuna_ds.launcher import _launch_server
 from optuna_ds.launcher import _runner
@@ -55,8 +56,8 @@ def _experiment(tmp_path: Path, mbs: int = 2) -> Experiment:
     result_dir = str(tmp_path / "results" / f"z1_gas1_tmbspg{mbs}")
     config = {"train_micro_batch_size_per_gpu": mbs, "zero_optimization": {"stage": 1},
               "autotuning": {"enabled": True, "metric_path": f"{result_dir}/metrics.json"}}
-    return Experiment(name=f"z1_gas1_tmbspg{mbs}", stage=1, phase=Phase.MICRO_BATCH, ds_config=config, result_dir=result_dir,
-                      micro_batch_size=mbs)
+    return Experiment(name=f"z1_gas1_tmbspg{mbs}", phase=Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=mbs), ds_config=config,
+                      result_dir=result_dir)
 
 
 def _run(runner: ExperimentRunner, experiment: Experiment, *, limit: float = 30, **kw: Any) -> ExperimentResult:

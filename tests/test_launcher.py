@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from conftest import FAKE_LAUNCHER
+from optuna_ds.domain import Config
+from optuna_ds.domain import Experiment
+from optuna_ds.domain import FailureReason
+from optuna_ds.domain import Phase
 from optuna_ds.launcher import CommandBuilder
-from optuna_ds.launcher import Experiment
+from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import ExperimentRunner
-from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import Phase
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import Slot
 from optuna_ds.launcher import classify
@@ -88,7 +90,8 @@ def _experiment(tmp_path: Path, mbs: int) -> Experiment:
     result_dir = str(tmp_path / "results" / f"z1_gas1_tmbspg{mbs}")
     config = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1},
               "autotuning": {"enabled": True, "metric_path": f"{result_dir}/metrics.json"}}
-    return Experiment(name=f"z1_gas1_tmbspg{mbs}", stage=1, phase=Phase.MICRO_BATCH, ds_config=config, result_dir=result_dir, micro_batch_size=mbs)
+    return Experiment(name=f"z1_gas1_tmbspg{mbs}", phase=Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=mbs), ds_config=config,
+                      result_dir=result_dir)
 
 
 @pytest.fixture
@@ -121,7 +124,7 @@ def test_a_stale_metrics_file_is_never_read(tmp_path: Path, script: Path, monkey
     monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"no_metrics_at": [4]}))
     exp = _experiment(tmp_path, 4)
     os.makedirs(exp.result_dir)
-    Path(exp.files.metrics).write_text(json.dumps({"throughput": 999.0}))
+    Path(ExperimentFiles(exp.result_dir).metrics).write_text(json.dumps({"throughput": 999.0}))
     result = _runner(tmp_path, script).run(exp, slot=_slot(), timeout=60)
     assert result.reason is FailureReason.NO_METRICS
 

@@ -5,9 +5,9 @@ import dataclasses
 import random
 from collections.abc import Callable
 
+from optuna_ds.domain import Config
 from optuna_ds.planner import Arm
 from optuna_ds.planner import FeasibilityModel
-from optuna_ds.planner import PlannerSettings
 from optuna_ds.planner import Observation
 from optuna_ds.planner import PlannerSettings
 from optuna_ds.planner import Problem
@@ -50,13 +50,12 @@ def _drive(problem: Problem, surface: Surface, *, slots: int = 1, limit: int = 6
         if decision.done:
             return observations, decision
         assert decision.proposals, "not done, nothing running, yet nothing proposed"
-        assert len({p.config + (p.repeat,) for p in decision.proposals}) == len(decision.proposals)
+        assert len({(p.config, p.repeat) for p in decision.proposals}) == len(decision.proposals)
         for p in decision.proposals:
             assert p.repeat == sum(o.config == p.config for o in observations), "a config asked for again as new"
             value = surface(p.stage, p.mbs, p.offload)
             status = Status.OOM if value is None else Status.FAILED if value == "crash" else Status.OK
-            observations.append(Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, status=status,
-                                            score=value if status is Status.OK else None, seconds=60.0))
+            observations.append(Observation(config=p.config, status=status, score=value if status is Status.OK else None, seconds=60.0))
     raise AssertionError("the planner did not finish")
 
 
@@ -107,7 +106,7 @@ def test_running_experiments_are_not_proposed_again_and_a_batch_spreads_out() ->
     decision = plan(problem, [], free_slots=4)
     configs = [p.config for p in decision.proposals]
     assert len(configs) == len(set(configs)) >= 2
-    running = [Observation(stage=p.stage, mbs=p.mbs, status=Status.RUNNING) for p in decision.proposals]
+    running = [Observation(config=p.config, status=Status.RUNNING) for p in decision.proposals]
     later = plan(problem, running, free_slots=1)
     assert not {p.config for p in later.proposals} & set(configs)
     observations, decision = _drive(problem, surface, slots=4)
@@ -155,7 +154,7 @@ def test_a_crashing_stage_is_given_up_and_nothing_running_ends_with_no_choice() 
 def test_one_oom_at_one_stage_moves_every_stage_edge() -> None:
     problem, _ = _job()
     before = FeasibilityModel(problem, [])
-    after = FeasibilityModel(problem, [Observation(stage=0, mbs=20, status=Status.OOM)])
+    after = FeasibilityModel(problem, [Observation(config=Config(stage=0, micro_batch=20), status=Status.OOM)])
     stage2 = problem.arms[2]
     # Stage 0 ran out at 20 with 60 GB: a sample needs at least 2.9 GB, so stage 2 (66 GB) fits fewer than 23.
     assert after.p_oom(stage2, [24])[0] > 0.9 > before.p_oom(stage2, [24])[0]
@@ -166,7 +165,7 @@ def test_runs_that_report_their_peak_memory_place_every_stage_edge_before_any_oo
     """Two runs of stage 0 with their peak memory (20 GB of states, 2 GB of context, 2 GB a
     sample) pin the line: stage 2, with 66 GB free, holds 32 samples, though nothing ran out."""
     problem, _ = _job()
-    runs = [Observation(stage=0, mbs=m, status=Status.OK, score=50.0, seconds=60.0) for m in (8, 24)]
+    runs = [Observation(config=Config(stage=0, micro_batch=m), status=Status.OK, score=50.0, seconds=60.0) for m in (8, 24)]
     measured = [dataclasses.replace(o, memory=(22 + 2 * o.mbs) * GB) for o in runs]
     stage2 = problem.arms[2]
     blind, seen = FeasibilityModel(problem, runs), FeasibilityModel(problem, measured)
@@ -192,7 +191,7 @@ def test_a_coin_toss_between_stages_is_measured_again_and_a_clear_choice_is_not(
 
     def seen(score_z1: float) -> list[Observation]:
         runs = [(0, 8, 66.0), (0, 16, 80.0), (0, 24, 85.0), (0, 24, 85.2), (1, 24, score_z1)]
-        return [Observation(stage=s, mbs=m, status=Status.OK, score=v, seconds=60.0) for s, m, v in runs]
+        return [Observation(config=Config(stage=s, micro_batch=m), status=Status.OK, score=v, seconds=60.0) for s, m, v in runs]
 
     model = ThroughputModel(problem, FeasibilityModel(problem, seen(85.5)), [(z0, 8, (), 66.0), (z0, 16, (), 80.0),
                                                                                (z0, 24, (), 85.0), (z0, 24, (), 85.2),
@@ -215,12 +214,12 @@ def test_a_size_measured_far_below_another_is_not_chosen_whatever_the_model_expe
     timing artefact, or a size the kernels like) contradicts it, and the measurements decide."""
     problem, _ = _job()
     runs = [(2, 40.0), (4, 4344.0), (5, 52.97)]
-    observations = [Observation(stage=0, mbs=m, status=Status.OK, score=v, seconds=60.0) for m, v in runs]
+    observations = [Observation(config=Config(stage=0, micro_batch=m), status=Status.OK, score=v, seconds=60.0) for m, v in runs]
     choice = plan(problem, observations).choice
     assert choice is not None and choice.mbs == 4
     # Within the noise, the model's estimate still decides: a lone high measurement does not.
     close = [(4, 60.0), (5, 59.0), (6, 59.5), (8, 59.8), (8, 60.2), (6, 59.4)]
-    observations = [Observation(stage=0, mbs=m, status=Status.OK, score=v, seconds=60.0) for m, v in close]
+    observations = [Observation(config=Config(stage=0, micro_batch=m), status=Status.OK, score=v, seconds=60.0) for m, v in close]
     assert plan(problem, observations).choice.mbs != 4
 
 
@@ -229,8 +228,8 @@ def test_knob_values_of_mixed_types_are_planned_over() -> None:
     there are compared by the model, never ordered by their values."""
     problem, _ = _job()
     runs = [(0, 24, (), 85.0), (1, 24, (("reduce_bucket_size", 5e8),), 84.0), (1, 24, (("reduce_bucket_size", "auto"),), 84.5)]
-    observations = [Observation(stage=s, mbs=m, status=Status.OK, score=v, knobs=k, seconds=60.0) for s, m, k, v in runs]
-    running = [Observation(stage=1, mbs=24, status=Status.RUNNING, knobs=(("reduce_bucket_size", None),))]
+    observations = [Observation(config=Config(stage=s, micro_batch=m, knobs=k), status=Status.OK, score=v, seconds=60.0) for s, m, k, v in runs]
+    running = [Observation(config=Config(stage=1, micro_batch=24, knobs=(("reduce_bucket_size", None),)), status=Status.RUNNING)]
     decision = plan(problem, observations + running, free_slots=2)
     assert decision.choice is not None or decision.proposals
 
@@ -249,7 +248,7 @@ def test_noise_is_measured_from_repeated_configs_never_from_misfit_and_straggler
     assert bent.amplitude > 1.5 * smooth.amplitude  # the misfit went into the model
     repeated = ThroughputModel(problem, memory, zigzag + [zigzag[3]])
     assert repeated.noise_dof == 1 and repeated.noise < 0.015
-    decision = plan(problem, [Observation(stage=0, mbs=m, status=Status.OK, score=v, seconds=60.0) for _, m, _, v in zigzag])
+    decision = plan(problem, [Observation(config=Config(stage=0, micro_batch=m), status=Status.OK, score=v, seconds=60.0) for _, m, _, v in zigzag])
     assert decision.noise_runs == 0
     # Runs 20% apart: a straggler, not a noise of 14%; runs 1% apart say the noise is small.
     assert measured_noise([[100.0, 80.0]])[0] < 0.035
@@ -274,8 +273,8 @@ def _first_results(problem: Problem, surface: Surface, *, slots: int) -> tuple[l
     first = plan(problem, [], free_slots=slots).proposals
     value = surface(first[0].stage, first[0].mbs, first[0].offload)
     assert isinstance(value, float)
-    done = [Observation(stage=first[0].stage, mbs=first[0].mbs, status=Status.OK, score=value, seconds=60.0)]
-    return done, [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, status=Status.RUNNING) for p in first[1:]]
+    done = [Observation(config=first[0].config, status=Status.OK, score=value, seconds=60.0)]
+    return done, [Observation(config=p.config, status=Status.RUNNING) for p in first[1:]]
 
 
 def test_a_batch_for_many_slots_after_the_first_result_measures_every_stage_likely_to_fit() -> None:
@@ -302,7 +301,7 @@ def test_a_batch_never_holds_a_config_twice_nor_one_running() -> None:
             assert not set(configs) & {o.config for o in observations if o.status is Status.RUNNING}
             assert not any(p.repeat == 0 and p.config in {o.config for o in observations} for p in
                            plan(problem, observations, free_slots=slots).proposals)
-            observations += [Observation(stage=c[0], offload=c[1], mbs=c[2], status=Status.RUNNING) for c in configs]
+            observations += [Observation(config=c, status=Status.RUNNING) for c in configs]
 
 
 def test_one_slot_is_the_sequential_search_whatever_the_width_setting() -> None:
@@ -327,12 +326,12 @@ def test_a_slot_free_while_others_run_takes_what_one_slot_would_not() -> None:
         p = plan(problem, observations + asked, free_slots=1).proposals
         if not p:
             break
-        asked.append(Observation(stage=p[0].stage, mbs=p[0].mbs, offload=p[0].offload, status=Status.RUNNING))
+        asked.append(Observation(config=p[0].config, status=Status.RUNNING))
     assert len(asked) > len(plan(problem, observations, free_slots=6, settings=narrow).proposals)
     # Once the search is over, a slot free while another runs starts nothing.
     over, decision = _drive(problem, surface, slots=1)
     assert decision.done
-    late = Observation(stage=3, mbs=2, status=Status.RUNNING)
+    late = Observation(config=Config(stage=3, micro_batch=2), status=Status.RUNNING)
     assert late.config not in {o.config for o in over}
     assert not plan(problem, over + [late], free_slots=8).proposals
 
@@ -350,7 +349,7 @@ def test_a_slot_free_late_in_a_round_starts_only_what_the_sequential_search_woul
             p = plan(problem, done + running, free_slots=1).proposals
             if not p:
                 break
-            running.append(Observation(stage=p[0].stage, mbs=p[0].mbs, status=Status.RUNNING, seconds=age))
+            running.append(Observation(config=p[0].config, status=Status.RUNNING, seconds=age))
             whys.append(p[0].why)
         return whys
 
@@ -380,7 +379,7 @@ def test_the_choice_never_rests_on_one_run() -> None:
         problem, surface = _job(noise=0.02, seed=seed, half=2.0, pressure_from=0.6, loss=0.5)
         observations, decision = _drive(problem, surface)
         c = decision.choice
-        runs = [o for o in observations if o.config == (c.stage, c.offload, c.mbs, c.knobs) and o.status is Status.OK]
+        runs = [o for o in observations if o.config == c.config and o.status is Status.OK]
         assert len(runs) >= 2, (seed, c, [(o.stage, o.mbs, o.score) for o in observations])
 
 
@@ -399,8 +398,7 @@ def test_under_large_measured_noise_the_search_does_not_walk_the_plateau() -> No
                 for p in decision.proposals:
                     value = surface(p.stage, p.mbs, p.offload)
                     status = Status.OOM if value is None else Status.OK
-                    observations.append(Observation(stage=p.stage, mbs=p.mbs, status=status,
-                                                    score=value if status is Status.OK else None, seconds=60.0))
+                    observations.append(Observation(config=p.config, status=status, score=value if status is Status.OK else None, seconds=60.0))
             c = decision.choice
             assert _true(surface, c.stage, c.mbs) >= 0.9 * _optimum(surface)
             counts.append(len(observations))

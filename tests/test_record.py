@@ -12,26 +12,30 @@ from optuna.trial import TrialState
 
 from optuna_ds.config import Metric
 from optuna_ds.config import parse_autotuning_config
-from optuna_ds.launcher import Experiment
-from optuna_ds.launcher import ExperimentResult
-from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import Phase
+from optuna_ds.domain import ChoiceRecord
+from optuna_ds.domain import Config
+from optuna_ds.domain import Experiment
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import ExperimentResult
+from optuna_ds.domain import FailureReason
+from optuna_ds.domain import Phase
+from optuna_ds.domain import RecordedResources
+from optuna_ds.domain import RootRecord
+from optuna_ds.domain import StageRecord
+from optuna_ds.domain import given_up
 from optuna_ds.planner import Status
 from optuna_ds.pruners import TunerEarlyStoppingPruner
 from optuna_ds.reporting._report import experiment_rows
-from optuna_ds.storage import ExperimentRecord
 from optuna_ds.studies import observation_of
 from optuna_ds.studies._owner import fail_orphaned_trials
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
-from optuna_ds.studies._results import given_up
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
 
 _EXPERIMENT = Experiment(
-    name="z1_gas2_tmbspg4", stage=1, phase=Phase.MICRO_BATCH,
+    name="z1_gas2_tmbspg4", phase=Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=4, accumulation=2),
     ds_config={"train_batch_size": 8, "zero_optimization": {"stage": 1}}, result_dir="/results/z1_gas2_tmbspg4",
-    micro_batch_size=4, gradient_accumulation_steps=2,
 )
 _OWNER = {"host": "node1", "pid": 42, "started": "1234"}
 
@@ -51,7 +55,7 @@ def test_claim_writes_the_stored_keys_with_exp_name_last() -> None:
     writes = _written(ExperimentRecord.claim(_EXPERIMENT, slot="localhost:0"))
     # The keys stored tunings, the report and optuna-dashboard read: they never change.
     assert writes == [
-        ("phase", "micro_batch"), ("micro_batch_size", 4), ("gradient_accumulation_steps", 2), ("train_batch_size", 8),
+        ("phase", "micro_batch"), ("stage", 1), ("micro_batch_size", 4), ("gradient_accumulation_steps", 2), ("train_batch_size", 8),
         ("ds_config", _EXPERIMENT.ds_config), ("result_dir", "/results/z1_gas2_tmbspg4"), ("slot", "localhost:0"),
         ("exp_name", "z1_gas2_tmbspg4"),
     ]
@@ -74,18 +78,18 @@ def test_a_successful_trial_round_trips_through_sqlite(study: optuna.Study) -> N
     frozen = study.get_trials()[0]
     record = ExperimentRecord.from_trial(frozen)
     assert record == ExperimentRecord(
-        phase=Phase.MICRO_BATCH, micro_batch_size=4, gradient_accumulation_steps=2, train_batch_size=8,
+        phase=Phase.MICRO_BATCH, config=_EXPERIMENT.config, train_batch_size=8,
         ds_config=_EXPERIMENT.ds_config, result_dir=_EXPERIMENT.result_dir, slot="localhost:0", worker=_OWNER,
         experiment_process={**_OWNER, "pid": 43}, metrics={"throughput": 50.0, "latency": 20.0},
         cmd=["deepspeed", "train.py"], duration=12.346, returncode=0, peak_gpu_memory=2**30, exp_name=_EXPERIMENT.name,
     )
     assert record.claimed and record.launched and record.reason is None
     # The planner's view of it: the score and the peak memory that places every stage's edge.
-    seen = observation_of(frozen, stage=1, metric=Metric.named("throughput"), dead={})
-    assert seen is not None and (seen.status, seen.score, seen.mbs, seen.memory) == (Status.OK, 50.0, 4, 2**30)
+    seen = observation_of(frozen, metric=Metric.named("throughput"), dead={})
+    assert seen is not None and (seen.status, seen.score, seen.config, seen.memory) == (Status.OK, 50.0, _EXPERIMENT.config, 2**30)
     # A success stores no failure fields, and nothing it does not know.
     assert set(frozen.user_attrs) == {
-        "worker", "phase", "micro_batch_size", "gradient_accumulation_steps", "train_batch_size", "ds_config", "result_dir",
+        "worker", "phase", "stage", "micro_batch_size", "gradient_accumulation_steps", "train_batch_size", "ds_config", "result_dir",
         "slot", "exp_name", "experiment_process", "metrics", "cmd", "duration", "returncode", "peak_gpu_memory",
     }
 
@@ -95,7 +99,7 @@ def test_a_running_experiment_is_seen_with_how_long_it_has_run(study: optuna.Stu
     trial = study.ask()
     trial.suggest_int("train_micro_batch_size_per_gpu", 4, 4)
     ExperimentRecord.claim(_EXPERIMENT, slot="localhost:0").write(trial.set_user_attr)
-    seen = observation_of(study.get_trials()[0], stage=1, metric=Metric.named("throughput"), dead={})
+    seen = observation_of(study.get_trials()[0], metric=Metric.named("throughput"), dead={})
     assert seen is not None and seen.status is Status.RUNNING
     assert seen.seconds is not None and 0.0 <= seen.seconds < 60.0
 
@@ -118,14 +122,21 @@ def test_a_failed_trial_keeps_its_reason_and_stderr(study: optuna.Study) -> None
 
 
 def test_a_trial_stored_with_literal_keys_reads_back(study: optuna.Study) -> None:
-    """Tunings stored before the record existed hold the same keys."""
+    """Tunings stored before the record existed hold the same keys; before it held the stage and
+    the knobs, they are read from the trial's ds_config and params."""
     trial = study.ask()
-    for key, value in {"phase": "knobs", "micro_batch_size": 2, "exp_name": "z2_gas1_tmbspg2_ocT", "reason": "interrupted",
-                       "detail": "its process died", "lost": True, "duplicate_of": 0, "early_stopped": True}.items():
+    trial.suggest_int("train_micro_batch_size_per_gpu", 2, 2)
+    trial.suggest_categorical("overlap_comm", [True, False])
+    for key, value in {"phase": "knobs", "micro_batch_size": 2, "gradient_accumulation_steps": 1, "offload": "offload-opt",
+                       "ds_config": {"zero_optimization": {"stage": 2}}, "exp_name": "z2_gas1_tmbspg2_ocT_offload-opt",
+                       "reason": "interrupted", "detail": "its process died", "lost": True, "duplicate_of": 0,
+                       "early_stopped": True}.items():
         trial.set_user_attr(key, value)
     study.tell(trial, state=TrialState.FAIL)
-    record = ExperimentRecord.from_trial(study.get_trials()[0])
-    assert (record.phase, record.micro_batch_size, record.exp_name) == (Phase.KNOBS, 2, "z2_gas1_tmbspg2_ocT")
+    frozen = study.get_trials()[0]
+    record = ExperimentRecord.from_trial(frozen)
+    expected = Config(stage=2, micro_batch=2, offload="offload-opt", knobs={"overlap_comm": frozen.params["overlap_comm"]})
+    assert (record.phase, record.config, record.exp_name) == (Phase.KNOBS, expected, "z2_gas1_tmbspg2_ocT_offload-opt")
     assert (record.reason, record.lost, record.duplicate_of, record.early_stopped) == (FailureReason.INTERRUPTED, True, 0, True)
     study.ask()
     assert ExperimentRecord.from_trial(study.get_trials()[1]) == ExperimentRecord()  # nothing claimed yet
@@ -151,7 +162,7 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
     ExperimentRecord.outcome(ExperimentResult(name=_EXPERIMENT.name, returncode=0, duration=2.0, cmd=["deepspeed"],
                                               metrics={"throughput": 50.0})).write(done.set_user_attr)
     study.tell(done, 50.0)
-    other = dataclasses.replace(_EXPERIMENT, name="z1_gas1_tmbspg8", micro_batch_size=8, gradient_accumulation_steps=1)
+    other = dataclasses.replace(_EXPERIMENT, name="z1_gas1_tmbspg8", config=Config(stage=1, micro_batch=8))
     unclaimed = []
     for claimed_fields in (0, 3):  # killed before any of its claim, and (field by field) before its exp_name
         trial = study.ask()
@@ -174,7 +185,7 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
         assert t.state == TrialState.FAIL and record.lost and record.reason is FailureReason.INTERRUPTED
         assert record.detail == "its process died before it claimed an experiment"
         assert not record.claimed and not record.launched and "exp_name" not in t.user_attrs
-        assert observation_of(t, stage=1, metric=metric, dead={}) is None
+        assert observation_of(t, metric=metric, dead={}) is None
         assert not TunerEarlyStoppingPruner(1, max_trials=1)._counts(t)  # no trial of the knob search
     assert ExperimentRecord.from_trial(trials[claimed.number]).detail == "its process died"
     assert trials[alive.number].state == TrialState.RUNNING
@@ -213,3 +224,29 @@ def test_metric_best_keeps_the_first_of_equals_and_refuses_an_unknown_direction(
     assert metric.best([("a", 1.0), ("b", 1.0), ("c", 2.0)], key=lambda item: item[1]) == ("a", 1.0)
     with pytest.raises(ValueError, match="direction"):
         Metric(name="speed", key="speed", direction="up")
+
+
+def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: optuna.Study) -> None:
+    """The root study's keys, as tunings of earlier versions stored them: read back typed, and
+    written under the same keys."""
+    stored = {
+        "resources": {"gpus_per_experiment": 2, "device_memory": 8e10, "gpu_memory": "measured by NVML", "device": "GPU"},
+        "model_info": {"num_params": 1_000_000}, "profile_duration": 12.5, "profile_end": "2025-01-01T10:00:00",
+        "elapsed": 300.0, "stage:z0": {"status": "skipped", "reason": "no gain", "memory": {"stage": 0}},
+        "stage:z1": {"status": "tuned", "reason": "", "memory": {"stage": 1}, "max_runnable_micro_batch_size": 16, "offload": ""},
+        "knob_search": "done", "choice": {"stage": 1, "trial": 3, "estimate": 1500.0},
+        "optuna_ds:plan": "0123456789abcdef",  # the plan's mark: the storage's, not this record's
+    }
+    for key, value in stored.items():
+        study.set_user_attr(key, value)
+    root = RootRecord.from_attrs(study.user_attrs)
+    assert root.resources == RecordedResources(gpus_per_experiment=2, device_memory=8e10, gpu_memory="measured by NVML", device="GPU")
+    assert (root.model_info, root.profile_duration, root.profile_end, root.elapsed) == ({"num_params": 1_000_000}, 12.5,
+                                                                                       "2025-01-01T10:00:00", 300.0)
+    assert root.stages == {0: StageRecord(status="skipped", reason="no gain", memory={"stage": 0}),
+                           1: StageRecord(status="tuned", memory={"stage": 1}, max_runnable_micro_batch_size=16, offload="")}
+    assert root.knob_search_done and root.choice == ChoiceRecord(stage=1, trial=3, estimate=1500.0)
+    assert root.attrs() == {k: v for k, v in stored.items() if k != "optuna_ds:plan"}
+    # An older tuning's resources, without the device: read with its default.
+    assert RootRecord.from_attrs({"resources": {"gpus_per_experiment": 1, "device_memory": 1.0}}).resources.device == ""
+    assert RootRecord.from_attrs({}) == RootRecord() and RootRecord().attrs() == {}

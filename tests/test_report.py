@@ -22,11 +22,13 @@ import pytest
 from browser import measure
 from browser import screenshot
 from conftest import Workspace
-from optuna_ds.config import MBS_KEY
 from optuna_ds.config import format_number
 from optuna_ds.config import parse_user_config
-from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import Phase
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import Config
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import FailureReason
+from optuna_ds.domain import Phase
 from optuna_ds.reporting import best_stage_study
 from optuna_ds.reporting import headline
 from optuna_ds.reporting import load_report
@@ -35,7 +37,6 @@ from optuna_ds.reporting import register_with_dashboard
 from optuna_ds.reporting import render_report
 from optuna_ds.reporting import summary_markdown
 from optuna_ds.reporting import summary_text
-from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import open_root_study
@@ -81,7 +82,7 @@ def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple
         name = f"z{stage}_gas1_tmbspg{mbs}" + (f"_r{n}" if n else "")
         failed = isinstance(outcome, str)
         record = ExperimentRecord(
-            phase=Phase.MICRO_BATCH, micro_batch_size=mbs, gradient_accumulation_steps=1, train_batch_size=mbs, slot="localhost:0",
+            phase=Phase.MICRO_BATCH, config=Config(stage=stage, micro_batch=mbs), train_batch_size=mbs, slot="localhost:0",
             ds_config={"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": 1, "train_batch_size": mbs,
                        "zero_optimization": {"stage": stage}, "autotuning": {"metric_path": f"/r/{name}/metrics.json"}},
             result_dir=str(root / "results" / name), duration=10.0,

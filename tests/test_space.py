@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from optuna_ds._errors import ConfigError
+from optuna_ds.domain import Config
 from optuna_ds.space import build_knob_space
 from optuna_ds.space import default_tuning_space
 from optuna_ds.space import estimate_memory
-from optuna_ds.space import experiment_name
 from optuna_ds.space import recommended_knobs
 from optuna_ds.space import user_offloads
 
@@ -56,13 +56,25 @@ def test_empty_list_is_an_error() -> None:
 
 
 def test_names_are_deepspeed_style_and_identify_configs() -> None:
-    assert experiment_name(stage=1, mbs=3, gas=1) == "z1_gas1_tmbspg3"
-    name = experiment_name(stage=2, mbs=8, gas=2, knobs={"overlap_comm": True, "reduce_bucket_size": 5e8})
-    assert name == "z2_gas2_tmbspg8_ocT_rbs5e8"
-    assert experiment_name(stage=2, mbs=8, gas=2, knobs={"reduce_bucket_size": 5e7}) != experiment_name(stage=2, mbs=8, gas=2, knobs={"reduce_bucket_size": 5e8})
+    assert Config(stage=1, micro_batch=3).name == "z1_gas1_tmbspg3"
+    config = Config(stage=2, micro_batch=8, accumulation=2, knobs={"reduce_bucket_size": 5e8, "overlap_comm": True})
+    assert config.name == "z2_gas2_tmbspg8_ocT_rbs5e8"
+    assert Config(stage=2, micro_batch=8, accumulation=2, knobs={"reduce_bucket_size": 5e7}).name != Config(stage=2, micro_batch=8, accumulation=2, knobs={"reduce_bucket_size": 5e8}).name
     # Colliding acronyms fall back to the full keys.
-    collide = experiment_name(stage=1, mbs=1, gas=1, knobs={"a_b": 1, "ab_bb": 2})
+    collide = Config(stage=1, micro_batch=1, knobs={"a_b": 1, "ab_bb": 2}).name
     assert "a_b1" in collide and "ab_bb2" in collide
+    # The offload variant and a re-measurement are named after the knobs: stored tunings match them.
+    offloaded = Config(stage=3, micro_batch=4, offload="offload-opt-param", knobs={"overlap_comm": True})
+    assert offloaded.run_name(2) == "z3_gas1_tmbspg4_ocT_offload-opt-param_r2" and offloaded.run_name() == offloaded.name
+
+
+def test_a_config_is_one_identity_whatever_its_knobs_order_or_missing_offload() -> None:
+    a = Config(stage=2, micro_batch=8, offload=None, knobs={"reduce_bucket_size": 5e8, "overlap_comm": True})
+    b = Config(stage=2, micro_batch=8, offload="", knobs=(("overlap_comm", True), ("reduce_bucket_size", 5e8)))
+    assert a == b and hash(a) == hash(b) and a.key == b.key and len({a, b}) == 1
+    assert a.knobs == (("overlap_comm", True), ("reduce_bucket_size", 5e8)) and a.knob_dict == {"overlap_comm": True, "reduce_bucket_size": 5e8}
+    assert a.offload == "" and a.arm == (2, "")
+    assert Config(stage=2, micro_batch=8, accumulation=2) != Config(stage=2, micro_batch=8)
 
 
 def test_memory_estimate_partitions_by_stage() -> None:

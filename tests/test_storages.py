@@ -249,7 +249,8 @@ def test_a_database_lost_mid_tuning_keeps_the_finished_experiments(ws: Workspace
 @pytest.mark.parametrize("kind", ["sqlite", *sorted(SERVERS)])
 def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(tmp_path, kind: str) -> None:
     from optuna_ds._optuna_compat import trial_id
-    from optuna_ds.storage import ExperimentRecord
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import ExperimentRecord
     from optuna_ds.storage import TrialCache
     from optuna_ds.storage import create_storage
 
@@ -265,7 +266,8 @@ def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(
     try:
         trial = study.ask()
         trial.set_user_attr("slot", "old")
-        record = ExperimentRecord(slot="localhost:0", ds_config={"zero_optimization": {"stage": 1}}, micro_batch_size=8, exp_name="z1_x")
+        record = ExperimentRecord(slot="localhost:0", ds_config={"zero_optimization": {"stage": 1}}, config=Config(stage=1, micro_batch=8),
+                                  exp_name="z1_x")
         cache.set_trial_user_attrs(trial_id(trial), record.attrs())
         stored = optuna.load_study(study_name=name, storage=url).trials[0]  # a fresh reader
         assert ExperimentRecord.from_trial(stored) == record  # the old value overwritten

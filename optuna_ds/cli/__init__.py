@@ -1,4 +1,4 @@
-"""Layer 6: the ``optuna-ds`` command line, a thin shell over the layers below."""
+"""Layer 6: the ``optuna-ds`` command line, a thin shell over :func:`optuna_ds.tune` and the layers below."""
 
 from optuna_ds.cli._main import cli
 from optuna_ds.cli._main import main

@@ -10,10 +10,6 @@ from optuna_ds.config._script_args import find_arg
 from optuna_ds.config._script_args import find_config_path
 from optuna_ds.config._script_args import replace_config_path
 from optuna_ds.config._script_args import set_arg
-from optuna_ds.config._user_config import GAS_KEY
-from optuna_ds.config._user_config import MBS_KEY
-from optuna_ds.config._user_config import TBS_KEY
-from optuna_ds.config._user_config import ZERO_KEY
 from optuna_ds.config._user_config import UserConfig
 from optuna_ds.config._user_config import check_gpus
 from optuna_ds.config._user_config import load_json_file
@@ -22,12 +18,8 @@ from optuna_ds.config._user_config import parse_user_config
 
 __all__ = [
     "AutotuningConfig",
-    "GAS_KEY",
-    "MBS_KEY",
     "Metric",
-    "TBS_KEY",
     "UserConfig",
-    "ZERO_KEY",
     "check_gpus",
     "check_with_deepspeed",
     "find_arg",

@@ -11,11 +11,11 @@ from typing import Any
 
 from optuna_ds._errors import ConfigError
 from optuna_ds.config._integers import with_integer_sizes
-from optuna_ds.config._user_config import GAS_KEY
-from optuna_ds.config._user_config import MBS_KEY
-from optuna_ds.config._user_config import TBS_KEY
-from optuna_ds.config._user_config import ZERO_KEY
 from optuna_ds.config._user_config import UserConfig
+from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import TBS_KEY
+from optuna_ds.domain import ZERO_KEY
 
 
 def check_with_deepspeed(user: UserConfig) -> None:

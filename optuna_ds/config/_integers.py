@@ -4,7 +4,7 @@ import copy
 import functools
 from typing import Any
 
-from optuna_ds.config._user_config import ZERO_KEY
+from optuna_ds.domain import ZERO_KEY
 
 
 @functools.cache

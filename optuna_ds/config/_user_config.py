@@ -10,11 +10,11 @@ from typing import Any
 from optuna_ds._errors import ConfigError
 from optuna_ds.config._autotuning import AutotuningConfig, parse_autotuning_config
 from optuna_ds.config._script_args import find_arg, find_config_path
+from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import TBS_KEY
+from optuna_ds.domain import ZERO_KEY
 
-MBS_KEY = "train_micro_batch_size_per_gpu"
-GAS_KEY = "gradient_accumulation_steps"
-TBS_KEY = "train_batch_size"
-ZERO_KEY = "zero_optimization"
 ALL_STAGES = (0, 1, 2, 3)
 # The flags a Hugging Face Trainer script resolves "auto" from: used when arg_mappings is silent.
 HF_FLAGS = {MBS_KEY: "--per_device_train_batch_size", GAS_KEY: "--gradient_accumulation_steps"}

@@ -1,37 +1,33 @@
-"""Layer 4: launching DeepSpeed experiments on GPUs and classifying what happened."""
+"""Layer 2: launching DeepSpeed experiments on GPUs and classifying what happened."""
 
 from optuna_ds.launcher._classify import BadMetrics
-from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import classify
+from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import shell_line
-from optuna_ds.launcher._experiment import Experiment
-from optuna_ds.launcher._experiment import ExperimentResult
-from optuna_ds.launcher._experiment import FailureReason
-from optuna_ds.launcher._experiment import Phase
+from optuna_ds.launcher._gpu_memory import PeakGpuMemory
+from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._options import REFUSED_FLAGS
 from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import ResultsFiles
-from optuna_ds.launcher._gpu_memory import PeakGpuMemory
-from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import device_kind
 from optuna_ds.launcher._resources import discover_resources
 from optuna_ds.launcher._resources import import_deepspeed
 from optuna_ds.launcher._resources import local_host_names
-from optuna_ds.launcher._slots import Lease
-from optuna_ds.launcher._tracking import MARK_VAR
-from optuna_ds.launcher._tracking import end_marked
-from optuna_ds.launcher._tracking import new_mark
-from optuna_ds.launcher._slots import SlotPool
 from optuna_ds.launcher._runner import ExperimentInterrupted
 from optuna_ds.launcher._runner import ExperimentRunner
 from optuna_ds.launcher._runner import deferred_signals
 from optuna_ds.launcher._runner import kill_process_group
+from optuna_ds.launcher._slots import Lease
+from optuna_ds.launcher._slots import SlotPool
+from optuna_ds.launcher._tracking import MARK_VAR
+from optuna_ds.launcher._tracking import end_marked
+from optuna_ds.launcher._tracking import new_mark
 
 __all__ = [
     "BadMetrics",
@@ -40,16 +36,12 @@ __all__ = [
     "REFUSED_FLAGS",
     "ResultsFiles",
     "shell_line",
-    "Experiment",
     "ExperimentInterrupted",
-    "ExperimentResult",
     "ExperimentRunner",
-    "FailureReason",
     "LauncherOptions",
     "MARK_VAR",
     "Lease",
     "PeakGpuMemory",
-    "Phase",
     "Resources",
     "Slot",
     "SlotPool",

@@ -7,7 +7,7 @@ import re
 import signal
 from typing import Any
 
-from optuna_ds.launcher._experiment import FailureReason
+from optuna_ds.domain import FailureReason
 
 # Explicit out-of-memory signatures of torch and the accelerators DeepSpeed supports. The word
 # "error" alone proves nothing: harmless warnings contain it.

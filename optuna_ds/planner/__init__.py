@@ -1,4 +1,4 @@
-"""Layer 3a: the planner, one pure function from everything observed to the next experiments.
+"""Layer 1: the planner, one pure function from everything observed to the next experiments.
 
 It owns the whole search of a tuning: which ZeRO stages (and offload variants) to explore,
 which micro-batch sizes, which configs to measure again, when to stop, and the final choice.
@@ -16,8 +16,8 @@ from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
 from optuna_ds.planner._problem import Status
 from optuna_ds.planner._settings import PlannerSettings
-from optuna_ds.planner._surrogate import measured_noise
 from optuna_ds.planner._surrogate import ThroughputModel
+from optuna_ds.planner._surrogate import measured_noise
 
 __all__ = [
     "Arm",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from optuna_ds.domain import Config
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Knobs
 from optuna_ds.planner._problem import Observation
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 Row = tuple[Arm, int, Knobs]  # a config as the model takes it
 Point = tuple[Arm, int, Knobs, float]  # ...with its measured (or believed) score
-Config = tuple[int, str, int, Knobs]
 
 _CHUNK = 16  # candidates whose value is brought up to date at once
 _LATE = 0.5  # of the usual run: an experiment running this long is in its round's second half
@@ -41,8 +41,7 @@ _WHY = "a slot free while others run"
 
 def under_way(proposals: list[Proposal]) -> list[Observation]:
     """Proposals as experiments just started."""
-    return [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING, repeat=p.repeat,
-                        seconds=0.0) for p in proposals]
+    return [Observation(config=p.config, status=Status.RUNNING, repeat=p.repeat, seconds=0.0) for p in proposals]
 
 
 def remeasuring(state: _State) -> bool:
@@ -106,7 +105,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         return []
     rows, p_run = state.candidates
     taken = {p.config for p in proposals}
-    keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
+    keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
     if not keep:
         return []
     rows, p_run = [rows[i] for i in keep], p_run[keep]
@@ -122,7 +121,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     measured = [o.config for o in state.ok]
 
     def at(configs: list[Config]) -> list[Row]:
-        return [(_known(problem, (c[0], c[1])), c[2], c[3]) for c in configs]
+        return [(_known(problem, c.arm), c.micro_batch, c.knobs) for c in configs]
 
     def gains(idx: np.ndarray) -> np.ndarray:
         incumbent = float(np.max(model.mean(at(measured))))
@@ -146,9 +145,9 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     def add(j: int, why: str) -> None:
         nonlocal model
         a, m, k = rows[j]
-        added.append(Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=f"{_WHY}: {why}"))
+        added.append(Proposal(config=problem.config(a, m, k), why=f"{_WHY}: {why}"))
         bound[j] = -np.inf
-        measured.append((a.stage, a.offload, m, k))
+        measured.append(problem.config(a, m, k))
         fantasy.extend(believed([rows[j]]))
         model = ThroughputModel(problem, state.memory, fantasy)
 

@@ -5,10 +5,11 @@ import math
 import statistics
 from collections.abc import Callable
 from collections.abc import Sequence
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 
+from optuna_ds.domain import Config
 from optuna_ds.planner._batch import remeasuring
 from optuna_ds.planner._batch import under_way
 from optuna_ds.planner._batch import widen
@@ -93,7 +94,7 @@ class _State:
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
         for arm in self.problem.arms:
-            sizes = np.array([m for m in self.sizes(arm) if (arm.stage, arm.offload, m, ()) not in self.tried])
+            sizes = np.array([m for m in self.sizes(arm) if self.problem.config(arm, int(m)) not in self.tried])
             if not len(sizes):
                 continue
             p = (1.0 - self.memory.p_oom(arm, sizes)) * (1.0 - _p_crash(arm, sizes, self.finished))
@@ -105,14 +106,20 @@ class _State:
         return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
 
 
-_Ranked = tuple[tuple[Any, ...], float, float, int]  # (config, model's log estimate, measured mean, runs)
+class _Ranked(NamedTuple):
+    """A measured config, ranked."""
+
+    config: Config
+    estimate: float  # the model's, of its log score
+    mean: float  # of its measured scores
+    runs: int
 
 
 def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[_Ranked]]:
     """The best config that ran, by the model's estimate, among those not measured below
     another by more than the measured noise can explain; with every measured config ranked."""
-    groups: dict[tuple[Any, ...], list[float]] = {}
-    kept: dict[tuple[Any, ...], list[float]] = {}
+    groups: dict[Config, list[float]] = {}
+    kept: dict[Config, list[float]] = {}
     for o, straggler in zip(state.ok, model.straggler):
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
         if not straggler:
@@ -122,7 +129,7 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
     # A straggler's run says little of its config, unless it is all there is.
     groups = {c: kept.get(c) or runs for c, runs in groups.items()}
     configs = list(groups)
-    rows = [(state.problem.arm((c[0], c[1])), c[2], c[3]) for c in configs]
+    rows = [(state.problem.arm(c.arm), c.micro_batch, c.knobs) for c in configs]
     means = model.mean(rows)  # type: ignore[arg-type]
     measured = np.array([np.mean(np.log(groups[c])) for c in configs])
     counts = np.array([len(groups[c]) for c in configs])
@@ -133,17 +140,17 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
     spread = state.settings.plausible_z * model.noise * np.sqrt(1.0 / counts + 1.0 / counts[top])
     plausible = measured >= measured[top] - spread
     order = sorted(range(len(configs)), key=lambda i: (not plausible[i], -means[i]))
-    ranked = [(configs[i], float(means[i]), float(np.exp(measured[i])), int(counts[i])) for i in order]
+    ranked = [_Ranked(configs[i], float(means[i]), float(np.exp(measured[i])), int(counts[i])) for i in order]
     c, estimate, mean, _ = ranked[0]
-    return Choice(stage=c[0], offload=c[1], mbs=c[2], knobs=c[3], estimate=float(np.exp(estimate)), measured=mean), ranked
+    return Choice(config=c, estimate=float(np.exp(estimate)), measured=mean), ranked
 
 
-def _repeat(state: _State, config: tuple[Any, ...], why: str) -> Proposal | None:
+def _repeat(state: _State, config: Config, why: str) -> Proposal | None:
     if any(o.config == config for o in state.running):
         return None
     # Numbered after every run of the config, failed ones too: a name that ran is never asked for again.
     n = sum(1 for o in state.finished if o.config == config)
-    return Proposal(stage=config[0], offload=config[1], mbs=config[2], knobs=config[3], repeat=n, why=why)
+    return Proposal(config=config, repeat=n, why=why)
 
 
 def _confirm(state: _State, ranked: list[_Ranked]) -> Proposal | None:
@@ -175,7 +182,7 @@ def _remeasure(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> 
     whichever measurement is worth more."""
     if len(ranked) < 2:
         return None
-    rows = [(_known(state.problem, (c[0], c[1])), c[2], c[3]) for c, _, _, _ in ranked]
+    rows = [(_known(state.problem, c.arm), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
     i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))
     of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))
     if max(of_rival, of_chosen) < state.settings.min_gain:
@@ -213,13 +220,13 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     proposals: list[Proposal] = []
     baseline = problem.baseline
     first = problem.arms[0] if problem.arms else None
-    if baseline is not None and first is not None and (first.stage, first.offload, baseline, ()) not in state.tried:
-        proposals.append(Proposal(stage=first.stage, offload=first.offload, mbs=baseline, why="your micro-batch size"))
+    if baseline is not None and first is not None and problem.config(first, baseline) not in state.tried:
+        proposals.append(Proposal(config=problem.config(first, baseline), why="your micro-batch size"))
     repeats = len(state.finished) - len({o.config for o in state.finished})
     if (model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None
             and not remeasuring(state) and repeats < settings.max_remeasures):
         # Every later decision weighs gains against the noise: measure it, on the best so far.
-        again = _repeat(state, (choice.stage, choice.offload, choice.mbs, choice.knobs), "re-measure the best so far: the noise")
+        again = _repeat(state, choice.config, "re-measure the best so far: the noise")
         if again is not None:
             proposals.append(again)
     fantasy = list(state.points()) + _fantasies(model, [(_known(problem, o.arm), o.mbs, o.knobs) for o in state.running])
@@ -280,7 +287,7 @@ def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None
         if window:
             middle = math.sqrt(low * high)
             mbs = min(window, key=lambda m: abs(math.log(m / middle)))
-            return Proposal(stage=arm.stage, offload=arm.offload, mbs=mbs, why="a neighbouring size, to bracket the optimum")
+            return Proposal(config=state.problem.config(arm, mbs), why="a neighbouring size, to bracket the optimum")
     return None
 
 
@@ -292,48 +299,48 @@ def _fantasies(model: ThroughputModel, rows: list[tuple[Arm, int, Knobs]]) -> li
     return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]
 
 
-def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[tuple[Any, ...]]) -> Proposal | None:
+def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[Config]) -> Proposal | None:
     settings = state.settings
     rows, p_run = state.candidates
-    keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
+    keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
     rows = [rows[i] for i in keep]
     p_run = p_run[keep] if len(keep) else np.zeros(0)
     if not rows:
         return None
-    explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p[0], p[1]) for p in taken}
+    explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
     if problem.explicit:
         # The stages the user listed are each measured once: at the size expected to run fastest.
         fresh = [i for i, (a, _, _) in enumerate(rows) if a.key not in explored and a.offload == ""]
         if fresh:
-            return _best_run([rows[i] for i in fresh], p_run[fresh], model, "a stage you listed", problem.sizes)
+            return _best_run(problem, [rows[i] for i in fresh], p_run[fresh], model, "a stage you listed", problem.sizes)
     if (user_sizes := problem.sizes):
         # Sizes the user listed are each measured at every stage explored, as DeepSpeed does.
         listed = [i for i, (a, _, _) in enumerate(rows) if a.key in explored and not a.offload]
         if listed:
             i = min(listed, key=lambda i: (rows[i][0].stage, user_sizes.index(rows[i][1]) if rows[i][1] in user_sizes else 0))
             a, m, k = rows[i]
-            return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why="a size you listed")
+            return Proposal(config=problem.config(a, m, k), why="a size you listed")
     if not state.ok and not state.running and not taken:
         # DeepSpeed's order: the lowest stage that runs communicates least.
         lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
         first = [i for i, (a, _, _) in enumerate(rows) if a.key == lowest] or list(range(len(rows)))
-        return _best_run([rows[i] for i in first], p_run[first], model, "the size expected to run fastest", problem.sizes)
+        return _best_run(problem, [rows[i] for i in first], p_run[first], model, "the size expected to run fastest", problem.sizes)
     if not state.ok:
         # Waiting for the first result: the best guess of an arm not tried yet, else a smaller size.
-        busy = {(o.stage, o.offload) for o in state.running} | {(p[0], p[1]) for p in taken}
-        sizes = [o.mbs for o in state.running] + [p[2] for p in taken]
+        busy = {(o.stage, o.offload) for o in state.running} | {p.arm for p in taken}
+        sizes = [o.mbs for o in state.running] + [p.micro_batch for p in taken]
         other = [i for i, (a, _, _) in enumerate(rows) if a.key not in busy]
         if not other:
             other = [i for i, (_, m, _) in enumerate(rows) if m <= 0.7 * min(sizes)] if sizes else []
         if not other:
             return None
-        return _best_run([rows[i] for i in other], p_run[other], model, "while the first results are pending")
+        return _best_run(problem, [rows[i] for i in other], p_run[other], model, "while the first results are pending")
     # The best so far counts the experiments under way (running, or proposed in this batch) at
     # the model's mean, as the model does: else every proposal of a batch would be measured
     # against the first results alone, and a batch for many slots would crowd one curve.
     # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
     measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
-    incumbent = float(np.max(model.mean([(_known(problem, (c[0], c[1])), c[2], c[3]) for c in measured])))
+    incumbent = float(np.max(model.mean([(_known(problem, c.arm), c.micro_batch, c.knobs) for c in measured])))
     # A gain a run cannot show is none: under large measured noise the walk down a plateau stops.
     gain = p_run * model.expected_improvement(rows, incumbent + max(settings.margin, settings.noise_margin * model.noise))
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
@@ -341,10 +348,10 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[tu
     if gain[i] < settings.min_gain:
         return None
     a, m, k = rows[i]
-    return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=f"expected gain {gain[i]:.1%}")
+    return Proposal(config=problem.config(a, m, k), why=f"expected gain {gain[i]:.1%}")
 
 
-def _best_run(rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str,
+def _best_run(problem: Problem, rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str,
               sizes: tuple[int, ...] | None = None) -> Proposal:
     """The run expected to measure fastest; with the user's list of ``sizes``, the first listed
     that is likely to run, in the user's order as DeepSpeed does."""
@@ -354,4 +361,4 @@ def _best_run(rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: Thro
     else:
         i = int(np.argmax(p_run * np.exp(model.mean(rows))))
     a, m, k = rows[i]
-    return Proposal(stage=a.stage, offload=a.offload, mbs=m, knobs=k, why=why)
+    return Proposal(config=problem.config(a, m, k), why=why)

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
-
-Knobs = tuple[tuple[str, Any], ...]
+from optuna_ds.domain import Config
+from optuna_ds.domain import Knobs as Knobs  # the planner's modules take it from here
+from optuna_ds.domain import accumulation_for
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -45,9 +45,19 @@ class Problem:
     per_sample: float | None = None  # the profile's activation memory of one sample
     explicit: bool = False  # the user listed the stages: each that fits is measured
     max_experiments: int = 40
+    # The batch bounds that set each size's gradient accumulation (:func:`accumulation_for`).
+    max_batch: int | None = None
+    min_batch: int = 1
+    accumulation: int = 1
 
     def arm(self, key: tuple[int, str]) -> Arm | None:
         return next((a for a in self.arms if a.key == key), None)
+
+    def config(self, arm: Arm | tuple[int, str], mbs: int, knobs: Knobs = ()) -> Config:
+        """The config of ``arm`` at size ``mbs``, with the accumulation the batch bounds give it."""
+        stage, offload = arm.key if isinstance(arm, Arm) else arm
+        accumulation = accumulation_for(mbs, max_batch=self.max_batch, min_batch=self.min_batch, default=self.accumulation)
+        return Config(stage=stage, offload=offload, micro_batch=mbs, accumulation=accumulation, knobs=knobs)
 
 
 class Status(enum.Enum):
@@ -57,59 +67,64 @@ class Status(enum.Enum):
     RUNNING = "running"
 
 
-@dataclasses.dataclass(frozen=True)
-class Observation:
-    """One experiment, finished or running. ``score`` is the metric made positive and
-    higher-better (a latency is inverted); ``seconds`` the experiment's duration (of a running
-    one, how long it has run so far, ``None`` if unknown); ``repeat``
-    how many times its config ran before it (a re-measurement's is 1 or more); ``memory`` the
-    peak memory of one of its GPUs in bytes, where the accelerator reports it."""
+class _OfConfig:
+    """The config's fields, read through: what the planner's internals look at."""
 
-    stage: int
-    mbs: int
+    config: Config
+
+    @property
+    def stage(self) -> int:
+        return self.config.stage
+
+    @property
+    def mbs(self) -> int:
+        return self.config.micro_batch
+
+    @property
+    def offload(self) -> str:
+        return self.config.offload
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.config.knobs
+
+    @property
+    def arm(self) -> tuple[int, str]:
+        return self.config.arm
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation(_OfConfig):
+    """One experiment of ``config``, finished or running. ``score`` is the metric made positive
+    and higher-better (a latency is inverted); ``seconds`` the experiment's duration (of a
+    running one, how long it has run so far, ``None`` if unknown); ``repeat`` how many times
+    its config ran before it (a re-measurement's is 1 or more); ``memory`` the peak memory of
+    one of its GPUs in bytes, where the accelerator reports it."""
+
+    config: Config
     status: Status
     score: float | None = None
-    offload: str = ""
-    knobs: Knobs = ()
     seconds: float | None = None
     repeat: int = 0
     memory: float | None = None
 
-    @property
-    def arm(self) -> tuple[int, str]:
-        return (self.stage, self.offload)
-
-    @property
-    def config(self) -> tuple[int, str, int, Knobs]:
-        return (self.stage, self.offload, self.mbs, self.knobs)
-
 
 @dataclasses.dataclass(frozen=True)
-class Proposal:
+class Proposal(_OfConfig):
     """An experiment to start. ``repeat`` is how many times the config already ran: a
     re-measurement has ``repeat >= 1``."""
 
-    stage: int
-    mbs: int
-    offload: str = ""
-    knobs: Knobs = ()
+    config: Config
     repeat: int = 0
     why: str = ""
 
-    @property
-    def config(self) -> tuple[int, str, int, Knobs]:
-        return (self.stage, self.offload, self.mbs, self.knobs)
-
 
 @dataclasses.dataclass(frozen=True)
-class Choice:
+class Choice(_OfConfig):
     """The config the planner would choose now: the best by the model's estimate among those
     that ran, not the highest single measurement."""
 
-    stage: int
-    mbs: int
-    offload: str
-    knobs: Knobs
+    config: Config
     estimate: float  # the model's score for it
     measured: float  # the mean of its measurements
 

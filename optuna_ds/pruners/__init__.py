@@ -1,4 +1,4 @@
-"""Layer 3b: the pruner that ends a stage study's search (``tuner_early_stopping``)."""
+"""Layer 1: the pruner that ends a stage study's search (``tuner_early_stopping``)."""
 
 from optuna_ds.pruners._early_stopping import TunerEarlyStoppingPruner
 

@@ -6,8 +6,8 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds.launcher import Phase
-from optuna_ds.storage import ExperimentRecord
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Phase
 
 
 class TunerEarlyStoppingPruner(BasePruner):

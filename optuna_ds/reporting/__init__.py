@@ -1,4 +1,4 @@
-"""Layer 5b: what a tuning leaves for the user: summary, optimal config and command."""
+"""Layer 4: what a tuning leaves for the user: summary, report, optimal config and command."""
 
 from optuna_ds.reporting._partial import PartialSummary
 from optuna_ds.reporting._partial import partial_summary

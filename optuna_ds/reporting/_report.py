@@ -15,18 +15,20 @@ import plotly.io
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds.config import GAS_KEY
-from optuna_ds.config import MBS_KEY
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
 from optuna_ds.config import parse_user_config
-from optuna_ds.launcher import Phase
-from optuna_ds.reporting._summary import LearningRateAdvice
+from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import ZERO_KEY
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Phase
+from optuna_ds.domain import RootRecord
 from optuna_ds.reporting._summary import SUMMARY_HEAD
+from optuna_ds.reporting._summary import LearningRateAdvice
 from optuna_ds.reporting._summary import headline
 from optuna_ds.reporting._summary import summary_notes
 from optuna_ds.reporting._summary import summary_rows
-from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import stage_of
 from optuna_ds.storage import stage_study_name
@@ -61,24 +63,78 @@ def _title(text: str) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentRow:
-    """One experiment as the report shows it."""
+    """One experiment as the report shows it: a view of its trial and the trial's record."""
 
-    stage: int
-    number: int
-    name: str
-    phase: str
-    status: str
-    value: float | None
-    mbs: int | None
-    gas: int | None
-    knobs: dict[str, Any]
-    slot: str
-    start: datetime.datetime | None
-    end: datetime.datetime | None
-    detail: str
-    result_dir: str = ""
-    peak_memory: float | None = None  # bytes, where the accelerator reports it
+    stage: int  # its study's
+    trial: FrozenTrial
+    record: ExperimentRecord
     chosen: bool = False  # a run of the optimum
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def name(self) -> str:
+        return self.record.exp_name or ""
+
+    @property
+    def phase(self) -> str:
+        return self.record.phase.value if self.record.phase else ""
+
+    @property
+    def status(self) -> str:
+        t = self.trial
+        if t.state == TrialState.COMPLETE:
+            return "complete"
+        if t.state == TrialState.PRUNED:
+            return "duplicate"
+        if t.state == TrialState.RUNNING:
+            return "running"
+        return self.record.reason.value if self.record.reason else "failed"
+
+    @property
+    def value(self) -> float | None:
+        return self.trial.value
+
+    @property
+    def mbs(self) -> int | None:
+        return self.record.config.micro_batch if self.record.config else None
+
+    @property
+    def gas(self) -> int | None:
+        return self.record.config.accumulation if self.record.config else None
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        return self.record.config.knob_dict if self.record.config else {}
+
+    @property
+    def slot(self) -> str:
+        return self.record.slot or ""
+
+    @property
+    def start(self) -> datetime.datetime | None:
+        return self.trial.datetime_start
+
+    @property
+    def end(self) -> datetime.datetime | None:
+        return self.trial.datetime_complete
+
+    @property
+    def detail(self) -> str:
+        if self.trial.state == TrialState.PRUNED and self.record.duplicate_of is not None:
+            return f"same as trial {self.record.duplicate_of}"
+        return failure_text(self.record)
+
+    @property
+    def result_dir(self) -> str:
+        return self.record.result_dir or ""
+
+    @property
+    def peak_memory(self) -> float | None:
+        """Bytes, where the accelerator reports it."""
+        return self.record.peak_gpu_memory
 
     @property
     def duration(self) -> float | None:
@@ -91,16 +147,6 @@ def _safe(text: object) -> str:
     """Figures embed their text in a <script> block and plotly renders some HTML in it: every
     string that comes from the user or an experiment's output is escaped."""
     return str(markupsafe.escape(str(text)))
-
-
-def _status(t: FrozenTrial, record: ExperimentRecord) -> str:
-    if t.state == TrialState.COMPLETE:
-        return "complete"
-    if t.state == TrialState.PRUNED:
-        return "duplicate"
-    if t.state == TrialState.RUNNING:
-        return "running"
-    return record.reason.value if record.reason else "failed"
 
 
 def stage_studies(storage: optuna.storages.BaseStorage, study_name: str) -> dict[int, optuna.Study]:
@@ -121,18 +167,8 @@ def experiment_rows(studies: dict[int, optuna.Study], best: Optimum | None = Non
             record = ExperimentRecord.from_trial(t)
             if record.exp_name is None or t.state == TrialState.WAITING:
                 continue
-            knobs = {k: v for k, v in t.params.items() if k not in (MBS_KEY, GAS_KEY)}
-            detail = failure_text(record)
-            if t.state == TrialState.PRUNED and record.duplicate_of is not None:
-                detail = f"same as trial {record.duplicate_of}"
-            rows.append(ExperimentRow(
-                stage=stage, number=t.number, name=record.exp_name, phase=record.phase.value if record.phase else "",
-                status=_status(t, record), value=t.value,
-                mbs=record.micro_batch_size, gas=record.gradient_accumulation_steps, knobs=knobs,
-                slot=record.slot or "", start=t.datetime_start, end=t.datetime_complete, detail=detail,
-                result_dir=record.result_dir or "", peak_memory=record.peak_gpu_memory,
-                chosen=best is not None and stage == best.stage and t.number in best.trials,
-            ))
+            rows.append(ExperimentRow(stage=stage, trial=t, record=record,
+                                      chosen=best is not None and stage == best.stage and t.number in best.trials))
     return sorted(rows, key=lambda r: (not r.chosen, r.number != (best.trial_number if best else -1), r.stage, r.number))
 
 
@@ -221,7 +257,7 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
                                  hovertemplate=_safe(baseline.name) + "<br>your config<br>%{y:,.4r}<extra></extra>"))
     if ctx.best is not None:
         best = ctx.best
-        fig.add_trace(go.Scatter(x=[best.micro_batch_size], y=[best.value], mode="markers+text", name=CHOSEN, marker=_CHOSEN_MARKER,
+        fig.add_trace(go.Scatter(x=[best.config.micro_batch], y=[best.value], mode="markers+text", name=CHOSEN, marker=_CHOSEN_MARKER,
                                  error_y=_error_bars(best), text=[CHOSEN], textposition="bottom right",
                                  hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
     fig.update_layout(title=_title(f"{_safe(label)} against micro-batch size per {ctx.device}"),
@@ -241,7 +277,7 @@ def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
         marker_color=[_STAGE_COLORS.get(s, "#333") for s in stages],
         error_y={"type": "data", "symmetric": False, "array": [max(leaders[s].runs) - leaders[s].value for s in stages],
                  "arrayminus": [leaders[s].value - min(leaders[s].runs) for s in stages]},
-        text=[("<b>chosen</b><br>" if s == chosen else "") + f"{format_number(leaders[s].value)}<br>mbs {leaders[s].micro_batch_size}"
+        text=[("<b>chosen</b><br>" if s == chosen else "") + f"{format_number(leaders[s].value)}<br>mbs {leaders[s].config.micro_batch}"
               for s in stages],
         textposition="outside", cliponaxis=False,
         customdata=[_safe(leaders[s].name) + "<br>" + _safe(leaders[s].figure(metric)) for s in stages],
@@ -347,7 +383,7 @@ def _importances(study: optuna.Study, stage: int, ctx: _Context) -> go.Figure | 
     # Each knob's setting in the optimum, beside its bar; another stage's optimum is named.
     setting = {}
     if best is not None and best.stage == stage:
-        setting = {**(best.ds_config.get("zero_optimization") or {}), MBS_KEY: best.micro_batch_size}
+        setting = {**(best.ds_config.get(ZERO_KEY) or {}), MBS_KEY: best.config.micro_batch}
     chosen = {n: f"{CHOSEN}: {format_value(setting[n])}" for n in names if n in setting}
     fig = go.Figure(go.Bar(x=[scores[n] for n in names], y=[_safe(n) for n in names], orientation="h", name="importance",
                            text=[_safe(chosen.get(n, "")) for n in names], textposition="outside", cliponaxis=False))
@@ -380,8 +416,8 @@ class ReportData:
     notes: tuple[str, ...] = ()
 
 
-def _profile(root: optuna.Study, rows: list[ExperimentRow]) -> _Profile | None:
-    end, seconds = root.user_attrs.get("profile_end"), root.user_attrs.get("profile_duration")
+def _profile(root: RootRecord, rows: list[ExperimentRow]) -> _Profile | None:
+    end, seconds = root.profile_end, root.profile_duration
     if not end or seconds is None:
         return None
     slots = sorted({r.slot for r in rows if r.slot})
@@ -394,7 +430,7 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
     metric, best, spend = result.metric, result.best, result.spend
     studies = stage_studies(storage, study_name)
     rows = _hide(experiment_rows(studies, best))
-    root = optuna.load_study(study_name=study_name, storage=storage)
+    root = RootRecord.from_attrs(optuna.load_study(study_name=study_name, storage=storage).user_attrs)
     base = result.baseline
     baseline = next((r for r in rows if base is not None and base.name and r.name == base.name and r.stage == base.stage), None)
     ctx = _Context(metric=metric, baseline=baseline, best=best, device=spend.noun)
@@ -413,7 +449,7 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
     title = f"{script}: the fastest DeepSpeed config" + ("" if study_name == "optuna-ds" else f" (tuning {study_name})")
     memory_note = ""
     if not any(r.peak_memory for r in rows):
-        memory_note = (f"Peak GPU memory per experiment: {(root.user_attrs.get('resources') or {}).get('gpu_memory') or 'not reported'}."
+        memory_note = (f"Peak GPU memory per experiment: {(root.resources.gpu_memory if root.resources else '') or 'not reported'}."
                        if spend.device == "GPU" else f"Peak memory per experiment: not measured on this accelerator ({spend.noun}).")
     return ReportData(study_name=study_name, metric=metric, studies=studies, rows=rows, figures=figures, title=title,
                       headline=tuple(headline(result)), memory_note=memory_note, baseline=baseline.name if baseline else "",

@@ -69,8 +69,8 @@ def optimum_line(result: TuningResult) -> str:
     if best is None:
         return "Optimum: none, no experiment ran successfully."
     what = "Optimum" if best.chosen else "Best so far (the planner has not chosen yet)"
-    line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.micro_batch_size}, gradient accumulation "
-            f"{best.gradient_accumulation_steps}): {best.figure(metric)}")
+    line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.config.micro_batch}, gradient accumulation "
+            f"{best.config.accumulation}): {best.figure(metric)}")
     factor = speedup(result)
     if factor is not None:
         base = result.baseline

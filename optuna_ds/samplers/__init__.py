@@ -1,4 +1,4 @@
-"""Layer 3a: samplers that choose the next knob configuration of a stage study."""
+"""Layer 1: samplers that choose the next knob configuration of a stage study."""
 
 from optuna_ds.samplers._factory import check_tuner_type
 from optuna_ds.samplers._factory import create_sampler

@@ -17,11 +17,13 @@ from optuna.trial import TrialState
 from optuna_ds._optuna_compat import contains
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import trial_id
-from optuna_ds.storage import ExperimentRecord
+from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import ExperimentRecord
 
 CANDIDATE_ATTR = "xgboost:candidate"
 # Micro-batch size and gradient accumulation act on throughput roughly linearly: keep them so.
-LINEAR_PARAMS = frozenset({"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+LINEAR_PARAMS = frozenset({MBS_KEY, GAS_KEY})
 
 
 def _encode_column(name: str, values: Sequence[Any]) -> list[list[float]]:

@@ -1,8 +1,7 @@
-"""Layer 2: what to search, per ZeRO stage: knobs, micro-batch sizes, memory bounds, names."""
+"""Layer 1: what to search, per ZeRO stage: knobs, micro-batch sizes, memory bounds."""
 
 from optuna_ds.space._memory import MemoryEstimate
 from optuna_ds.space._memory import estimate_memory
-from optuna_ds.space._naming import experiment_name
 from optuna_ds.space._offload import OFFLOAD_VARIANTS
 from optuna_ds.space._offload import offload_sections
 from optuna_ds.space._offload import user_offloads
@@ -20,7 +19,6 @@ __all__ = [
     "build_knob_space",
     "default_tuning_space",
     "estimate_memory",
-    "experiment_name",
     "leanest_knobs",
     "offload_sections",
     "recommended_knobs",

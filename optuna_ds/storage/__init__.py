@@ -1,6 +1,7 @@
-"""Layer 5a: the Optuna RDB storage, and what is kept in it: the tuning plan, the experiments' records."""
+"""Layer 1: the Optuna RDB storage, and what is kept in it: the tuning plan and which studies are a tuning's."""
 
 from optuna_ds._optuna_compat import TrialCache
+from optuna_ds._redact import redact_url
 from optuna_ds.storage._folders import claim_folder
 from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import check_study_name
@@ -14,17 +15,14 @@ from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
-from optuna_ds.storage._record import ExperimentRecord
 from optuna_ds.storage._storage import NoDatabase
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
 from optuna_ds.storage._storage import database_error
 from optuna_ds.storage._storage import default_storage_url
 from optuna_ds.storage._storage import storage_failures
-from optuna_ds._redact import redact_url
 
 __all__ = [
-    "ExperimentRecord",
     "NoDatabase",
     "StorageError",
     "TrialCache",

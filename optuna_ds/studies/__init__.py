@@ -1,4 +1,4 @@
-"""Layer 3c: the studies of a tuning, one per ZeRO stage, and the workflow that drives them."""
+"""Layer 3: the studies of a tuning, one per ZeRO stage, and the workflow that drives them."""
 
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import observation_of
@@ -12,7 +12,6 @@ from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import failure_text
-from optuna_ds.studies._results import is_finished_experiment
 from optuna_ds.studies._results import leader
 from optuna_ds.studies._tuning import Tuning
 from optuna_ds.studies._tuning import load_result
@@ -30,7 +29,6 @@ __all__ = [
     "TuningObserver",
     "TuningResult",
     "failure_text",
-    "is_finished_experiment",
     "leader",
     "load_result",
     "observation_of",

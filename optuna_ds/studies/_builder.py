@@ -4,17 +4,18 @@ import copy
 import os
 from typing import Any
 
-from optuna_ds.config import GAS_KEY
-from optuna_ds.config import MBS_KEY
-from optuna_ds.config import TBS_KEY
-from optuna_ds.config import ZERO_KEY
 from optuna_ds.config import UserConfig
 from optuna_ds.config import with_integer_sizes
-from optuna_ds.launcher import Experiment
+from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import TBS_KEY
+from optuna_ds.domain import ZERO_KEY
+from optuna_ds.domain import Config
+from optuna_ds.domain import Experiment
+from optuna_ds.domain import Phase
+from optuna_ds.domain import accumulation_for
 from optuna_ds.launcher import ExperimentFiles
-from optuna_ds.launcher import Phase
 from optuna_ds.space import KnobSpace
-from optuna_ds.space import experiment_name
 
 PROFILE_NAME = "profile_model_info"
 
@@ -49,13 +50,14 @@ class ExperimentBuilder:
         return -(-self._user.autotuning.min_train_batch_size // self.data_parallel_size)
 
     def gas_for(self, mbs: int) -> int:
-        """Gradient accumulation for ``mbs``: as much as the global-batch bound allows, else the
-        user's; and at least enough for ``min_train_batch_size``. Where no accumulation fits
-        both bounds at this size, the floor wins: a global batch below it is one the user said
-        the training cannot use, while one above the bound exceeds it by less than a micro-batch."""
-        bound = self.max_batch_per_gpu()
-        gas = self._user.gradient_accumulation_steps if bound is None else bound // mbs
-        return max(1, gas, -(-self.min_batch_per_gpu() // mbs))
+        """Gradient accumulation for ``mbs`` (:func:`accumulation_for`): as much as the
+        global-batch bound allows, else the user's; at least enough for ``min_train_batch_size``."""
+        return accumulation_for(mbs, max_batch=self.max_batch_per_gpu(), min_batch=self.min_batch_per_gpu(),
+                                default=self._user.gradient_accumulation_steps)
+
+    def config(self, *, stage: int, mbs: int, offload: str = "", knobs: dict[str, Any] | None = None) -> Config:
+        """The config of size ``mbs``, with the accumulation this tuning gives it."""
+        return Config(stage=stage, micro_batch=mbs, offload=offload, accumulation=self.gas_for(mbs), knobs=knobs or {})
 
     def train_batch_size(self, mbs: int, gas: int) -> int:
         return mbs * gas * self.data_parallel_size
@@ -74,32 +76,22 @@ class ExperimentBuilder:
         """Where the experiment ``name`` writes its files."""
         return os.path.join(self._results_dir, name)
 
-    def build(self, *, stage: int, phase: Phase, mbs: int, gas: int, space: KnobSpace, knobs: dict[str, Any] | None = None,
-              repeat: int = 0) -> Experiment:
-        """The experiment of one config; ``repeat`` > 0 names a re-measurement of one that ran."""
-        knobs = dict(knobs or {})
-        name = experiment_name(stage=stage, mbs=mbs, gas=gas, knobs=knobs) + (f"_{space.offload}" if space.offload else "")
-        name += f"_r{repeat}" if repeat else ""
+    def build(self, config: Config, *, phase: Phase, space: KnobSpace, repeat: int = 0) -> Experiment:
+        """The experiment of ``config`` (``space``: its stage's, with its offload); ``repeat`` > 0
+        names a re-measurement of one that ran."""
+        name = config.run_name(repeat)
         result_dir = self.result_dir(name)
         files = ExperimentFiles(result_dir)
-        config = self._base(stage=stage, mbs=mbs, gas=gas, zero={**copy.deepcopy(space.fixed), **knobs})
+        ds_config = self._base(stage=config.stage, mbs=config.micro_batch, gas=config.accumulation,
+                               zero={**copy.deepcopy(space.fixed), **config.knob_dict})
         a = self._user.autotuning
-        config["autotuning"] = {
+        ds_config["autotuning"] = {
             "enabled": True,
             "metric_path": files.metrics,
             "start_profile_step": a.start_profile_step,
             "end_profile_step": a.end_profile_step,
         }
-        return Experiment(
-            name=name,
-            stage=stage,
-            phase=phase,
-            ds_config=config,
-            result_dir=result_dir,
-            micro_batch_size=mbs,
-            gradient_accumulation_steps=gas,
-            knobs=knobs,
-        )
+        return Experiment(name=name, phase=phase, config=config, ds_config=ds_config, result_dir=result_dir)
 
     def build_profile(self) -> Experiment:
         """The model-info profile run: DeepSpeed's minimum-memory config (stage 3, micro-batch 1)
@@ -114,7 +106,5 @@ class ExperimentBuilder:
             "model_info_path": ExperimentFiles(result_dir).model_info,
             "model_info": {"profile": True},
         }
-        return Experiment(
-            name=PROFILE_NAME, stage=3, phase=Phase.PROFILE, ds_config=config, result_dir=result_dir,
-            micro_batch_size=1, gradient_accumulation_steps=1,
-        )
+        return Experiment(name=PROFILE_NAME, phase=Phase.PROFILE, config=Config(stage=3, micro_batch=1), ds_config=config,
+                          result_dir=result_dir)

@@ -10,13 +10,13 @@ from optuna.trial import TrialState
 
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds.config import Metric
-from optuna_ds.launcher import Phase
-from optuna_ds.storage import ExperimentRecord
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Phase
+from optuna_ds.domain import given_up
+from optuna_ds.domain import is_finished_experiment
 from optuna_ds.storage import TrialCache
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import fail_orphaned_trials
-from optuna_ds.studies._results import given_up
-from optuna_ds.studies._results import is_finished_experiment
 
 CLAIM_WAIT_SECONDS = 10.0  # a claimant waits this long for an earlier one's fate; a trial unclaimed longer lost its process
 _REAP_SECONDS = 2.0

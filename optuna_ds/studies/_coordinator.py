@@ -10,12 +10,13 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds.config import GAS_KEY
 from optuna_ds.config import Metric
-from optuna_ds.config import MBS_KEY
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import FailureReason
+from optuna_ds.domain import RootRecord
+from optuna_ds.domain import given_up
+from optuna_ds.domain import is_finished_experiment
 from optuna_ds.launcher import ExperimentInterrupted
-from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import Phase
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.planner import Decision
 from optuna_ds.planner import Observation
@@ -26,16 +27,12 @@ from optuna_ds.planner import plan
 from optuna_ds.space import leanest_knobs
 from optuna_ds.space import recommended_knobs
 from optuna_ds.space import transferred_knobs
-from optuna_ds.storage import ExperimentRecord
-from optuna_ds.studies._results import is_finished_experiment
-from optuna_ds.studies._results import given_up
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._knob_search import KnobSearch
 from optuna_ds.studies._knob_search import Step
 from optuna_ds.studies._stage import StageTuner
 
 KNOB_MARGIN = 0.05
-KNOB_SEARCH_ATTR = "knob_search"  # on the root study, "done" once a process's knob search is over
 LEAN_REACH = 1.3  # the leanest knobs are tried at an out-of-memory size at most this far above the choice
 LEAN_STEP = 1.1  # ...and then at sizes this much larger while they win
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
@@ -45,26 +42,25 @@ _IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decid
 _KNOB_WAIT_SECONDS = 0.2  # a knob slot with nothing to start looks again after this (the tuner reads at most every 0.5 s)
 
 
-def observation_of(trial: FrozenTrial, *, stage: int, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
+def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
     """What a stage study's trial tells the planner; ``None`` for a trial that launched nothing or
     whose experiment must run again (interrupted, its worker died)."""
     record = ExperimentRecord.from_trial(trial)
-    if not record.claimed or trial.state == TrialState.PRUNED or record.micro_batch_size is None:
+    config = record.config
+    if not record.claimed or trial.state == TrialState.PRUNED or config is None:
         return None
-    knobs: tuple = ()
-    if record.phase is Phase.KNOBS:
-        knobs = tuple(sorted((k, v) for k, v in trial.params.items() if k not in (MBS_KEY, GAS_KEY)))
-    base = dict(stage=stage, mbs=int(record.micro_batch_size), offload=record.offload or "", knobs=knobs,
-                seconds=record.duration, repeat=record.repeat or 0)
+    repeat = record.repeat or 0
     if trial.state == TrialState.RUNNING:
         # How long it has run: the planner starts no extra experiment late in a round.
         started = trial.datetime_start
-        base["seconds"] = max(0.0, (datetime.datetime.now() - started).total_seconds()) if started is not None else None
-        return Observation(status=Status.RUNNING, **base)
+        seconds = max(0.0, (datetime.datetime.now() - started).total_seconds()) if started is not None else None
+        return Observation(config=config, status=Status.RUNNING, seconds=seconds, repeat=repeat)
     if trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0:
-        return Observation(status=Status.OK, score=metric.rate(trial.value), memory=record.peak_gpu_memory or None, **base)
+        return Observation(config=config, status=Status.OK, score=metric.rate(trial.value), seconds=record.duration, repeat=repeat,
+                           memory=record.peak_gpu_memory or None)
     if is_finished_experiment(trial) or record.exp_name in dead:
-        return Observation(status=Status.OOM if record.reason is FailureReason.OOM else Status.FAILED, **base)
+        status = Status.OOM if record.reason is FailureReason.OOM else Status.FAILED
+        return Observation(config=config, status=status, seconds=record.duration, repeat=repeat)
     return None
 
 
@@ -102,10 +98,10 @@ class Coordinator:
 
     def observations(self) -> list[Observation]:
         seen: list[Observation] = []
-        for stage, tuner in self._tuners.items():
+        for tuner in self._tuners.values():
             trials = tuner.study.get_trials(deepcopy=False)
             dead = given_up(trials)
-            seen += [o for t in trials if (o := observation_of(t, stage=stage, metric=self._ctx.metric, dead=dead)) is not None]
+            seen += [o for t in trials if (o := observation_of(t, metric=self._ctx.metric, dead=dead)) is not None]
         return seen
 
     def _progress(self, decision: Decision, observations: list[Observation]) -> None:
@@ -124,8 +120,7 @@ class Coordinator:
         observations = [o for o in self.observations()
                         if self._finals or not (o.knobs and not o.repeat and o.status is Status.RUNNING)]
         running = {o.config for o in observations if o.status is Status.RUNNING}
-        pending = [Observation(stage=p.stage, mbs=p.mbs, offload=p.offload, knobs=p.knobs, status=Status.RUNNING)
-                   for p in self._handed if p.config not in running]
+        pending = [Observation(config=p.config, status=Status.RUNNING) for p in self._handed if p.config not in running]
         decision = plan(self._problem, observations + pending, free_slots=1)
         self.decision = decision
         self._progress(decision, observations)
@@ -164,9 +159,9 @@ class Coordinator:
             # Once over, the knob search is not run again (a rerun, a worker joining the finals):
             # its steps follow the choice, which its own results and the finals have moved since,
             # so they would search afresh.
-            if self._root.user_attrs.get(KNOB_SEARCH_ATTR) != "done":
+            if not RootRecord.from_attrs(self._root.user_attrs).knob_search_done:
                 self._knob_search()
-                self._root.set_user_attr(KNOB_SEARCH_ATTR, "done")
+                RootRecord(knob_search_done=True).write(self._root.set_user_attr)
             # The planner again, with the knob results: finalists within the noise of each other
             # (knob settings measured once) are measured again before the choice.
             with self._lock:
@@ -223,8 +218,8 @@ class Coordinator:
                 free_since = time.monotonic()
                 proposal = self._next()
                 if proposal is not None:
-                    self._tuners[proposal.stage].run_config(proposal.mbs, lease, free_since=free_since, offload=proposal.offload,
-                                                            knobs=dict(proposal.knobs), repeat=proposal.repeat, why=proposal.why)
+                    self._tuners[proposal.stage].run_config(proposal.config, lease, free_since=free_since, repeat=proposal.repeat,
+                                                            why=proposal.why)
             finally:
                 self._pool.release(lease)
                 if proposal is not None:
@@ -265,7 +260,7 @@ class Coordinator:
                  if score >= (1.0 - KNOB_MARGIN) * choice.measured and recommended_knobs(self._tuners[arm[0]].space) is not None]
         tried: set[tuple[int, str]] = set()
         # Another arm's recommended setting may overtake the choice, whose own then runs too.
-        while others := [(arm, mbs) for arm, mbs in close if arm != (choice.stage, choice.offload) and arm not in tried]:
+        while others := [(arm, mbs) for arm, mbs in close if arm != choice.arm and arm not in tried]:
             tuners = [self._tuners[stage].with_knobs(KnobSearch.ONE, sizes=(mbs,), offload=offload)
                       for (stage, offload), mbs in others]
             self._slots(lambda: self._knob_slot(*tuners))
@@ -297,7 +292,7 @@ class Coordinator:
         choice = decision.choice
         if choice is None:
             return
-        chosen = (choice.stage, choice.offload)
+        chosen = choice.arm
         default: dict[tuple[int, str], tuple[float, int]] = {}
         tuned: tuple[float, tuple] | None = None
         for o in self.observations():
@@ -323,7 +318,7 @@ class Coordinator:
         self._slots(lambda: self._knob_slot(*tuners))
         with self._lock:
             choice = self._decide().choice
-        if choice is not None and (choice.stage, choice.offload) != chosen:
+        if choice is not None and choice.arm != chosen:
             search = self._knob_tuner(choice.stage, choice.offload, choice.mbs)
             self._slots(lambda: self._knob_slot(search))
 
@@ -336,7 +331,7 @@ class Coordinator:
             choice = self._decide().choice
         if choice is None:
             return
-        arm = (choice.stage, choice.offload)
+        arm = choice.arm
         edge = min((o.mbs for o in self.observations() if o.arm == arm and not o.knobs and o.status is Status.OOM
                     and o.mbs > choice.mbs), default=None)
         if edge is None or edge > LEAN_REACH * choice.mbs + 1:

@@ -19,16 +19,17 @@ from optuna_ds._errors import ScriptError
 from optuna_ds._optuna_compat import optimize_once
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import trial_id
-from optuna_ds.config import GAS_KEY
-from optuna_ds.config import MBS_KEY
-from optuna_ds.launcher import ExperimentResult
-from optuna_ds.launcher import FailureReason
+from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import Config
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import ExperimentResult
+from optuna_ds.domain import FailureReason
+from optuna_ds.domain import Phase
 from optuna_ds.launcher import Lease
-from optuna_ds.launcher import Phase
 from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import shell_line
 from optuna_ds.space import KnobSpace
-from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TrialCache
 from optuna_ds.storage import database_error
 from optuna_ds.studies._claims import Reaper
@@ -129,16 +130,15 @@ class StageExperiments:
             else:
                 mbs = trial.suggest_int(MBS_KEY, min(tuning_list), max(tuning_list))
                 knobs = {k: trial.suggest_categorical(k, choices) for k, choices in space.tuned.items()}
-            gas = ctx.builder.gas_for(mbs)
+            config = ctx.builder.config(stage=self._stage, mbs=mbs, offload=space.offload, knobs=knobs)
             if phase is Phase.KNOBS:
-                trial.suggest_int(GAS_KEY, gas, gas)  # derived from mbs: recorded, not sampled
+                trial.suggest_int(GAS_KEY, config.accumulation, config.accumulation)  # derived from mbs: recorded, not sampled
             else:
                 trial.suggest_int(GAS_KEY, 1, ctx.gas_high)
-            experiment = ctx.builder.build(stage=self._stage, phase=phase, mbs=mbs, gas=gas, space=space, knobs=knobs,
-                                           repeat=repeat)
+            experiment = ctx.builder.build(config, phase=phase, space=space, repeat=repeat)
             slot = lease.slot.include
             mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
-            _store(trial, ExperimentRecord.claim(experiment, slot=slot, offload=space.offload, repeat=repeat, mark=mark))  # the claim
+            _store(trial, ExperimentRecord.claim(experiment, slot=slot, repeat=repeat, mark=mark))  # the claim
             claimed()
             previous = competitor(self._study, trial, experiment.name)
             if previous is not None:
@@ -184,24 +184,24 @@ class StageExperiments:
 
         return objective
 
-    def run_config(self, mbs: int, lease: Lease, *, free_since: float, offload: str = "", knobs: dict[str, Any] | None = None,
-                   repeat: int = 0, why: str = "") -> None:
-        """Run the planner's experiment on ``lease``: size ``mbs`` with the offload variant
-        ``offload`` and the default knobs, or ``knobs`` (a knob setting that ran, measured
-        again); ``repeat``: how many times it ran before; ``free_since``: when the slot became
-        free (``time.monotonic()``), the start of the decision the observer is told the time of."""
+    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> None:
+        """Run the planner's experiment of ``config`` on ``lease`` (its knobs: a knob setting
+        that ran, measured again); ``repeat``: how many times it ran before; ``free_since``: when
+        the slot became free (``time.monotonic()``), the start of the decision the observer is
+        told the time of."""
         self._reaper.reap()
-        space = self._space.with_offload(offload) if offload else self._space
+        space = self._space.with_offload(config.offload) if config.offload else self._space
         # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
         # is not atomic on SQLite, and any slot could pop another's.
-        fixed = {**(knobs or {}), MBS_KEY: mbs, GAS_KEY: self._ctx.builder.gas_for(mbs)}
+        fixed = {**config.knob_dict, MBS_KEY: config.micro_batch, GAS_KEY: config.accumulation}
         sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler())
         study = study_with(self._study, sampler=sampler, pruner=optuna.pruners.NopPruner())
         if why:
-            setting = f" {knobs}" if knobs else ""
-            self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {mbs}{' ' + offload if offload else ''}{setting}: {why}")
-        attempt = self.run(study, Phase.KNOBS if knobs else Phase.MICRO_BATCH, [mbs], lease, free_since=free_since,
-                           space=space, repeat=repeat)
+            setting = f" {config.knob_dict}" if config.knobs else ""
+            offload = f" {config.offload}" if config.offload else ""
+            self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {config.micro_batch}{offload}{setting}: {why}")
+        attempt = self.run(study, Phase.KNOBS if config.knobs else Phase.MICRO_BATCH, [config.micro_batch], lease,
+                           free_since=free_since, space=space, repeat=repeat)
         self._check_settled(attempt.competitor)
 
     def _check_settled(self, competitor: FrozenTrial | None) -> None:

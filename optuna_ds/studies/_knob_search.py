@@ -17,16 +17,17 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._optuna_compat import storage_of
-from optuna_ds.config import GAS_KEY
-from optuna_ds.config import MBS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Phase
+from optuna_ds.domain import given_up
+from optuna_ds.domain import is_finished_experiment
 from optuna_ds.launcher import Lease
-from optuna_ds.launcher import Phase
 from optuna_ds.pruners import TunerEarlyStoppingPruner
 from optuna_ds.samplers import create_sampler
 from optuna_ds.samplers import with_fixed_params
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import recommended_knobs
-from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TrialCache
 from optuna_ds.studies._claims import CLAIM_WAIT_SECONDS
 from optuna_ds.studies._claims import Reaper
@@ -34,8 +35,6 @@ from optuna_ds.studies._claims import running
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._experiments import StageExperiments
 from optuna_ds.studies._experiments import study_with
-from optuna_ds.studies._results import given_up
-from optuna_ds.studies._results import is_finished_experiment
 
 _MAX_CONSECUTIVE_DUPLICATES = 50
 _SAMPLER_DUPLICATES = 3
@@ -167,7 +166,8 @@ class KnobSearcher:
         else:
             # The search's space is spent once its own configs are taken: the stage's knob
             # experiments at other sizes or offloads (a close arm's, the leanest setting's) are not in it.
-            mine = {r.exp_name for r in taken_records if (r.offload or "") == self._space.offload and r.micro_batch_size in tuning_list}
+            mine = {r.exp_name for r in taken_records
+                    if r.config is not None and r.config.offload == self._space.offload and r.config.micro_batch in tuning_list}
             over = len(mine) >= size or self._duplicates >= _MAX_CONSECUTIVE_DUPLICATES or self._early_stopped
             spent = over or len(mine) + asking >= size
         if spent:
@@ -184,8 +184,8 @@ class KnobSearcher:
             # One sampler for the search: its random state goes on from one trial to the next.
             self._sampler = create_sampler(ctx.tuner_type, search_space, seed=ctx.seed)
         sampler = self._sampler
-        started = any((r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and (r.offload or "") == self._space.offload
-                      for t in trials)
+        started = any((r := ExperimentRecord.from_trial(t)).phase is Phase.KNOBS and r.config is not None
+                      and r.config.offload == self._space.offload for t in trials)
         retry = None if one else self._interrupted(trials, taken, tuning_list)
         if first is not None and (one or not started):
             # DeepSpeed's recommended settings first: the one knob experiment most likely to pay.
@@ -206,22 +206,22 @@ class KnobSearcher:
         return study_with(self._study, sampler=sampler, pruner=pruner)
 
     def _name(self, knobs: dict[str, Any], mbs: int) -> str:
-        return self._ctx.builder.build(stage=self._stage, phase=Phase.KNOBS, mbs=mbs, gas=self._ctx.builder.gas_for(mbs),
-                                       space=self._space, knobs=knobs).name
+        return self._ctx.builder.config(stage=self._stage, mbs=mbs, offload=self._space.offload, knobs=knobs).name
 
     def _interrupted(self, trials: list[FrozenTrial], taken: set[str], tuning_list: list[int]) -> dict[str, Any] | None:
         """The config of a knob experiment in this search's space that was interrupted (Ctrl-C,
         its worker died) and has not run since; ``None`` if there is none."""
         for t in trials:
             record = ExperimentRecord.from_trial(t)
+            config = record.config
             if (t.state != TrialState.FAIL or is_finished_experiment(t) or record.phase is not Phase.KNOBS or record.repeat
-                    or record.exp_name in taken or (record.offload or "") != self._space.offload
-                    or record.micro_batch_size not in tuning_list):
+                    or record.exp_name in taken or config is None or config.offload != self._space.offload
+                    or config.micro_batch not in tuning_list):
                 continue
-            knobs = {k: v for k, v in t.params.items() if k not in (MBS_KEY, GAS_KEY)}
+            knobs = config.knob_dict
             if (knobs.keys() == self._space.tuned.keys() and all(v in self._space.tuned[k] for k, v in knobs.items())
-                    and self._name(knobs, int(record.micro_batch_size)) == record.exp_name):
-                return {**knobs, MBS_KEY: int(record.micro_batch_size)}
+                    and self._name(knobs, config.micro_batch) == record.exp_name):
+                return {**knobs, MBS_KEY: config.micro_batch}
         return None
 
     def _untried(self, search_space: dict[str, list[Any]], taken: set[str]) -> dict[str, Any]:

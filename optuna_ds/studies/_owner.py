@@ -12,13 +12,13 @@ from optuna.trial import TrialState
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import trial_id
 from optuna_ds.config import Metric
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import FailureReason
 from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import ExperimentFiles
-from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import read_metrics
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
-from optuna_ds.storage import ExperimentRecord
+from optuna_ds.launcher import read_metrics
 
 
 def _start_time(pid: int) -> str | None:

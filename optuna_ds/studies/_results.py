@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from collections.abc import Iterable
 from typing import Any
@@ -12,42 +11,14 @@ from optuna.trial import TrialState
 
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
-from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import Phase
+from optuna_ds.domain import DEFINITIVE_FAILURES
+from optuna_ds.domain import Config
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import FailureReason
+from optuna_ds.domain import Phase
+from optuna_ds.domain import launched
 from optuna_ds.launcher import telling_line
 from optuna_ds.planner import measured_noise
-from optuna_ds.storage import ExperimentRecord
-
-# Failures that say something about the config itself; anything else (an interrupt, a dead
-# worker, a script that fails whatever the config) leaves the experiment to be run again.
-DEFINITIVE_FAILURES = frozenset(r for r in FailureReason if r.judges_config)
-
-
-def is_finished_experiment(trial: FrozenTrial) -> bool:
-    """Whether the trial's experiment has a result that must never be paid for again."""
-    if trial.state == TrialState.COMPLETE:
-        return True
-    return trial.state == TrialState.FAIL and ExperimentRecord.from_trial(trial).reason in DEFINITIVE_FAILURES
-
-
-def given_up(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
-    """Experiments lost twice: their worker died while running them (killed, or no heartbeat
-    for the grace period), or the node lost their runs (see :meth:`ExperimentRunner.run`):
-    retried once, then counted as failed so they cannot kill workers or use GPUs forever."""
-    lost: dict[str, list[FrozenTrial]] = {}
-    for t in trials:
-        if t.state != TrialState.FAIL:
-            continue
-        record = ExperimentRecord.from_trial(t)
-        if record.exp_name is not None and (record.lost or record.reason is None):
-            lost.setdefault(record.exp_name, []).append(t)
-    return {name: ts[-1] for name, ts in lost.items() if len(ts) >= 2}
-
-
-def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that ran an experiment (duplicates and early-stopped asks launch nothing)."""
-    return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed]
-
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
 # or three runs, scatter beyond the noise itself is common (the noise is their average).
@@ -81,17 +52,19 @@ class Optimum:
     best are both :func:`leader`'s."""
 
     name: str  # its first run's
-    stage: int
+    config: Config
     trial_number: int  # its first run's, in the stage study
     ds_config: dict[str, Any]
     result_dir: str
     cmd: list[str]
-    micro_batch_size: int
-    gradient_accumulation_steps: int
     runs: tuple[float, ...]
     trials: tuple[int, ...] = ()  # the stage study's trials that ran it
     estimate: float | None = None  # the planner's, where this is its choice
     chosen: bool = False  # the planner's final choice, not the best mean so far
+
+    @property
+    def stage(self) -> int:
+        return self.config.stage
 
     @property
     def value(self) -> float:
@@ -127,22 +100,17 @@ class Optimum:
                 f"{SCATTER_WARNING:g}x the {noise.value:.1%} run-to-run noise: its {metric.name} is uncertain.")
 
 
-def _config_identity(ds_config: dict[str, Any]) -> str:
-    config = {k: v for k, v in ds_config.items() if k != "autotuning"}
-    return json.dumps(config, sort_keys=True)
-
-
-def leader(trials: Iterable[FrozenTrial], *, stage: int, metric: Metric, chosen_trial: int | None = None,
+def leader(trials: Iterable[FrozenTrial], *, metric: Metric, chosen_trial: int | None = None,
            estimate: float | None = None, final: bool = False) -> Optimum | None:
     """The best config among ``trials`` (one stage study's), the one definition of "best": the
     planner's choice (``chosen_trial``, one of its runs) where it is among them, else the
     config with the best mean of runs. One run is not a result when the noise is a few percent,
     so no view ranks single runs."""
-    groups: dict[str, list[FrozenTrial]] = {}
-    for t in launched(list(trials)):
-        ds_config = ExperimentRecord.from_trial(t).ds_config
-        if t.state == TrialState.COMPLETE and t.value is not None and ds_config is not None:
-            groups.setdefault(_config_identity(ds_config), []).append(t)
+    groups: dict[Config, list[FrozenTrial]] = {}
+    for t in launched(trials):
+        config = ExperimentRecord.from_trial(t).config
+        if t.state == TrialState.COMPLETE and t.value is not None and config is not None:
+            groups.setdefault(config, []).append(t)
     if not groups:
         return None
     picked = next((g for g in groups.values() if any(t.number == chosen_trial for t in g)), None)
@@ -152,16 +120,14 @@ def leader(trials: Iterable[FrozenTrial], *, stage: int, metric: Metric, chosen_
     assert picked is not None
     first = picked[0]
     record = ExperimentRecord.from_trial(first)
-    assert record.exp_name is not None
+    assert record.exp_name is not None and record.config is not None
     return Optimum(
         name=record.exp_name,
-        stage=stage,
+        config=record.config,
         trial_number=first.number,
         ds_config=record.ds_config or {},
         result_dir=record.result_dir or "",
         cmd=record.cmd or [],
-        micro_batch_size=int(record.micro_batch_size or 0),
-        gradient_accumulation_steps=int(record.gradient_accumulation_steps or 1),
         runs=tuple(float(t.value) for t in picked),  # type: ignore[arg-type]
         trials=tuple(t.number for t in picked),
         estimate=estimate,
@@ -215,7 +181,7 @@ def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str
         reason=reason,
         num_experiments=len(trials),
         num_failed=len(failed),
-        best=leader(trials, stage=stage, metric=metric, chosen_trial=chosen_trial, estimate=estimate, final=final),
+        best=leader(trials, metric=metric, chosen_trial=chosen_trial, estimate=estimate, final=final),
         last_failure=last_failure,
     )
 
@@ -278,31 +244,30 @@ def experiment_seconds(trial: FrozenTrial) -> float | None:
 
 def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None, gpus_per_experiment: int,
                  device: str = "") -> Spend:
-    seconds = [s for t in launched(list(trials)) if (s := experiment_seconds(t)) is not None]
+    seconds = [s for t in launched(trials) if (s := experiment_seconds(t)) is not None]
     if profile_seconds is not None:
         seconds.append(profile_seconds)
     return Spend(experiments=len(seconds), gpu_seconds=sum(seconds) * gpus_per_experiment, profiled=profile_seconds is not None,
                  device=device)
 
 
-def _runs_by_config(trials: Iterable[FrozenTrial]) -> dict[str, list[float]]:
-    """The values of the completed runs, by config (re-measurements differ only in their name
-    and metrics file, which ``_config_identity`` leaves out)."""
-    values: dict[str, list[float]] = {}
+def _runs_by_config(trials: Iterable[FrozenTrial]) -> dict[Config, list[float]]:
+    """The values of the completed runs, by config."""
+    values: dict[Config, list[float]] = {}
     for t in trials:
-        ds_config = ExperimentRecord.from_trial(t).ds_config
-        if t.state == TrialState.COMPLETE and t.value is not None and ds_config is not None:
-            values.setdefault(_config_identity(ds_config), []).append(t.value)
+        config = ExperimentRecord.from_trial(t).config
+        if t.state == TrialState.COMPLETE and t.value is not None and config is not None:
+            values.setdefault(config, []).append(t.value)
     return values
 
 
 def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
     """The values of every completed run of ``trial``'s config: one run is not a result when the
     noise is a few percent."""
-    ds_config = ExperimentRecord.from_trial(trial).ds_config
-    if ds_config is None:
+    config = ExperimentRecord.from_trial(trial).config
+    if config is None:
         return [] if trial.value is None else [trial.value]
-    return _runs_by_config(trials).get(_config_identity(ds_config), [])
+    return _runs_by_config(trials).get(config, [])
 
 
 def measurement_noise(trials: Iterable[FrozenTrial]) -> Noise:
@@ -330,7 +295,7 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
                         listed=listed)
     assert stage is not None
     runs = [(t, r) for t in stages.get(stage, []) if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed
-            and r.phase is Phase.MICRO_BATCH and r.micro_batch_size == micro_batch_size]
+            and r.phase is Phase.MICRO_BATCH and r.config is not None and r.config.micro_batch == micro_batch_size]
     done = [(t, r) for t, r in runs if t.state == TrialState.COMPLETE] or [(t, r) for t, r in runs if r.reason in DEFINITIVE_FAILURES]
     if not done:
         why = "it has not run yet" if stage in stages else f"z{stage} has not started"

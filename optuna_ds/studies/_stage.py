@@ -4,6 +4,7 @@ from typing import Any
 
 import optuna
 
+from optuna_ds.domain import Config
 from optuna_ds.launcher import Lease
 from optuna_ds.space import KnobSpace
 from optuna_ds.storage import TrialCache
@@ -72,10 +73,9 @@ class StageTuner:
         """Fail the trials of dead workers so that their experiments run again (:meth:`Reaper.reap`)."""
         self._reaper.reap(force=force)
 
-    def run_config(self, mbs: int, lease: Lease, *, free_since: float, offload: str = "", knobs: dict[str, Any] | None = None,
-                   repeat: int = 0, why: str = "") -> None:
-        """Run the planner's experiment on ``lease`` (:meth:`StageExperiments.run_config`)."""
-        self._experiments.run_config(mbs, lease, free_since=free_since, offload=offload, knobs=knobs, repeat=repeat, why=why)
+    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> None:
+        """Run the planner's experiment of ``config`` on ``lease`` (:meth:`StageExperiments.run_config`)."""
+        self._experiments.run_config(config, lease, free_since=free_since, repeat=repeat, why=why)
 
     def step_knobs(self, lease: Lease) -> Step:
         """Run the knob search's next trial on ``lease``, or say why there is none (:meth:`KnobSearcher.step`)."""

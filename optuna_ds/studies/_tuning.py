@@ -13,26 +13,31 @@ from optuna.trial import TrialState
 from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
 from optuna_ds.config import UserConfig
+from optuna_ds.domain import ChoiceRecord
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import RecordedResources
+from optuna_ds.domain import RootRecord
+from optuna_ds.domain import StageRecord
 from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import Resources
 from optuna_ds.launcher import SlotPool
-from optuna_ds.launcher import telling_line
 from optuna_ds.launcher import device_kind
 from optuna_ds.launcher import gpu_memory_support
-from optuna_ds.launcher import Resources
+from optuna_ds.launcher import telling_line
 from optuna_ds.planner import Arm
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
-from optuna_ds.space import MemoryEstimate
 from optuna_ds.space import OFFLOAD_VARIANTS
+from optuna_ds.space import MemoryEstimate
 from optuna_ds.space import build_knob_space
 from optuna_ds.space import estimate_memory
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
-from optuna_ds.storage import ExperimentRecord
 from optuna_ds.storage import TuningPlan
-from optuna_ds.storage import open_root_study
 from optuna_ds.storage import load_stage_study
+from optuna_ds.storage import open_root_study
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import TuningObserver
@@ -45,11 +50,8 @@ from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
-from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._stage import StageTuner
 
-STAGE_ATTR_PREFIX = "stage:"
-CHOICE_ATTR = "choice"  # the planner's final choice: stage, trial number, estimated metric
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
@@ -110,27 +112,31 @@ class Tuning:
     def _check_resources(self) -> None:
         """Every process of a tuning runs experiments of one size on one kind of GPU: the
         batch sizes and the memory estimates depend on it. The first process records them."""
-        recorded = self._root.user_attrs.get("resources")
-        mine = {"gpus_per_experiment": self._resources.total_gpus, "device_memory": self._resources.device_memory,
-                "gpu_memory": gpu_memory_support(), "device": device_kind()}
+        recorded = self._recorded().resources
+        mine = RecordedResources(gpus_per_experiment=self._resources.total_gpus, device_memory=self._resources.device_memory,
+                                 gpu_memory=gpu_memory_support(), device=device_kind())
         if recorded is None:
             if not self._worker:
-                self._root.set_user_attr("resources", mine)
+                RootRecord(resources=mine).write(self._root.set_user_attr)
             return
-        if int(recorded["gpus_per_experiment"]) != mine["gpus_per_experiment"]:
+        if recorded.gpus_per_experiment != mine.gpus_per_experiment:
             raise ResourceError(
-                f"this tuning runs experiments on {recorded['gpus_per_experiment']} GPU(s), but the launcher options "
-                f"here give {mine['gpus_per_experiment']}: pass --num_gpus/--num_nodes to match"
+                f"this tuning runs experiments on {recorded.gpus_per_experiment} GPU(s), but the launcher options "
+                f"here give {mine.gpus_per_experiment}: pass --num_gpus/--num_nodes to match"
             )
+
+    def _recorded(self) -> RootRecord:
+        """The root study's record, read now."""
+        return RootRecord.from_attrs(self._root.user_attrs)
 
     @property
     def _device_memory(self) -> float:
         """The first process's figure, read from the storage until it is there, then kept."""
         if self._recorded_memory is None:
-            recorded = self._root.user_attrs.get("resources")
-            if not recorded:
+            recorded = self._recorded().resources
+            if recorded is None:
                 return self._resources.device_memory
-            self._recorded_memory = float(recorded["device_memory"])
+            self._recorded_memory = float(recorded.device_memory)
         return self._recorded_memory
 
     @property
@@ -141,7 +147,7 @@ class Tuning:
         given = self._user.autotuning.model_info or {}
         if given.get("num_params"):
             return {k: v for k, v in given.items() if k != "profile"}
-        stored = self._root.user_attrs.get("model_info")
+        stored = self._recorded().model_info
         if stored:
             return {**given, **stored}
         if self._worker:
@@ -165,16 +171,15 @@ class Tuning:
         # What the user gave (hidden_size, num_layers) stays; the profile adds what it measured.
         info = {**{k: v for k, v in given.items() if k != "profile" and v is not None},
                 **{k: v for k, v in result.metrics.items() if k != "rank"}}
-        self._root.set_user_attr("model_info", info)
-        self._root.set_user_attr("profile_duration", round(result.duration, 3))
-        self._root.set_user_attr("profile_end", datetime.datetime.now().isoformat())  # for the report's timeline
+        RootRecord(model_info=info, profile_duration=round(result.duration, 3),
+                   profile_end=datetime.datetime.now().isoformat()).write(self._root.set_user_attr)
         return info
 
     def _wait_for_model_info(self) -> dict[str, Any]:
         """A worker started before the profile run finished waits for its result."""
         self._log("waiting for the profile run of the tuning's first process")
         while True:
-            stored = optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs.get("model_info")
+            stored = RootRecord.from_attrs(optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs).model_info
             if stored:
                 return dict(stored)
             time.sleep(_PROFILE_POLL_SECONDS)
@@ -182,7 +187,7 @@ class Tuning:
     def _timeout(self) -> float:
         if self._plan.trial_timeout:
             return self._plan.trial_timeout
-        profile = self._root.user_attrs.get("profile_duration")
+        profile = self._recorded().profile_duration
         if profile is None:
             return _TIMEOUT_WITHOUT_PROFILE
         return max(_MIN_TIMEOUT, _TIMEOUT_PER_PROFILE * float(profile))
@@ -234,13 +239,12 @@ class Tuning:
             seed=self._seed,
         )
 
-    def _record_stage(self, stage: int, status: str, reason: str = "", **extra: Any) -> None:
-        # One attr per stage: several drivers write them, a shared dict would lose updates.
-        self._root.set_user_attr(f"{STAGE_ATTR_PREFIX}z{stage}", {"status": status, "reason": reason, **extra})
+    def _record_stage(self, stage: int, record: StageRecord) -> None:
+        RootRecord(stages={stage: record}).write(self._root.set_user_attr)
 
     def _skip(self, stage: int, reason: str, estimate: MemoryEstimate, log: Callable[[str], None]) -> None:
         log(f"[z{stage}] skipped: {reason}")
-        self._record_stage(stage, "skipped", reason, memory=estimate.to_dict())
+        self._record_stage(stage, StageRecord(status="skipped", reason=reason, memory=estimate.to_dict()))
 
     def result(self) -> TuningResult:
         """The tuning as the storage records it: what finished, whatever interrupted the rest."""
@@ -256,8 +260,8 @@ class Tuning:
         finally:
             if not self._worker:
                 # Wall time of the tuning across its resumed runs; workers only help within it.
-                elapsed = float(self._root.user_attrs.get("elapsed", 0.0)) + time.monotonic() - start
-                self._root.set_user_attr("elapsed", round(elapsed, 3))
+                elapsed = (self._recorded().elapsed or 0.0) + time.monotonic() - start
+                RootRecord(elapsed=round(elapsed, 3)).write(self._root.set_user_attr)
         return self.result()
 
     def _arms(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate]) -> list[Arm]:
@@ -300,6 +304,9 @@ class Tuning:
             baseline=self._user.baseline_micro_batch_size,
             per_sample=float(per_sample) if per_sample else None,
             explicit=not self._user.all_stages,
+            max_batch=self._builder.max_batch_per_gpu(),
+            min_batch=self._builder.min_batch_per_gpu(),
+            accumulation=self._user.gradient_accumulation_steps,
         )
 
     def _run_drivers(self, info: dict[str, Any]) -> None:
@@ -329,8 +336,9 @@ class Tuning:
         coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root)
         for stage, tuner in tuners.items():
             for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-                if t.value is not None and "exp_name" in t.user_attrs:
-                    ctx.observer.resumed(stage=stage, name=t.user_attrs["exp_name"], value=t.value, metric=a.tuned_metric)
+                name = ExperimentRecord.from_trial(t).exp_name
+                if t.value is not None and name is not None:
+                    ctx.observer.resumed(stage=stage, name=name, value=t.value, metric=a.tuned_metric)
         ended = False
         try:
             coordinator.run()
@@ -344,19 +352,20 @@ class Tuning:
         out and the choice are the planner's verdicts once its search ``ended``; interrupted,
         an unexplored stage is only not reached yet (unless a process whose search ended said more)."""
         observations = coordinator.observations()
-        recorded = recorded_stages(self._root)
+        recorded = self._recorded().stages
         for stage in tuners:
             mine = [o for o in observations if o.stage == stage]
+            memory = estimates[stage].to_dict()
             if not mine:
                 if ended:
-                    self._record_stage(stage, "skipped", "the planner expected no gain from it", memory=estimates[stage].to_dict())
-                elif f"z{stage}" not in recorded:
-                    self._record_stage(stage, "pending", "not reached yet", memory=estimates[stage].to_dict())
+                    self._record_stage(stage, StageRecord(status="skipped", reason="the planner expected no gain from it", memory=memory))
+                elif stage not in recorded:
+                    self._record_stage(stage, StageRecord(status="pending", reason="not reached yet", memory=memory))
                 continue
             edge = max((o.mbs for o in mine if o.status is Status.OK and not o.knobs), default=0)
             offloads = sorted({o.offload for o in mine if o.offload})
-            self._record_stage(stage, "tuned", memory=estimates[stage].to_dict(), max_runnable_micro_batch_size=edge,
-                               offload=",".join(offloads))
+            self._record_stage(stage, StageRecord(status="tuned", memory=memory, max_runnable_micro_batch_size=edge,
+                                                  offload=",".join(offloads)))
         decision = coordinator.decision
         if not ended or decision is None or decision.choice is None or not decision.done:
             return
@@ -364,42 +373,34 @@ class Tuning:
         metric = self._user.autotuning.tuned_metric
         trials = [t for t in tuners[c.stage].study.get_trials(deepcopy=False)
                   if t.state == TrialState.COMPLETE and t.value is not None
-                  and (o := observation_of(t, stage=c.stage, metric=metric, dead={})) is not None
-                  and o.config == (c.stage, c.offload, c.mbs, c.knobs)]
+                  and (o := observation_of(t, metric=metric, dead={})) is not None and o.config == c.config]
         if not trials:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        self._root.set_user_attr(CHOICE_ATTR, {"stage": c.stage, "trial": trials[0].number, "estimate": estimate})
+        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate)).write(self._root.set_user_attr)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
 
 
-def recorded_stages(root: optuna.Study) -> dict[str, dict[str, Any]]:
-    """What the drivers recorded of each stage, by ``z<stage>``."""
-    n = len(STAGE_ATTR_PREFIX)
-    return {k[n:]: v for k, v in root.user_attrs.items() if k.startswith(STAGE_ATTR_PREFIX)}
-
-
 def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: UserConfig) -> TuningResult:
     """Rebuild a tuning's result from the storage alone (``optuna-ds report`` does this)."""
     a = user.autotuning
-    root = optuna.load_study(study_name=plan.study_name, storage=storage)
-    recorded = recorded_stages(root)
-    choice = root.user_attrs.get(CHOICE_ATTR) or {}
+    root = RootRecord.from_attrs(optuna.load_study(study_name=plan.study_name, storage=storage).user_attrs)
+    choice = root.choice
     results = []
     trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
     for stage in user.stages:
-        entry = recorded.get(f"z{stage}", {})
+        entry = root.stages.get(stage)
         study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
         if study is not None:
             trials[stage] = study.get_trials(deepcopy=False)
-        if entry.get("status") in ("skipped", "pending"):
-            results.append(StageResult(stage=stage, status=entry["status"], reason=entry.get("reason", "")))
+        if entry is not None and entry.status in ("skipped", "pending"):
+            results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
         elif study is not None:
-            chosen = bool(choice) and int(choice["stage"]) == stage
-            result = stage_result(study, stage, metric=a.tuned_metric, chosen_trial=int(choice["trial"]) if chosen else None,
-                                  estimate=choice.get("estimate") if chosen else None, final=chosen)
+            mine = choice if choice is not None and choice.stage == stage else None
+            result = stage_result(study, stage, metric=a.tuned_metric, chosen_trial=mine.trial if mine else None,
+                                  estimate=mine.estimate if mine else None, final=mine is not None)
             if result.best is None:
                 result = dataclasses.replace(result, reason="no experiment ran successfully")
             results.append(result)
@@ -409,18 +410,17 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     # The planner's choice; before it chose (an interrupted or running tuning), the best mean so far.
     best = next((b for b in leaders if b.chosen), None) or a.tuned_metric.best(leaders, key=lambda b: b.value)
     every = [t for ts in trials.values() for t in ts]
-    profile = root.user_attrs.get("profile_duration")
-    resources = root.user_attrs.get("resources") or {}
+    resources = root.resources or RecordedResources()
     return TuningResult(
         metric=a.tuned_metric,
         stages=results,
-        duration=float(root.user_attrs.get("elapsed", 0.0)),
-        model_info=root.user_attrs.get("model_info", {}),
+        duration=float(root.elapsed or 0.0),
+        model_info=root.model_info or {},
         baseline=find_baseline(stages=trials, order=list(user.stages),
                                skipped={r.stage: r.reason for r in results if r.status == "skipped"},
                                micro_batch_size=user.baseline_micro_batch_size, user_list=bool(user.micro_batch_sizes)),
-        spend=tuning_spend(every, profile_seconds=float(profile) if profile is not None else None,
-                           gpus_per_experiment=int(resources.get("gpus_per_experiment", 1)), device=resources.get("device", "")),
+        spend=tuning_spend(every, profile_seconds=root.profile_duration, gpus_per_experiment=resources.gpus_per_experiment,
+                           device=resources.device),
         noise=measurement_noise(every),
         best=best,
         optuna_best=_optuna_best(storage, plan.study_name, best),

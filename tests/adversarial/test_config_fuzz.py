@@ -16,15 +16,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from optuna_ds._errors import ConfigError
+from optuna_ds.config import AutotuningConfig
 from optuna_ds.config import check_gpus
 from optuna_ds.config import check_with_deepspeed
 from optuna_ds.config import parse_user_config
-from optuna_ds.config import AutotuningConfig
 from optuna_ds.config._user_config import _ZERO_BOOLS
 from optuna_ds.config._user_config import _ZERO_NUMBERS
-from optuna_ds.launcher import Phase
+from optuna_ds.domain import Config
+from optuna_ds.domain import Phase
 from optuna_ds.space import build_knob_space
-from optuna_ds.space import experiment_name
 from optuna_ds.studies._builder import ExperimentBuilder
 
 _SCALARS = st.one_of(
@@ -74,7 +74,7 @@ def test_a_config_is_refused_in_one_line_or_tuned(config: dict, gpus: int, args:
             continue
         knobs = {k: v[0] for k, v in space.tuned.items()}
         mbs = user.min_micro_batch_size
-        experiment = builder.build(stage=stage, phase=Phase.KNOBS, mbs=mbs, gas=builder.gas_for(mbs), space=space, knobs=knobs)
+        experiment = builder.build(builder.config(stage=stage, mbs=mbs, knobs=knobs), phase=Phase.KNOBS, space=space)
         assert os.path.dirname(experiment.result_dir) == "/results" and _safe_component(experiment.name)
         assert math.isfinite(user.autotuning.max_train_micro_batch_size_per_gpu)
 
@@ -86,8 +86,8 @@ _KNOB_VALUES = st.one_of(st.booleans(), st.integers(), st.integers(10**299, 10**
 @settings(max_examples=300, deadline=None)
 @given(a=st.dictionaries(_KEYS, _KNOB_VALUES, max_size=4), b=st.dictionaries(_KEYS, _KNOB_VALUES, max_size=4))
 def test_experiment_names_are_safe_identities(a: dict, b: dict) -> None:
-    name_a = experiment_name(stage=1, mbs=2, gas=1, knobs=a)
-    name_b = experiment_name(stage=1, mbs=2, gas=1, knobs=b)
+    name_a = Config(stage=1, micro_batch=2, knobs=a).name
+    name_b = Config(stage=1, micro_batch=2, knobs=b).name
     assert _safe_component(name_a) and _safe_component(name_b)
     if name_a == name_b:
         # The same name must mean the same config (as the names show values, up to their format).

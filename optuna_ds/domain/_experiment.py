@@ -1,10 +1,11 @@
+"""One experiment: the DeepSpeed run of a config, and what happened to it."""
 from __future__ import annotations
 
 import dataclasses
 import enum
 from typing import Any
 
-from optuna_ds.launcher._paths import ExperimentFiles
+from optuna_ds.domain._config import Config
 
 
 class FailureReason(str, enum.Enum):
@@ -25,6 +26,9 @@ class FailureReason(str, enum.Enum):
 
 
 class Phase(str, enum.Enum):
+    """Why an experiment ran: the model's profile, a micro-batch size (the planner's), or a knob
+    setting (the knob search's)."""
+
     PROFILE = "profile"
     MICRO_BATCH = "micro_batch"
     KNOBS = "knobs"
@@ -32,28 +36,23 @@ class Phase(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """One DeepSpeed run: a complete ds_config and where its files go.
+    """One DeepSpeed run: its config, made a complete ``ds_config``, and where its files go.
 
-    ``name`` is the identity: two experiments with the same name run the same config.
+    ``name`` is the identity of the run (:meth:`Config.run_name`; the profile run has its own).
     """
 
     name: str
-    stage: int
     phase: Phase
+    config: Config
     ds_config: dict[str, Any]
     result_dir: str
-    micro_batch_size: int = 0
-    gradient_accumulation_steps: int = 1
-    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def files(self) -> ExperimentFiles:
-        return ExperimentFiles(self.result_dir)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["phase"] = self.phase.value
-        return d
+        """Its description, as its folder's ``exp.json`` and DeepSpeed's ``exps_dir`` hold it."""
+        c = self.config
+        return {"name": self.name, "stage": c.stage, "phase": self.phase.value, "ds_config": self.ds_config,
+                "result_dir": self.result_dir, "micro_batch_size": c.micro_batch, "gradient_accumulation_steps": c.accumulation,
+                "knobs": c.knob_dict}
 
 
 @dataclasses.dataclass(frozen=True)

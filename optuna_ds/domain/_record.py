@@ -1,15 +1,27 @@
+"""An experiment as its trial stores it, and the predicates that read it.
+
+The predicates read Optuna's public trial types (``FrozenTrial``, ``TrialState``): a record is
+a trial's user attrs, and whether its experiment finished is the trial's state.
+"""
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
 
-from optuna_ds.launcher import Experiment
-from optuna_ds.launcher import ExperimentResult
-from optuna_ds.launcher import FailureReason
-from optuna_ds.launcher import Phase
+from optuna_ds.domain._config import GAS_KEY
+from optuna_ds.domain._config import MBS_KEY
+from optuna_ds.domain._config import ZERO_KEY
+from optuna_ds.domain._config import Config
+from optuna_ds.domain._experiment import Experiment
+from optuna_ds.domain._experiment import ExperimentResult
+from optuna_ds.domain._experiment import FailureReason
+from optuna_ds.domain._experiment import Phase
 
 SetUserAttr = Callable[[str, Any], None]
 
@@ -20,7 +32,11 @@ class ExperimentRecord:
 
     Each field is stored under its own name, so the field names are the storage's keys: stored
     tunings, the report, other workers and optuna-dashboard read them, so they never change.
-    A field the trial does not hold is ``None`` (``False`` for the marks).
+    The config is stored field by field (:data:`_CONFIG_KEYS`: ``stage``, ``micro_batch_size``,
+    ``gradient_accumulation_steps``, ``offload`` and ``knobs``, the last two only when set); a
+    trial an earlier version stored, without ``stage`` and ``knobs``, has them read from its
+    ``ds_config`` and its params. A field the trial does not hold is ``None`` (``False`` for the
+    marks).
 
     The record is written in parts, each by whoever knows it, with :meth:`write`: the claim
     before the run (:meth:`claim`), the processes as they start, the result after the run
@@ -31,13 +47,11 @@ class ExperimentRecord:
 
     # The claim, written before the run (with exp_name, below).
     phase: Phase | None = None
-    micro_batch_size: int | None = None
-    gradient_accumulation_steps: int | None = None
+    config: Config | None = None
     train_batch_size: int | None = None
     ds_config: dict[str, Any] | None = None
     result_dir: str | None = None
     slot: str | None = None  # the GPUs it ran on, as ``--include`` names them
-    offload: str | None = None  # the offload variant the planner added, by its label
     repeat: int | None = None  # a re-measurement: how many times the config ran before
     # The token its launch's processes carry (the launcher's MARK_VAR) and its folder's exp.json
     # names: kept here, where no other launch can rewrite it, to tell its processes and files.
@@ -65,15 +79,13 @@ class ExperimentRecord:
     exp_name: str | None = None
 
     @classmethod
-    def claim(cls, experiment: Experiment, *, slot: str, offload: str = "", repeat: int = 0, mark: str = "") -> ExperimentRecord:
+    def claim(cls, experiment: Experiment, *, slot: str, repeat: int = 0, mark: str = "") -> ExperimentRecord:
         """What a trial publishes before it runs ``experiment`` on ``slot`` with the token ``mark``."""
         return cls(
-            offload=offload or None,
             repeat=repeat or None,
             mark=mark or None,
             phase=experiment.phase,
-            micro_batch_size=experiment.micro_batch_size,
-            gradient_accumulation_steps=experiment.gradient_accumulation_steps,
+            config=experiment.config,
             train_batch_size=experiment.ds_config.get("train_batch_size"),
             ds_config=experiment.ds_config,
             result_dir=experiment.result_dir,
@@ -101,20 +113,22 @@ class ExperimentRecord:
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> ExperimentRecord:
         attrs = trial.user_attrs
-        values = {key: attrs[key] for key in _KEYS if key in attrs}
+        values: dict[str, Any] = {key: attrs[key] for key in _KEYS if key in attrs}
         if "phase" in values:
             values["phase"] = Phase(values["phase"])
         if "reason" in values:
             values["reason"] = FailureReason(values["reason"])
-        return cls(**values)
+        return cls(config=_stored_config(attrs, trial.params), **values)
 
     def attrs(self) -> dict[str, Any]:
         """The user attrs of the fields this record sets (those not at their default), in field
         order, so ``exp_name`` last."""
-        attrs = {}
+        attrs: dict[str, Any] = {}
         for field in _FIELDS:
             value = getattr(self, field.name)
-            if value != field.default:
+            if isinstance(value, Config):
+                attrs.update(_config_attrs(value))
+            elif value != field.default:
                 attrs[field.name] = value.value if isinstance(value, (Phase, FailureReason)) else value
         return attrs
 
@@ -136,4 +150,60 @@ class ExperimentRecord:
 
 
 _FIELDS = dataclasses.fields(ExperimentRecord)
-_KEYS = tuple(f.name for f in _FIELDS)
+_KEYS = tuple(f.name for f in _FIELDS if f.name != "config")
+_CONFIG_KEYS = ("stage", "micro_batch_size", "gradient_accumulation_steps", "offload", "knobs")
+
+
+def _config_attrs(config: Config) -> dict[str, Any]:
+    attrs: dict[str, Any] = dict(zip(_CONFIG_KEYS, (config.stage, config.micro_batch, config.accumulation)))
+    if config.offload:
+        attrs["offload"] = config.offload
+    if config.knobs:
+        attrs["knobs"] = config.knob_dict
+    return attrs
+
+
+def _stored_config(attrs: Mapping[str, Any], params: Mapping[str, Any]) -> Config | None:
+    """The config a trial's attrs store; ``None`` before its claim. Trials stored before the
+    record held ``stage`` and ``knobs``: the stage of their ``ds_config``, the knobs of their params."""
+    mbs = attrs.get("micro_batch_size")
+    stage = attrs.get("stage")
+    if stage is None:
+        zero = (attrs.get("ds_config") or {}).get(ZERO_KEY)
+        stage = zero.get("stage") if isinstance(zero, dict) else None
+    if mbs is None or stage is None:
+        return None
+    knobs = attrs["knobs"] if "knobs" in attrs else {k: v for k, v in params.items() if k not in (MBS_KEY, GAS_KEY)}
+    return Config(stage=int(stage), micro_batch=int(mbs), offload=attrs.get("offload"),
+                  accumulation=int(attrs.get("gradient_accumulation_steps") or 1), knobs=knobs)
+
+
+# Failures that say something about the config itself; anything else (an interrupt, a dead
+# worker, a script that fails whatever the config) leaves the experiment to be run again.
+DEFINITIVE_FAILURES = frozenset(r for r in FailureReason if r.judges_config)
+
+
+def is_finished_experiment(trial: FrozenTrial) -> bool:
+    """Whether the trial's experiment has a result that must never be paid for again."""
+    if trial.state == TrialState.COMPLETE:
+        return True
+    return trial.state == TrialState.FAIL and ExperimentRecord.from_trial(trial).reason in DEFINITIVE_FAILURES
+
+
+def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
+    """Experiments lost twice, by name: their worker died while running them (killed, or no
+    heartbeat for the grace period), or the node lost their runs: retried once, then counted as
+    failed so they cannot kill workers or use GPUs forever."""
+    lost: dict[str, list[FrozenTrial]] = {}
+    for t in trials:
+        if t.state != TrialState.FAIL:
+            continue
+        record = ExperimentRecord.from_trial(t)
+        if record.exp_name is not None and (record.lost or record.reason is None):
+            lost.setdefault(record.exp_name, []).append(t)
+    return {name: ts[-1] for name, ts in lost.items() if len(ts) >= 2}
+
+
+def launched(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials that ran an experiment (duplicates and early-stopped asks launch nothing)."""
+    return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed]

@@ -1,0 +1,109 @@
+"""What a tuning records on its root study, beside its plan (``storage``'s): one typed record."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+_STAGE_PREFIX = "stage:"  # one attr per stage, "stage:z<stage>": several drivers write them, a shared dict would lose updates
+_KNOB_SEARCH_DONE = "done"
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedResources:
+    """What one experiment runs on, as the tuning's first process found it: every process of a
+    tuning runs experiments of one size on one kind of device."""
+
+    gpus_per_experiment: int = 1
+    device_memory: float = 0.0  # bytes per device
+    gpu_memory: str = ""  # whether peak GPU memory is measured here, and if not why
+    device: str = ""  # the accelerator's kind: "GPU", "CPU"; "" where an earlier version did not record it
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRecord:
+    """A ZeRO stage's status: ``tuned``, ``skipped`` or ``pending``, with why, its memory
+    estimate, and where tuned, its largest micro-batch size that ran and the offload variants
+    it explored (comma-separated)."""
+
+    status: str
+    reason: str = ""
+    memory: dict[str, Any] | None = None
+    max_runnable_micro_batch_size: int | None = None
+    offload: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceRecord:
+    """The planner's final choice: its stage, its first run's trial in that stage's study, and
+    the planner's estimate of its metric."""
+
+    stage: int
+    trial: int
+    estimate: float | None = None
+
+
+def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``stored`` that ``cls`` has: a later version may store more."""
+    return {k: v for k, v in stored.items() if k in {f.name for f in dataclasses.fields(cls)}}
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class RootRecord:
+    """The root study's user attrs, the one place their keys are named: each field under its
+    own name, but the stages (``stage:z<stage>``, one each) and the knob search's end
+    (``knob_search``: ``"done"``). Stored tunings, the report and optuna-dashboard read them:
+    the keys never change. Written in parts, by whoever knows each (:meth:`write`); a field the
+    study does not hold is ``None`` (empty, ``False``)."""
+
+    resources: RecordedResources | None = None
+    model_info: dict[str, Any] | None = None  # the user's and the profile run's
+    profile_duration: float | None = None  # seconds
+    profile_end: str | None = None  # ISO time, for the report's timeline
+    elapsed: float | None = None  # the tuning's wall time across its resumed runs, seconds
+    stages: Mapping[int, StageRecord] = dataclasses.field(default_factory=dict)
+    knob_search_done: bool = False  # a process's knob search is over: not run again
+    choice: ChoiceRecord | None = None
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> RootRecord:
+        n = len(_STAGE_PREFIX) + 1
+        stages = {int(k[n:]): StageRecord(**_known(StageRecord, v)) for k, v in attrs.items()
+                  if k.startswith(f"{_STAGE_PREFIX}z") and k[n:].isdigit() and isinstance(v, dict)}
+        resources, choice = attrs.get("resources"), attrs.get("choice")
+        return cls(
+            resources=RecordedResources(**_known(RecordedResources, resources)) if isinstance(resources, dict) else None,
+            model_info=attrs.get("model_info"),
+            profile_duration=attrs.get("profile_duration"),
+            profile_end=attrs.get("profile_end"),
+            elapsed=attrs.get("elapsed"),
+            stages=dict(sorted(stages.items())),
+            knob_search_done=attrs.get("knob_search") == _KNOB_SEARCH_DONE,
+            choice=ChoiceRecord(stage=int(choice["stage"]), trial=int(choice["trial"]), estimate=choice.get("estimate"))
+            if isinstance(choice, dict) and choice else None,
+        )
+
+    def attrs(self) -> dict[str, Any]:
+        """The user attrs of the fields this record sets."""
+        attrs: dict[str, Any] = {}
+        if self.resources is not None:
+            attrs["resources"] = dataclasses.asdict(self.resources)
+        for key in ("model_info", "profile_duration", "profile_end", "elapsed"):
+            if getattr(self, key) is not None:
+                attrs[key] = getattr(self, key)
+        attrs.update({f"{_STAGE_PREFIX}z{stage}": _plain(record) for stage, record in self.stages.items()})
+        if self.knob_search_done:
+            attrs["knob_search"] = _KNOB_SEARCH_DONE
+        if self.choice is not None:
+            attrs["choice"] = _plain(self.choice)
+        return attrs
+
+    def write(self, set_user_attr: Callable[[str, Any], None]) -> None:
+        """Store :meth:`attrs`; ``set_user_attr`` is the root study's."""
+        for key, value in self.attrs().items():
+            set_user_attr(key, value)
