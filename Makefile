@@ -16,6 +16,9 @@ endif
 # virtual environment its own cache so two checkouts do not rebuild each other's ops.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): the real-DeepSpeed tests run one after another in one of them
+# (tests/conftest.py), the rest beside them. Most tests wait on processes they start.
+PYTEST_WORKERS ?= 2
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
 # The planner alone, in-process, on the hand-made and 200 generated jobs of each generator.
@@ -44,7 +47,7 @@ example: venv
 	@echo "  cd examples && optuna-ds tune --num_gpus 1 train.py --deepspeed_config ds_config.json"
 
 test: venv
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) examples/autotuning_results examples/autotuning_exps examples/hf/autotuning_* examples/hf/output_*

@@ -29,6 +29,38 @@ LAUNCHER_OPTION = "--deepspeed-bin"
 EXAMPLES = TESTS.parent / "examples"
 
 
+# The modules of the real-DeepSpeed tests (marked e2e). Under `make test` (`pytest -n 2`) one
+# worker runs them one after another, the rest spread over the workers beside them: they share
+# rendezvous ports and the node's GPU leases, and each one's ranks take every core. (xdist's own
+# `xdist_group` mark no longer groups anything on pytest 9.2: pytest-dev/pytest-xdist#1386.)
+DEEPSPEED_MODULES = frozenset({"test_e2e_deepspeed.py", "test_hf.py"})
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("e2e") and _module(item.nodeid) not in DEEPSPEED_MODULES:
+            raise pytest.UsageError(f"{item.nodeid} is marked e2e: add its module to DEEPSPEED_MODULES in tests/conftest.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N`` (``--dist load``): xdist's load scheduling, with DEEPSPEED_MODULES as one unit
+    of work; being the largest, it starts first."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DeepSpeedApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "deepspeed" if _module(nodeid) in DEEPSPEED_MODULES else nodeid
+
+    return DeepSpeedApart(config, log)
+
+
 def reachable(port: int) -> bool:
     """A database server answers on 127.0.0.1 at ``port``: its tests run, else they skip."""
     try:

@@ -57,6 +57,8 @@ def test_unknown_option_and_bad_storage(ws: Workspace) -> None:
     _assert_clean_error(p, "127.0.0.1:1")
     assert "s3cret" not in p.stderr + p.stdout
     _assert_clean_error(ws.tune("ds_config.json", "--storage", "not a url"), "invalid storage URL")
+    p = ws.tune("ds_config.json", "--storage", "postgresql+psycopg://user@127.0.0.1:1/db", env=ws.env(OPTUNA_DS_CONNECT_PATIENCE="soon"))
+    _assert_clean_error(p, "OPTUNA_DS_CONNECT_PATIENCE must be a number of seconds", "'soon'")
 
 
 def test_hostfile_errors(ws: Workspace) -> None:

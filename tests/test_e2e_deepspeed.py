@@ -26,9 +26,15 @@ pytestmark = pytest.mark.e2e
 MODEL_ARGS = ["--hidden", "64", "--layers", "1", "--steps", "12"]
 
 
+def _env(project: Path, **extra: str) -> dict[str, str]:
+    # Its own GPU leases and ports (as Workspace.env): a test must not wait on the CPU device
+    # another test run on this machine holds.
+    return {**os.environ, "DS_ACCELERATOR": "cpu", "OPTUNA_DS_LOCK_DIR": str(project / "locks"), **extra}
+
+
 def _cli(cwd: Path, *args: str, timeout: float = 900, **env_extra: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", **env_extra)
-    return subprocess.run([sys.executable, "-m", "optuna_ds", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "optuna_ds", *args], cwd=cwd, env=_env(cwd, **env_extra), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture
@@ -128,7 +134,7 @@ def test_two_real_experiments_at_once_on_two_slots(project: Path) -> None:
     }
     (project / "ds_config.json").write_text(json.dumps(config))
     p = _cli(project, "tune", "--num_gpus", "1", "--master_port", "29680", "train.py", "--deepspeed_config", "ds_config.json",
-             *MODEL_ARGS, LOCAL_SIZE="2", OPTUNA_DS_LOCK_DIR=str(project / "locks"))
+             *MODEL_ARGS, LOCAL_SIZE="2")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "2 at once" in p.stdout
     storage = f"sqlite:///{project / 'autotuning_results' / 'optuna-ds.db'}"
@@ -210,7 +216,7 @@ def test_sigint_ends_real_deepspeed_ranks(project: Path) -> None:
         "autotuning": {"enabled": True, "start_profile_step": 2, "end_profile_step": 100000, "model_info": {"num_params": 4810}},
     }
     (project / "ds_config.json").write_text(json.dumps(config))
-    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    env = _env(project)
     proc = subprocess.Popen(
         [sys.executable, "-m", "optuna_ds", "tune", "--num_gpus", "1", "--master_port", "29670", "train.py",
          "--deepspeed_config", "ds_config.json", "--hidden", "64", "--layers", "1", "--steps", "1000000"],
@@ -269,6 +275,7 @@ def test_the_fast_start_gives_the_script_what_deepspeeds_runner_gives_it(tmp_pat
     (tmp_path / ".deepspeed_env").write_text("FROM_DEEPSPEED_ENV=1\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LOCAL_SIZE", "3")
+    monkeypatch.setenv("OPTUNA_DS_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
     deepspeed_bin = os.path.join(os.path.dirname(sys.executable), "deepspeed")

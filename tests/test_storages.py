@@ -132,9 +132,11 @@ def _one_line_error(p: subprocess.CompletedProcess[str] | tuple[int, str, str], 
 
 def test_a_role_at_its_connection_limit_is_one_line_and_exit_2(ws: Workspace, role: LimitedRole) -> None:
     """Opening Optuna's storage takes two connections at once: with one allowed, `tune`, `worker`
-    and `report` each say why in one line, after waiting in case others' connections close."""
+    and `report` each say why in one line, after waiting in case others' connections close (for
+    OPTUNA_DS_CONNECT_PATIENCE seconds: 3 here, not the default 20)."""
     ws.config(FAST)
-    env = ws.env()
+    env = ws.env(OPTUNA_DS_CONNECT_PATIENCE="3")
+    start = time.monotonic()
     args = {"tune": ["tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "--storage", role.url, "train.py", "--deepspeed_config", "ds_config.json"],
             "worker": ["worker", "--storage", role.url],
             "report": ["report", "--storage", role.url, "-o", str(ws.root / "r.html")]}
@@ -144,6 +146,7 @@ def test_a_role_at_its_connection_limit_is_one_line_and_exit_2(ws: Workspace, ro
         out, err = proc.communicate(timeout=120)
         line = _one_line_error((proc.returncode, out, err), "too many connections for role", "connection limit")
         assert role.name in line and "127.0.0.1:5432" in line, (command, line)
+    assert 3 <= time.monotonic() - start < 20
     assert not ws.launches()
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import random
 import re
@@ -29,7 +30,8 @@ POOL_SIZE = 2
 POOL_OVERFLOW = 2
 _POOL_WAIT = 600.0
 # A server or role at its connection limit refuses a new one; others' close within moments, so
-# a refused connection is tried again for this long before the process gives up.
+# a refused connection is tried again for this long before the process gives up
+# (``OPTUNA_DS_CONNECT_PATIENCE`` overrides).
 _CONNECT_PATIENCE = 20.0
 _refused_since: float | None = None  # when this process's connections began to be refused, until one is accepted
 _FULL = re.compile(r"(?i)too many (clients|connections)|remaining connection slots|max_user_connections")
@@ -91,6 +93,7 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
                 raise NoDatabase(f"no SQLite database at {sqlite_path}")
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
+        _connect_patience()  # a bad setting is told now, not when the server first refuses
         engine_kwargs.update(pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW, pool_timeout=_POOL_WAIT)
     try:
         if sqlite_path and create:
@@ -130,9 +133,25 @@ def _creation_lock(sqlite_path: str | None) -> Iterator[None]:
         yield
 
 
+def _connect_patience() -> float:
+    """How long a connection the server refuses for being full is tried again, in seconds:
+    ``OPTUNA_DS_CONNECT_PATIENCE``, else ``_CONNECT_PATIENCE``. Longer where a burst of other
+    clients outlasts it; 0 gives up at the first refusal."""
+    value = os.environ.get("OPTUNA_DS_CONNECT_PATIENCE")
+    if value is None:
+        return _CONNECT_PATIENCE
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise StorageError(f"OPTUNA_DS_CONNECT_PATIENCE must be a number of seconds, 0 or more; got {value!r}")
+    return seconds
+
+
 def _patient_connections(dialect: type) -> None:
     """Connections of ``dialect`` refused because the server or the role is at its connection
-    limit are tried again for ``_CONNECT_PATIENCE`` seconds: a burst of other clients must not
+    limit are tried again for :func:`_connect_patience` seconds: a burst of other clients must not
     end a tuning. Installed on the dialect, not on one engine: Optuna's storage connects while it
     is being created, before its engine is ours to configure."""
     from sqlalchemy import event
@@ -143,7 +162,7 @@ def _patient_connections(dialect: type) -> None:
 
 def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
     """The patience is the process's, not each connection's: once the server has refused it for
-    ``_CONNECT_PATIENCE`` seconds, every thread gives up at once and the process ends soon."""
+    :func:`_connect_patience` seconds, every thread gives up at once and the process ends soon."""
     global _refused_since
     delay = 0.1
     while True:
@@ -154,7 +173,7 @@ def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> 
                 raise
             now = time.monotonic()
             _refused_since = _refused_since or now
-            if now + delay > _refused_since + _CONNECT_PATIENCE:
+            if now + delay > _refused_since + _connect_patience():
                 raise
         else:
             _refused_since = None

@@ -8,6 +8,8 @@ import collections
 import fcntl
 import os
 import re
+import select
+import subprocess
 import time
 
 from invariants import Hostile
@@ -46,11 +48,28 @@ def test_waiting_for_a_gpu_held_by_another_process_says_so(hws: Hostile) -> None
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, f"{os.getpid()}\n".encode())
         tuner = hws.popen("tune", *hws.hostile_args(), table={})
-        time.sleep(8)
+        said = _read_until(tuner, "waiting for a free GPU slot", timeout=120)
         assert not any(True for _ in hws.experiments())
     finally:
         os.close(fd)
     out, err = tuner.communicate(timeout=120)
     assert tuner.returncode == 0, err
-    assert_no_traceback(type("P", (), {"stdout": out, "stderr": err}))  # type: ignore[arg-type]
-    assert "waiting for a free GPU slot" in out and f"pid {os.getpid()}" in out, out
+    assert_no_traceback(type("P", (), {"stdout": said + out, "stderr": err}))  # type: ignore[arg-type]
+    assert "waiting for a free GPU slot" in said and f"pid {os.getpid()}" in said, said + out
+
+
+def _read_until(proc: subprocess.Popen[str], text: str, *, timeout: float) -> str:
+    """``proc``'s stdout up to ``text`` (the tuner flushes each line), however long a busy
+    machine takes to start it; fails after ``timeout`` seconds. Read from the descriptor: what
+    follows is left in the pipe for ``communicate``."""
+    assert proc.stdout is not None
+    fd, seen = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            proc.kill()
+            raise AssertionError(f"no {text!r} in {timeout} s; stdout: {seen.decode(errors='replace')}")
+        seen += chunk
+    return seen.decode()
