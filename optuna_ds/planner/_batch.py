@@ -70,11 +70,8 @@ def _seconds(state: _State, model: ThroughputModel, rows: list[Row]) -> np.ndarr
 def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> float:
     """The expected seconds until the last experiment under way ends (one running of unknown
     age counts as just started; one proposed now, as starting)."""
-    from optuna_ds.planner._planner import _known  # a cycle: the planner calls this module
-
-    problem = state.problem
-    rows = [(_known(problem, o.arm), o.mbs, o.knobs) for o in state.running] + [
-        (_known(problem, (p.stage, p.offload)), p.mbs, p.knobs) for p in proposals]
+    rows = [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running] + [
+        (state.arm((p.stage, p.offload), p.knobs), p.mbs, p.knobs) for p in proposals]
     ran = np.array([o.seconds or 0.0 for o in state.running] + [0.0] * len(proposals))
     return float(np.max(_seconds(state, model, rows) - ran, initial=0.0))
 
@@ -96,8 +93,6 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     whose bound could still win are brought up to date (lazy greedy), about one model fit per
     member.
     """
-    from optuna_ds.planner._planner import _known  # a cycle: the planner calls this module
-
     problem, settings = state.problem, state.settings
     # At most half the launches not yet finished under way at once: the rest is for what their
     # results call for.
@@ -122,7 +117,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     measured = [o.config for o in state.ok]
 
     def at(configs: list[Config]) -> list[Row]:
-        return [(_known(problem, (c[0], c[1])), c[2], c[3]) for c in configs]
+        return [(state.arm((c[0], c[1]), c[3]), c[2], c[3]) for c in configs]
 
     def gains(idx: np.ndarray) -> np.ndarray:
         incumbent = float(np.max(model.mean(at(measured))))
