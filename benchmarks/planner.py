@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import heapq
-import itertools
 import json
 import math
 import random
@@ -29,6 +28,10 @@ sys.path.insert(0, str(HERE.parent))
 import physical_jobs  # noqa: E402
 import surfaces  # noqa: E402
 
+import optuna  # noqa: E402
+from optuna.study import StudyDirection  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
 from optuna_ds.planner import Arm  # noqa: E402
 from optuna_ds.planner import KnobSetting  # noqa: E402
 from optuna_ds.planner import Observation  # noqa: E402
@@ -36,6 +39,8 @@ from optuna_ds.planner import Problem  # noqa: E402
 from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
 from optuna_ds.planner import PlannerSettings  # noqa: E402
+from optuna_ds import samplers  # noqa: E402
+from optuna_ds.config import AutotuningConfig  # noqa: E402
 from optuna_ds.space import estimate_memory  # noqa: E402
 
 GB = surfaces.GB
@@ -43,8 +48,7 @@ MAX_MBS = 1024
 PROFILE_STEPS_S = 10.0
 
 
-EARLY_STOPPING = 5  # DeepSpeed's tuner_early_stopping
-NUM_TRIALS = 50  # ...and tuner_num_trials
+AUTOTUNING = AutotuningConfig()  # optuna-ds's defaults: tuner_early_stopping, tuner_num_trials, tuner_type
 
 
 def knob_space(stage: int) -> tuple[tuple[str, tuple], ...]:
@@ -53,12 +57,6 @@ def knob_space(stage: int) -> tuple[tuple[str, tuple], ...]:
 
 def knob_defaults(stage: int) -> tuple[tuple[str, object], ...]:
     return tuple((k, True if stage == 3 and k == "overlap_comm" else surfaces.DEFAULTS[k]) for k, _ in knob_space(stage))
-
-
-def grid(stage: int) -> list[tuple[tuple[str, object], ...]]:
-    """Every setting of the stage's knob space, as the grid sampler proposes them."""
-    space = knob_space(stage)
-    return [tuple(zip([k for k, _ in space], values)) for values in itertools.product(*(v for _, v in space))] if space else []
 
 
 def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
@@ -100,16 +98,19 @@ def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces
                            offload_param=offload == "offload-opt-param")
 
 
-def knob_candidates(surface: surfaces.Surface, problem: Problem, observations: list[Observation], noise: float | None) -> dict:
-    """The grid's settings of each arm whose knob search is not over: ``tuner_early_stopping``
-    knob runs in a row that did not beat the arm's best by the noise, or ``tuner_num_trials``
-    of them, end it (as optuna-ds's pruner does)."""
+def knob_candidates(surface: surfaces.Surface, problem: Problem, observations: list[Observation], noise: float | None,
+                   tuner: str) -> dict:
+    """What optuna-ds hands the planner: at each arm whose knob search is not over, the settings
+    the ``tuner`` sampler proposes after the arm's knob runs (optuna_ds.samplers.knob_candidates)
+    and those that ran. ``tuner_early_stopping`` knob runs in a row that did not beat the
+    stage's best by the noise, or ``tuner_num_trials`` of them, end a stage's search (as
+    optuna-ds's pruner does)."""
     out = {}
     for arm in problem.arms:
-        settings = grid(arm.stage)
-        if not settings:
+        space = dict(arm.knobs)
+        if not space:
             continue
-        runs = [o for o in observations if o.arm == arm.key and o.status is not Status.RUNNING]
+        runs = [o for o in observations if o.stage == arm.stage and o.status is not Status.RUNNING]
         best, since, trials = None, 0, 0
         for o in runs:
             value = o.score if o.status is Status.OK else None
@@ -118,8 +119,20 @@ def knob_candidates(surface: surfaces.Surface, problem: Problem, observations: l
                 since = 0 if value is not None and (best is None or value > best * (1.0 + (noise or 0.0))) else since + 1
             if value is not None and (best is None or value > best):
                 best = value
-        if since < EARLY_STOPPING and trials < NUM_TRIALS:
-            out[arm.key] = [KnobSetting(knobs, buffers_of(surface, arm, knobs)) for knobs in settings]
+        if since >= AUTOTUNING.tuner_early_stopping or trials >= AUTOTUNING.tuner_num_trials:
+            continue
+        mine = [o for o in runs if o.arm == arm.key and o.knobs and not o.repeat]
+        distributions = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in space.items()}
+        frozen = [optuna.trial.create_trial(params=dict(o.knobs), distributions=distributions,
+                                            value=o.score if o.status is Status.OK else None,
+                                            state=TrialState.COMPLETE if o.status is Status.OK else TrialState.FAIL,
+                                            user_attrs={} if o.status is Status.OK else {"reason": "oom" if o.status is Status.OOM else "error"})
+                  for o in mine]
+        size = math.prod(len(v) for v in space.values())
+        proposed = samplers.knob_candidates(tuner, space, frozen, direction=StudyDirection.MAXIMIZE, seed=arm.stage,
+                                            limit=size if tuner == "gridsearch" else 12)
+        settings = list(dict.fromkeys([o.knobs for o in mine] + [tuple(sorted(p.items())) for p in proposed]))
+        out[arm.key] = [KnobSetting(knobs, buffers_of(surface, arm, knobs)) for knobs in settings]
     return out
 
 
@@ -133,7 +146,7 @@ def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) 
 
 
 def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: bool = False,
-         settings: PlannerSettings = PlannerSettings(), full: bool = False) -> dict:
+         settings: PlannerSettings = PlannerSettings(), full: bool = False, tuner: str = "gridsearch") -> dict:
     """The planner's tuning of ``surface`` with ``slots`` experiments at once; with ``memory``,
     each run reports its peak memory, as runs on NVIDIA GPUs do; with ``full``, the knobs too."""
     problem = problem_of(surface, full=full)
@@ -141,11 +154,11 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     observations: list[Observation] = []
     running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
-    nonce = 0
+    nonce = knob_launches = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     while True:
         t0 = time.perf_counter()
-        candidates = knob_candidates(surface, problem, observations, noise) if full else None
+        candidates = knob_candidates(surface, problem, observations, noise, tuner) if full else None
         decision = plan(problem, observations + [r[2] for r in running_view(running, now)], free_slots=slots - len(running),
                         settings=settings, knob_candidates=candidates)
         noise = decision.noise
@@ -167,6 +180,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
             heapq.heappush(running, (now + outcome.seconds, nonce, done))
             launches += 1
+            knob_launches += bool(p.knobs)
             oom += status is Status.OOM
             gpu_s += outcome.seconds * surface.num_gpus
         if not running:
@@ -176,7 +190,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
         observations.append(done)
     choice = decision.choice
     chosen = config_of(choice.stage, choice.offload, choice.mbs, choice.knobs) if choice else None
-    return {"launches": launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
+    return {"launches": launches, "knob_launches": knob_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve}
 
@@ -210,7 +224,9 @@ def main() -> None:
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
-    parser.add_argument("--full", action="store_true", help="full mode: the knobs too (the grid sampler's settings)")
+    parser.add_argument("--full", action="store_true", help="full mode: the knobs too")
+    parser.add_argument("--tuner", default=AUTOTUNING.tuner_type, choices=["gridsearch", "random", "model_based"],
+                        help="full mode's tuner_type: where the knob settings come from")
     parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, margin, bracket, ...) for a what-if")
@@ -236,7 +252,7 @@ def main() -> None:
         best, optimum = surfaces.optimum_of(arms)
         if not optimum:
             continue
-        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory, settings=settings, full=args.full)
+        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory, settings=settings, full=args.full, tuner=args.tuner)
         r["optimum"] = optimum
         r["true_noise"] = surface.noise
         gap = surfaces.closest_arm_gap(arms)
@@ -284,7 +300,8 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     times = [t for _, _, r in rows for t in r["decision_s"]]
     print(f"{label} jobs {len(rows)} slots {slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
           f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "
-          f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job{versus}; "
+          f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job "
+          f"({statistics.mean(r['knob_launches'] for _, _, r in rows):.1f} of knob settings){versus}; "
           f"wall {statistics.mean(r['wall_s'] for _, _, r in rows) / 60:.1f} min/job; "
           f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
     # The noise the planner reports, against the job's true noise.

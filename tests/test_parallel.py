@@ -30,14 +30,14 @@ from conftest import reachable
 # A fixed micro-batch list: the experiments are then the same however many run at once (an
 # adaptive search explores k sizes at a time with k slots), so the best must be the same.
 CONFIG = {
-    "train_micro_batch_size_per_gpu": [8, 16, 24, 32, 48],
+    "train_micro_batch_size_per_gpu": [4, 8, 12, 16, 24, 32, 40, 48],
     # One knob of two values: the planner's knob search is the one setting it may try at each
     # of the two best sizes, so every process, alone or together, ends with the same optimum.
     "zero_optimization": {"stage": 1, "allgather_bucket_size": [5e8, 1e9], "reduce_bucket_size": 5e8},
     "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64, "tuner_type": "gridsearch",
                    "num_tuning_micro_batch_sizes": 2, "tuner_early_stopping": 100},
 }
-SURFACE = {"oom_above": {"1": 40}, "peak": 24, "duration": 0.6,
+SURFACE = {"oom_above": {"1": 40}, "peak": 24, "duration": 1.2,
            "knob_gain": {"allgather_bucket_size": {"1000000000.0": 1.1}, "reduce_bucket_size": {"500000000.0": 1.05}}}
 
 
@@ -164,7 +164,7 @@ def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_
 def test_a_sigkilled_worker_loses_nothing(ws: Workspace, kind: str) -> None:
     ws.config(CONFIG)
     cluster = Cluster(ws, _storage(kind, ws), f"kill-{uuid.uuid4().hex[:8]}")
-    cluster.env["FAKE_DS_SURFACE"] = cluster.env["FAKE_DS_SURFACE"].replace('"duration": 0.6', '"duration": 1.5')
+    cluster.env["FAKE_DS_SURFACE"] = cluster.env["FAKE_DS_SURFACE"].replace('"duration": 1.2', '"duration": 1.5')
     victim = cluster.worker()
     tune = cluster.tune()
     deadline = time.monotonic() + 120

@@ -123,13 +123,13 @@ class FeasibilityModel:
         # weight of the offsets above that threshold.
         threshold = arm.free - arm.buffers - sizes[:, None] * self.a[None, :]  # (sizes, A)
         above = np.searchsorted(offsets, threshold, side="right")
-        p = tails[np.arange(len(self.a))[None, :], above].sum(axis=1)
+        p: np.ndarray = tails[np.arange(len(self.a))[None, :], above].sum(axis=1)
         key = (arm.key, knobs)
         if key in self._ok:
             p = np.where(sizes <= self._ok[key], 0.0, p)
         if key in self._oom:
             p = np.where(sizes >= self._oom[key], 1.0, p)
-        return np.clip(p, 0.0, 1.0)
+        return np.asarray(np.clip(p, 0.0, 1.0))
 
     def _tails(self, arm: Arm) -> tuple[np.ndarray, np.ndarray]:
         """The arm's offsets (shared plus its own, less its buffers) sorted, ``(K,)``, and for each

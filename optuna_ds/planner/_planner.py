@@ -171,13 +171,13 @@ def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation]) -> fl
         return 0.0
     at_stage = [o for o in finished if o.stage == arm.stage and o.knobs]
     cleared = set().union(*(_departures(arm, o.knobs) for o in at_stage if o.status is Status.OK))
-    clear = {v: 1.0 - _KNOB_CAUSE_PRIOR for v in mine - cleared}
+    clear = {v: 1.0 - _KNOB_CAUSE_PRIOR for v in sorted(mine - cleared)}
     for o in at_stage:
         if o.status is Status.FAILED:
             suspects = _departures(arm, o.knobs) - cleared
             for v in suspects & clear.keys():
                 clear[v] *= 1.0 - 1.0 / len(suspects)
-    return 1.0 - float(np.prod(list(clear.values()))) if clear else 0.0
+    return 1.0 - math.prod(clear[v] for v in sorted(clear))
 
 
 _Ranked = tuple[tuple[Any, ...], float, float, int]  # (config, model's log estimate, measured mean, runs)

@@ -324,8 +324,12 @@ class ThroughputModel:
 
     def _pressure(self, rows: Sequence[tuple[Any, ...]], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shares, fills = np.empty(len(rows)), np.empty(len(rows))
-        for arm in {r[0] for r in rows}:
-            idx = [i for i, r in enumerate(rows) if r[0] == arm]
+        # By key and buffers: arms compare by key alone, and a knob setting's has buffers of its own.
+        groups: dict[tuple[tuple[int, str], float], list[int]] = {}
+        for i, r in enumerate(rows):
+            groups.setdefault((r[0].key, r[0].buffers), []).append(i)
+        for idx in groups.values():
+            arm = rows[idx[0]][0]
             shares[idx], fills[idx] = self._memory.share(arm, sizes[idx]), self._memory.fill(arm, sizes[idx])
         return shares, fills
 

@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.distributions import CategoricalDistribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._optuna_compat import contains
 from optuna_ds.samplers._factory import create_sampler
 
 
@@ -31,7 +33,7 @@ def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials:
     predicted. Settings proposed twice (a random draw, a grid past its end) count once."""
     if not tuned:
         return []
-    distributions = {k: CategoricalDistribution(list(v)) for k, v in sorted(tuned.items())}
+    distributions: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(v)) for k, v in sorted(tuned.items())}
     study = optuna.create_study(direction=direction, sampler=create_sampler(tuner_type, tuned, seed=_seed(seed, trials)))
     study.add_trials([c for t in trials if (c := _copy(t, distributions)) is not None])
     seen = {_key(t.params) for t in trials}
@@ -60,11 +62,11 @@ def _key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
-def _copy(trial: FrozenTrial, distributions: dict[str, CategoricalDistribution]) -> FrozenTrial | None:
+def _copy(trial: FrozenTrial, distributions: dict[str, BaseDistribution]) -> FrozenTrial | None:
     """``trial`` with only its knob params, as a finished trial of the copy; ``None`` for one
     whose params lie outside the space (another offload variant's knobs, a space since changed)."""
     params = {k: trial.params[k] for k in distributions if k in trial.params}
-    if len(params) != len(distributions) or any(v not in distributions[k].choices for k, v in params.items()):
+    if len(params) != len(distributions) or not all(contains(distributions[k], v) for k, v in params.items()):
         return None
     value = trial.value if trial.state == TrialState.COMPLETE else None
     state = TrialState.COMPLETE if value is not None else TrialState.FAIL

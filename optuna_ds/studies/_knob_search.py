@@ -47,7 +47,7 @@ class KnobCandidates:
         self._buffers = buffers
         self._cache: dict[tuple[Any, ...], list[KnobSetting]] = {}
 
-    def pruner(self, noise: float | None) -> optuna.pruners.BasePruner:
+    def pruner(self, noise: float | None) -> TunerEarlyStoppingPruner:
         """``tuner_early_stopping`` over a stage study's knob trials; a gain within ``noise`` (one
         run's) is no improvement."""
         ctx = self._ctx

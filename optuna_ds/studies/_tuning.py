@@ -77,8 +77,8 @@ def _humanize(n: float) -> str:
 
 class Tuning:
     """One tuning: the profile run, then the planner's search (:mod:`optuna_ds.planner`) over
-    the ZeRO stages, their offload variants and micro-batch sizes, one study per stage; then,
-    unless in fast mode, the knob search at the chosen stage.
+    the ZeRO stages, their offload variants, micro-batch sizes and, unless in fast mode, the
+    knob settings the ``tuner_type`` sampler proposes; one study per stage.
 
     Stages whose model states fit in no variant are skipped with the reason. The planner is a
     function of the storage, so a resumed tuning and every worker continue the same search.
