@@ -99,33 +99,41 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     slots = min(slots, (problem.max_experiments - len(state.finished)) // 2 - len(state.running) - len(proposals))
     if slots <= 0:
         return []
-    rows, p_run = state.candidates
     taken = {p.config for p in proposals}
-    keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
-    if not keep:
-        return []
-    rows, p_run = [rows[i] for i in keep], p_run[keep]
-    # A member may end at most half its run after the last experiment under way: later, it
-    # would lengthen a tuning whose search those end.
-    seconds = _seconds(state, model, rows)
-    fits = seconds - _left(state, model, proposals) <= _LATE * seconds
-    if not fits.any():
-        return []
-    rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
-    # Per second, in gain per run of the usual length: a run likely to fail ends sooner.
-    rate = state.seconds_ok / (p_run * seconds + (1.0 - p_run) * state.seconds_failed)
     measured = [o.config for o in state.ok]
 
     def at(configs: list[Config]) -> list[Row]:
         return [(state.arm((c[0], c[1]), c[3]), c[2], c[3]) for c in configs]
 
+    def ready(rows: list[Row], p_run: np.ndarray) -> tuple[list[Row], np.ndarray, np.ndarray, np.ndarray]:
+        """The rows not taken that may end in time, their chance to run, their gain and their
+        rate (per second, in gain per run of the usual length: a run likely to fail ends sooner)."""
+        keep = [i for i, (a, m, k) in enumerate(rows) if (a.stage, a.offload, m, k) not in taken]
+        rows, p_run = [rows[i] for i in keep], p_run[keep]
+        if not rows:
+            return [], np.zeros(0), np.zeros(0), np.zeros(0)
+        # A member may end at most half its run after the last experiment under way: later, it
+        # would lengthen a tuning whose search those end.
+        seconds = _seconds(state, model, rows)
+        fits = seconds - _left(state, model, proposals) <= _LATE * seconds
+        rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
+        if not rows:
+            return [], np.zeros(0), np.zeros(0), np.zeros(0)
+        incumbent = float(np.max(model.mean(at(measured))))
+        gain = np.asarray(p_run * model.expected_improvement(rows, incumbent + settings.margin))
+        return rows, p_run, gain, state.seconds_ok / (p_run * seconds + (1.0 - p_run) * state.seconds_failed)
+
+    rows, p_run, gain, rate = ready(*state.candidates)
+    if not len(gain) or np.max(gain) < settings.min_gain:
+        # The sizes are settled: the knob settings fill the slots, as the sequential search takes them.
+        rows, p_run, gain, rate = ready(*state.knob_rows(model))
+    if not len(gain) or np.max(gain) < settings.min_gain:
+        return []  # nothing would be worth a launch even with nothing under way
+
     def gains(idx: np.ndarray) -> np.ndarray:
         incumbent = float(np.max(model.mean(at(measured))))
         return np.asarray(p_run[idx] * model.expected_improvement([rows[i] for i in idx], incumbent + settings.margin))
 
-    gain = gains(np.arange(len(rows)))
-    if np.max(gain) < settings.min_gain:
-        return []  # nothing would be worth a launch even with nothing under way
     best = float(np.max(model.mean(at(measured))))
 
     def believed(points: list[Row]) -> list[Point]:
