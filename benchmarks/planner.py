@@ -28,12 +28,19 @@ sys.path.insert(0, str(HERE.parent))
 import physical_jobs  # noqa: E402
 import surfaces  # noqa: E402
 
+import optuna  # noqa: E402
+from optuna.study import StudyDirection  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
 from optuna_ds.planner import Arm  # noqa: E402
+from optuna_ds.planner import KnobSetting  # noqa: E402
 from optuna_ds.planner import Observation  # noqa: E402
 from optuna_ds.planner import PlannerSettings  # noqa: E402
 from optuna_ds.planner import Problem  # noqa: E402
 from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
+from optuna_ds import samplers  # noqa: E402
+from optuna_ds.config import AutotuningConfig  # noqa: E402
 from optuna_ds.space import estimate_memory  # noqa: E402
 
 GB = surfaces.GB
@@ -41,8 +48,30 @@ MAX_MBS = 1024
 PROFILE_STEPS_S = 10.0
 
 
-def problem_of(surface: surfaces.Surface) -> Problem:
-    """What optuna-ds would know of the job after its profile run."""
+AUTOTUNING = AutotuningConfig()  # optuna-ds's defaults: tuner_early_stopping, tuner_num_trials, tuner_type
+
+
+def knob_space(stage: int) -> tuple[tuple[str, tuple], ...]:
+    return tuple((k, tuple(v)) for k, v in sorted(surfaces.SPACES[stage].items()))
+
+
+def knob_defaults(stage: int) -> tuple[tuple[str, object], ...]:
+    return tuple((k, True if stage == 3 and k == "overlap_comm" else surfaces.DEFAULTS[k]) for k, _ in knob_space(stage))
+
+
+def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
+    """The setting's buffers as optuna-ds estimates them (DeepSpeed's docs), not as the job has them."""
+    zero = dict(knobs)
+    if arm.offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return estimate_memory(stage=arm.stage, num_params=int(surface.params_b * GB), trainable_params=None,
+                           activation_per_sample=surface.act_gb * GB, device_memory=surface.device_gb * GB,
+                           num_gpus=surface.num_gpus, precision="fp16", adam_type=True, zero=zero).buffers
+
+
+def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
+    """What optuna-ds would know of the job after its profile run; in full mode each arm with
+    its knob space."""
     device = surface.device_gb * GB
     arms, states_fit = [], []
     variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
@@ -52,18 +81,59 @@ def problem_of(surface: surfaces.Surface) -> Problem:
         e = estimate_memory(stage=stage, num_params=int(surface.params_b * GB), trainable_params=None,
                             activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
                             precision="fp16", adam_type=True, zero=zero)
-        arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS, buffers=e.buffers)
+        arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS, buffers=e.buffers,
+                  knobs=knob_space(stage) if full else (), knob_defaults=knob_defaults(stage) if full else ())
         if e.fits:
             arms.append(arm)
         if e.states_fit:
             states_fit.append(arm)
     # As optuna-ds does: where the profile's activation estimate leaves room nowhere, every
     # variant whose states fit.
-    return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB)
+    return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB, gpus=surface.num_gpus,
+                   max_experiments=200 if full else 40)
 
 
-def config_of(stage: int, offload: str, mbs: int) -> surfaces.Config:
-    return surfaces.Config(stage=stage, mbs=mbs, offload_optimizer=bool(offload), offload_param=offload == "offload-opt-param")
+def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces.Config:
+    return surfaces.Config(stage=stage, mbs=mbs, knobs=tuple(knobs), offload_optimizer=bool(offload),
+                           offload_param=offload == "offload-opt-param")
+
+
+def knob_candidates(surface: surfaces.Surface, problem: Problem, observations: list[Observation], noise: float | None,
+                   tuner: str) -> dict:
+    """What optuna-ds hands the planner: at each arm whose knob search is not over, the settings
+    the ``tuner`` sampler proposes after the arm's knob runs (optuna_ds.samplers.knob_candidates)
+    and those that ran. ``tuner_early_stopping`` knob runs in a row that did not beat the
+    stage's best by the noise, or ``tuner_num_trials`` of them, end a stage's search (as
+    optuna-ds's pruner does)."""
+    out = {}
+    for arm in problem.arms:
+        space = dict(arm.knobs)
+        if not space:
+            continue
+        runs = [o for o in observations if o.stage == arm.stage and o.status is not Status.RUNNING]
+        best, since, trials = None, 0, 0
+        for o in runs:
+            value = o.score if o.status is Status.OK else None
+            if o.knobs and not o.repeat:
+                trials += 1
+                since = 0 if value is not None and (best is None or value > best * (1.0 + (noise or 0.0))) else since + 1
+            if value is not None and (best is None or value > best):
+                best = value
+        if since >= AUTOTUNING.tuner_early_stopping or trials >= AUTOTUNING.tuner_num_trials:
+            continue
+        mine = [o for o in runs if o.arm == arm.key and o.knobs and not o.repeat]
+        distributions = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in space.items()}
+        frozen = [optuna.trial.create_trial(params=dict(o.knobs), distributions=distributions,
+                                            value=o.score if o.status is Status.OK else None,
+                                            state=TrialState.COMPLETE if o.status is Status.OK else TrialState.FAIL,
+                                            user_attrs={} if o.status is Status.OK else {"reason": "oom" if o.status is Status.OOM else "error"})
+                  for o in mine]
+        size = math.prod(len(v) for v in space.values())
+        proposed = samplers.knob_candidates(tuner, space, frozen, direction=StudyDirection.MAXIMIZE, seed=arm.stage,
+                                            limit=size if tuner == "gridsearch" else 12)
+        settings = list(dict.fromkeys([o.knobs for o in mine] + [tuple(sorted(p.items())) for p in proposed]))
+        out[arm.key] = [KnobSetting(knobs, buffers_of(surface, arm, knobs)) for knobs in settings]
+    return out
 
 
 def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) -> float:
@@ -76,36 +146,40 @@ def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) 
 
 
 def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: bool = False,
-         settings: PlannerSettings = PlannerSettings()) -> dict:
+         settings: PlannerSettings = PlannerSettings(), full: bool = False, tuner: str = "gridsearch") -> dict:
     """The planner's tuning of ``surface`` with ``slots`` experiments at once; with ``memory``,
-    each run reports its peak memory, as runs on NVIDIA GPUs do."""
-    problem = problem_of(surface)
+    each run reports its peak memory, as runs on NVIDIA GPUs do; with ``full``, the knobs too."""
+    problem = problem_of(surface, full=full)
+    noise = None
     observations: list[Observation] = []
     running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
-    nonce = 0
+    nonce = knob_launches = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     while True:
         t0 = time.perf_counter()
+        candidates = knob_candidates(surface, problem, observations, noise, tuner) if full else None
         decision = plan(problem, observations + [r[2] for r in running_view(running, now)], free_slots=slots - len(running),
-                        settings=settings)
+                        settings=settings, knob_candidates=candidates)
+        noise = decision.noise
         decisions.append(time.perf_counter() - t0)
         if decision.choice is not None:
             c = decision.choice
-            curve.append((launches, surface.evaluate(config_of(c.stage, c.offload, c.mbs)).throughput))
+            curve.append((launches, surface.evaluate(config_of(c.stage, c.offload, c.mbs, c.knobs)).throughput))
         for p in decision.proposals:
-            config = config_of(p.stage, p.offload, p.mbs)
+            config = config_of(p.stage, p.offload, p.mbs, p.knobs)
             outcome = surface.evaluate(config)
             nonce += 1
             status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
             score = surface.measure(config, nonce) if status is Status.OK else None
             peak = peak_memory(surface, config, nonce) if memory and status is Status.OK else None
-            done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak)
+            done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak, repeat=p.repeat)
             if trace:
-                print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} -> {status.value:6} {score or 0:9.3f} true "
+                print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
             heapq.heappush(running, (now + outcome.seconds, nonce, done))
             launches += 1
+            knob_launches += bool(p.knobs)
             oom += status is Status.OOM
             gpu_s += outcome.seconds * surface.num_gpus
         if not running:
@@ -114,10 +188,15 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
         now = end
         observations.append(done)
     choice = decision.choice
-    chosen = config_of(choice.stage, choice.offload, choice.mbs) if choice else None
-    return {"launches": launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
+    chosen = config_of(choice.stage, choice.offload, choice.mbs, choice.knobs) if choice else None
+    return {"launches": launches, "knob_launches": knob_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve}
+
+
+def _knobs(knobs: tuple) -> str:
+    return ",".join(f"{''.join(w[0] for w in k.split('_'))}={v:g}" if isinstance(v, float) else f"{''.join(w[0] for w in k.split('_'))}={v}"
+                    for k, v in knobs)
 
 
 def running_view(running: list[tuple[float, int, Observation]], now: float) -> list[tuple[float, int, Observation]]:
@@ -143,6 +222,9 @@ def main() -> None:
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--full", action="store_true", help="full mode: the knobs too")
+    parser.add_argument("--tuner", default=AUTOTUNING.tuner_type, choices=["gridsearch", "random", "model_based"],
+                        help="full mode's tuner_type: where the knob settings come from")
     parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, margin, bracket, ...) for a what-if")
@@ -159,15 +241,16 @@ def main() -> None:
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
                           + [f"phys-{i}" for i in range(args.first, args.first + args.physical)])
     cache = json.loads((HERE / "deepspeed_figures.json").read_text())
-    ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == "fast"}
+    mode = "full" if args.full else "fast"
+    ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == mode}
     rows = []
     for name in names:
         surface = surfaces.by_name(name)
-        arms = surface.arm_optima(fast=True, offload=True)
+        arms = surface.arm_optima(fast=not args.full, offload=True)
         best, optimum = surfaces.optimum_of(arms)
         if not optimum:
             continue
-        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory, settings=settings)
+        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory, settings=settings, full=args.full, tuner=args.tuner)
         r["optimum"] = optimum
         r["true_noise"] = surface.noise
         gap = surfaces.closest_arm_gap(arms)
@@ -215,7 +298,8 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     times = [t for _, _, r in rows for t in r["decision_s"]]
     print(f"{label} jobs {len(rows)} slots {slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
           f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "
-          f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job{versus}; "
+          f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job "
+          f"({statistics.mean(r['knob_launches'] for _, _, r in rows):.1f} of knob settings){versus}; "
           f"wall {statistics.mean(r['wall_s'] for _, _, r in rows) / 60:.1f} min/job; "
           f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
     # The noise the planner reports, against the job's true noise.

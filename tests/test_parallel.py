@@ -30,12 +30,14 @@ from conftest import reachable
 # A fixed micro-batch list: the experiments are then the same however many run at once (an
 # adaptive search explores k sizes at a time with k slots), so the best must be the same.
 CONFIG = {
-    "train_micro_batch_size_per_gpu": [8, 16, 24, 32, 48],
-    "zero_optimization": {"stage": 1},
+    "train_micro_batch_size_per_gpu": [4, 8, 12, 16, 24, 32, 40, 48],
+    # One knob of two values: the planner's knob search is the one setting it may try at each
+    # of the two best sizes, so every process, alone or together, ends with the same optimum.
+    "zero_optimization": {"stage": 1, "allgather_bucket_size": [5e8, 1e9], "reduce_bucket_size": 5e8},
     "autotuning": {"enabled": True, "fast": False, "max_train_micro_batch_size_per_gpu": 64, "tuner_type": "gridsearch",
                    "num_tuning_micro_batch_sizes": 2, "tuner_early_stopping": 100},
 }
-SURFACE = {"oom_above": {"1": 40}, "peak": 24, "duration": 0.6,
+SURFACE = {"oom_above": {"1": 40}, "peak": 24, "duration": 1.2,
            "knob_gain": {"allgather_bucket_size": {"1000000000.0": 1.1}, "reduce_bucket_size": {"500000000.0": 1.05}}}
 
 
@@ -162,7 +164,7 @@ def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_
 def test_a_sigkilled_worker_loses_nothing(ws: Workspace, kind: str) -> None:
     ws.config(CONFIG)
     cluster = Cluster(ws, _storage(kind, ws), f"kill-{uuid.uuid4().hex[:8]}")
-    cluster.env["FAKE_DS_SURFACE"] = cluster.env["FAKE_DS_SURFACE"].replace('"duration": 0.6', '"duration": 1.5')
+    cluster.env["FAKE_DS_SURFACE"] = cluster.env["FAKE_DS_SURFACE"].replace('"duration": 1.2', '"duration": 1.5')
     victim = cluster.worker()
     tune = cluster.tune()
     deadline = time.monotonic() + 120
@@ -204,11 +206,12 @@ def test_a_sigkilled_worker_loses_nothing(ws: Workspace, kind: str) -> None:
     assert all("experiment_process" not in t.user_attrs and t.user_attrs["detail"] == "its process died before it claimed an experiment"
                for t in unclaimed)
     names = {t.user_attrs["exp_name"] for t in lost if "exp_name" in t.user_attrs}
-    # A lost first run runs again; a lost re-measurement (``_r<k>``) measured nothing, and the
-    # planner decides afresh whether one still pays.
-    for name in (n for n in names if not re.search(r"_r\d+$", n)):
+    # A lost first run of a size you listed runs again; a lost knob setting or re-measurement
+    # (``_r<k>``) measured nothing, and the planner decides afresh whether one still pays.
+    for name in names:
         reruns = [t for t in trials.values() if t.user_attrs.get("exp_name") == name and t.state == TrialState.COMPLETE]
-        assert len(reruns) == 1, f"the lost experiment {name} did not run again"
+        listed = re.fullmatch(r"z1_gas\d+_tmbspg\d+", name) is not None
+        assert len(reruns) == 1 if listed else len(reruns) <= 1, f"the lost experiment {name} ran {len(reruns)} times again"
     for number, value in finished_before.items():
         assert trials[number].state == TrialState.COMPLETE and trials[number].value == value
     launches = _experiments(ws)

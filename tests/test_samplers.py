@@ -10,9 +10,10 @@ from optuna.testing.pytest_samplers import BasicSamplerTestCase
 from optuna.testing.pytest_samplers import SingleOnlySamplerTestCase
 from optuna.trial import TrialState
 
+from optuna.study import StudyDirection
+
 from optuna_ds.samplers import XGBoostSampler
-from optuna_ds.samplers import create_sampler
-from optuna_ds.samplers import with_fixed_params
+from optuna_ds.samplers import knob_candidates
 from optuna_ds.samplers._xgboost import CANDIDATE_ATTR
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -160,62 +161,45 @@ def test_full_space_is_covered_then_repeats_are_allowed() -> None:
     assert first_four == {tuple(sorted(zip(space, c))) for c in itertools.product(*space.values())}
 
 
-def test_a_fixed_grid_point_leaves_no_point_of_the_grid_out() -> None:
-    # DeepSpeed's recommended setting runs first with its params fixed; the grid's other points
-    # then follow. Fixing params over Optuna's grid sampler gives that trial the point of its
-    # number (marked visited, never run) and runs the fixed point twice.
-    sampler = create_sampler("gridsearch", SPACE)
-    points = [dict(zip(sorted(SPACE), p)) for p in itertools.product(*(SPACE[k] for k in sorted(SPACE)))]
-    fixed = dict(zip(sampler.param_names, sampler.points[-1]))  # not the point of trial 0's number
-    study = optuna.create_study(direction="maximize")
-
-    def objective(trial: optuna.Trial) -> float:
-        return sum(hash(str(trial.suggest_categorical(k, v))) % 7 for k, v in SPACE.items())
-
-    study.sampler = with_fixed_params(sampler, fixed)
-    study.optimize(objective, n_trials=1)
-    study.sampler = sampler
-    study.optimize(objective, n_trials=len(points) - 1)
-    ran = [tuple(t.params[k] for k in sorted(SPACE)) for t in study.trials]
-    assert study.trials[0].params == fixed
-    assert sorted(ran) == sorted(tuple(p[k] for k in sorted(SPACE)) for p in points)
+def _finished(params: dict, value: float | None) -> optuna.trial.FrozenTrial:
+    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in KNOBS.items()}
+    if value is None:
+        return optuna.trial.create_trial(params=params, distributions=distributions, state=TrialState.FAIL, user_attrs={"reason": "error"})
+    return optuna.trial.create_trial(params=params, distributions=distributions, value=value)
 
 
-def test_grid_picks_past_the_grid_differ_by_worker_but_the_grid_is_the_same() -> None:
-    # Every worker numbers the grid's points alike (a trial's number gives its point), while the
-    # picks of unvisited points past the grid's size are their own, so workers seldom collide.
-    a, b = create_sampler("gridsearch", SPACE), create_sampler("gridsearch", SPACE)
-    assert a.points == b.points
-    picks_a = [int(a._rng.choice(100)) for _ in range(10)]
-    picks_b = [int(b._rng.choice(100)) for _ in range(10)]
-    assert picks_a != picks_b
+KNOBS = {"reduce_bucket_size": [5e7, 5e8, 1e9], "overlap_comm": [True, False], "contiguous_gradients": [True, False]}
+_POINTS = [dict(zip(KNOBS, p)) for p in itertools.product(*KNOBS.values())]
 
 
-@pytest.mark.parametrize("tuner_type", ["random", "model_based", "gridsearch"])
-def test_knob_trials_run_only_at_the_sizes_the_search_measured(tuner_type: str) -> None:
-    """The stage study's micro-batch size is an integer param (1..max for its micro-batch
-    trials); a knob trial asks for it between the smallest and the largest tuning size, and must
-    get one of the sizes measured, never one between them."""
-    sizes = [7, 9, 10]
-    sampler = create_sampler(tuner_type, {"train_micro_batch_size_per_gpu": sizes, "overlap_comm": [True, False]}, seed=3)
-    study = optuna.create_study(sampler=sampler, direction="maximize")
-    seen = set()
-    for _ in range(24):
-        trial = study.ask()
-        mbs = trial.suggest_int("train_micro_batch_size_per_gpu", min(sizes), max(sizes))
-        trial.suggest_categorical("overlap_comm", [True, False])
-        seen.add(mbs)
-        study.tell(trial, float(mbs))
-    assert seen <= set(sizes) and len(seen) >= 2
+def _gain(p: dict) -> float:
+    return (1.1 if p["overlap_comm"] else 1.0) * {5e7: 0.9, 5e8: 1.0, 1e9: 1.05}[p["reduce_bucket_size"]]
 
 
-def test_the_random_sampler_passes_over_listed_values_outside_the_distribution() -> None:
-    sampler = create_sampler("random", {"overlap_comm": [True, False, "maybe"]}, seed=1)
-    study = optuna.create_study(sampler=sampler)
-    for _ in range(8):
-        trial = study.ask()
-        assert trial.suggest_categorical("overlap_comm", [True, False]) in (True, False)
-        study.tell(trial, 1.0)
+def test_the_grid_proposes_every_point_not_run_yet() -> None:
+    ran = [_finished(_POINTS[0], 1.0), _finished(_POINTS[5], None)]
+    got = knob_candidates("gridsearch", KNOBS, ran, direction=StudyDirection.MAXIMIZE, seed=0, limit=len(_POINTS))
+    key = lambda p: tuple(sorted(p.items()))  # noqa: E731
+    assert sorted(map(key, got)) == sorted(key(p) for i, p in enumerate(_POINTS) if i not in (0, 5))
+
+
+@pytest.mark.parametrize("tuner_type", ["random", "model_based"])
+def test_a_sampler_proposes_distinct_new_settings_the_same_in_every_process(tuner_type: str) -> None:
+    ran = [_finished(p, _gain(p)) for p in _POINTS[:4]]
+    got = knob_candidates(tuner_type, KNOBS, ran, direction=StudyDirection.MAXIMIZE, seed=3, limit=5)
+    again = knob_candidates(tuner_type, KNOBS, ran, direction=StudyDirection.MAXIMIZE, seed=3, limit=5)
+    keys = [tuple(sorted(p.items())) for p in got]
+    assert got == again and len(keys) == len(set(keys)) == 5
+    assert not set(keys) & {tuple(sorted(p.items())) for p in _POINTS[:4]}
+    assert all(set(p) == set(KNOBS) and all(v in KNOBS[k] for k, v in p.items()) for p in got)
+
+
+def test_the_model_based_sampler_proposes_what_its_model_predicts_best_first() -> None:
+    # After a few runs the xgboost model has learned that overlap and large buckets pay: its
+    # first proposal is the best of the settings not run yet.
+    ran = [_finished(p, _gain(p)) for p in _POINTS if not (p["overlap_comm"] and p["reduce_bucket_size"] == 1e9)]
+    got = knob_candidates("model_based", KNOBS, ran, direction=StudyDirection.MAXIMIZE, seed=0, limit=1)
+    assert got[0]["overlap_comm"] is True and got[0]["reduce_bucket_size"] == 1e9
 
 
 def test_workers_given_one_seed_draw_differently() -> None:

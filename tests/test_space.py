@@ -8,7 +8,7 @@ from optuna_ds.domain import Config
 from optuna_ds.space import build_knob_space
 from optuna_ds.space import default_tuning_space
 from optuna_ds.space import estimate_memory
-from optuna_ds.space import recommended_knobs
+from optuna_ds.space import knob_defaults
 from optuna_ds.space import user_offloads
 
 
@@ -98,12 +98,20 @@ def test_memory_estimate_frozen_params_offload_and_misfit() -> None:
     assert offload.params == 0 and offload.optimizer == 0 and offload.fits
 
 
-def test_offload_variants_and_recommended_knobs() -> None:
+def test_offload_variants_and_knob_defaults() -> None:
     space = build_knob_space(3, {}, fast=False, hidden_size=1024)
     offloaded = space.with_offload("offload-opt")
     assert offloaded.fixed["offload_optimizer"]["device"] == "cpu" and "offload_param" not in offloaded.fixed
     assert offloaded.to_dict() == {"stage": 3, "tuned": offloaded.tuned, "fixed": offloaded.fixed, "offload": "offload-opt"}
     assert user_offloads({"offload_param": {"device": "nvme"}}) and not user_offloads({"stage": 3})
-    # Stage 2's recommended first knob experiment overlaps communication; stage 1's is its default config.
-    assert recommended_knobs(build_knob_space(2, {}, fast=False))["overlap_comm"] is True
-    assert recommended_knobs(build_knob_space(1, {}, fast=False)) is None
+    # What a config that leaves the tuned knobs out runs with: stage 3 overlaps by default, stage 2 not.
+    assert knob_defaults(space)["overlap_comm"] is True and knob_defaults(build_knob_space(2, {}, fast=False))["overlap_comm"] is False
+    assert knob_defaults(build_knob_space(2, {}, fast=False)).keys() == build_knob_space(2, {}, fast=False).tuned.keys()
+    assert knob_defaults(build_knob_space(1, {}, fast=True)) == {}
+
+
+def test_overlap_makes_the_buckets_take_four_and_a_half_times_their_size() -> None:
+    base = dict(num_params=10**9, trainable_params=None, activation_per_sample=1e6, device_memory=8e10, num_gpus=8, precision="fp16")
+    plain = estimate_memory(stage=2, zero={}, **base)
+    assert estimate_memory(stage=2, zero={"overlap_comm": True}, **base).buffers == 4.5 * plain.buffers
+    assert estimate_memory(stage=2, zero={"reduce_bucket_size": 5e7, "allgather_bucket_size": 5e7}, **base).buffers == plain.buffers / 10

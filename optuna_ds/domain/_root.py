@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 _STAGE_PREFIX = "stage:"  # one attr per stage, "stage:z<stage>": several drivers write them, a shared dict would lose updates
-_KNOB_SEARCH_DONE = "done"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +55,7 @@ def _plain(value: Any) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class RootRecord:
     """The root study's user attrs, the one place their keys are named: each field under its
-    own name, but the stages (``stage:z<stage>``, one each) and the knob search's end
-    (``knob_search``: ``"done"``). Stored tunings, the report and optuna-dashboard read them:
+    own name, but the stages (``stage:z<stage>``, one each). Stored tunings, the report and optuna-dashboard read them:
     the keys never change. Written in parts, by whoever knows each (:meth:`write`); a field the
     study does not hold is ``None`` (empty, ``False``)."""
 
@@ -67,7 +65,6 @@ class RootRecord:
     profile_end: str | None = None  # ISO time, for the report's timeline
     elapsed: float | None = None  # the tuning's wall time across its resumed runs, seconds
     stages: Mapping[int, StageRecord] = dataclasses.field(default_factory=dict)
-    knob_search_done: bool = False  # a process's knob search is over: not run again
     choice: ChoiceRecord | None = None
 
     @classmethod
@@ -83,7 +80,6 @@ class RootRecord:
             profile_end=attrs.get("profile_end"),
             elapsed=attrs.get("elapsed"),
             stages=dict(sorted(stages.items())),
-            knob_search_done=attrs.get("knob_search") == _KNOB_SEARCH_DONE,
             choice=ChoiceRecord(stage=int(choice["stage"]), trial=int(choice["trial"]), estimate=choice.get("estimate"))
             if isinstance(choice, dict) and choice else None,
         )
@@ -97,8 +93,6 @@ class RootRecord:
             if getattr(self, key) is not None:
                 attrs[key] = getattr(self, key)
         attrs.update({f"{_STAGE_PREFIX}z{stage}": _plain(record) for stage, record in self.stages.items()})
-        if self.knob_search_done:
-            attrs["knob_search"] = _KNOB_SEARCH_DONE
         if self.choice is not None:
             attrs["choice"] = _plain(self.choice)
         return attrs

@@ -11,6 +11,7 @@ from optuna_ds.planner._planner import plan
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Choice
 from optuna_ds.planner._problem import Decision
+from optuna_ds.planner._problem import KnobSetting
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
@@ -24,6 +25,7 @@ __all__ = [
     "Choice",
     "Decision",
     "FeasibilityModel",
+    "KnobSetting",
     "Observation",
     "PlannerSettings",
     "Problem",

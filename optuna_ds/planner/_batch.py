@@ -69,11 +69,8 @@ def _seconds(state: _State, model: ThroughputModel, rows: list[Row]) -> np.ndarr
 def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> float:
     """The expected seconds until the last experiment under way ends (one running of unknown
     age counts as just started; one proposed now, as starting)."""
-    from optuna_ds.planner._planner import _known  # a cycle: the planner calls this module
-
-    problem = state.problem
-    rows = [(_known(problem, o.arm), o.mbs, o.knobs) for o in state.running] + [
-        (_known(problem, (p.stage, p.offload)), p.mbs, p.knobs) for p in proposals]
+    rows = [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running] + [
+        (state.arm((p.stage, p.offload), p.knobs), p.mbs, p.knobs) for p in proposals]
     ran = np.array([o.seconds or 0.0 for o in state.running] + [0.0] * len(proposals))
     return float(np.max(_seconds(state, model, rows) - ran, initial=0.0))
 
@@ -95,41 +92,47 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     whose bound could still win are brought up to date (lazy greedy), about one model fit per
     member.
     """
-    from optuna_ds.planner._planner import _known  # a cycle: the planner calls this module
-
     problem, settings = state.problem, state.settings
     # At most half the launches not yet finished under way at once: the rest is for what their
     # results call for.
     slots = min(slots, (problem.max_experiments - len(state.finished)) // 2 - len(state.running) - len(proposals))
     if slots <= 0:
         return []
-    rows, p_run = state.candidates
     taken = {p.config for p in proposals}
-    keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
-    if not keep:
-        return []
-    rows, p_run = [rows[i] for i in keep], p_run[keep]
-    # A member may end at most half its run after the last experiment under way: later, it
-    # would lengthen a tuning whose search those end.
-    seconds = _seconds(state, model, rows)
-    fits = seconds - _left(state, model, proposals) <= _LATE * seconds
-    if not fits.any():
-        return []
-    rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
-    # Per second, in gain per run of the usual length: a run likely to fail ends sooner.
-    rate = state.seconds_ok / (p_run * seconds + (1.0 - p_run) * state.seconds_failed)
     measured = [o.config for o in state.ok]
 
     def at(configs: list[Config]) -> list[Row]:
-        return [(_known(problem, c.arm), c.micro_batch, c.knobs) for c in configs]
+        return [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c in configs]
+
+    def ready(rows: list[Row], p_run: np.ndarray) -> tuple[list[Row], np.ndarray, np.ndarray, np.ndarray]:
+        """The rows not taken that may end in time, their chance to run, their gain and their
+        rate (per second, in gain per run of the usual length: a run likely to fail ends sooner)."""
+        keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
+        rows, p_run = [rows[i] for i in keep], p_run[keep]
+        if not rows:
+            return [], np.zeros(0), np.zeros(0), np.zeros(0)
+        # A member may end at most half its run after the last experiment under way: later, it
+        # would lengthen a tuning whose search those end.
+        seconds = _seconds(state, model, rows)
+        fits = seconds - _left(state, model, proposals) <= _LATE * seconds
+        rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
+        if not rows:
+            return [], np.zeros(0), np.zeros(0), np.zeros(0)
+        incumbent = float(np.max(model.mean(at(measured))))
+        gain = np.asarray(p_run * model.expected_improvement(rows, incumbent + settings.margin))
+        return rows, p_run, gain, state.seconds_ok / (p_run * seconds + (1.0 - p_run) * state.seconds_failed)
+
+    rows, p_run, gain, rate = ready(*state.candidates)
+    if not len(gain) or np.max(gain) < settings.min_gain:
+        # The sizes are settled: the knob settings fill the slots, as the sequential search takes them.
+        rows, p_run, gain, rate = ready(*state.knob_rows(model))
+    if not len(gain) or np.max(gain) < settings.min_gain:
+        return []  # nothing would be worth a launch even with nothing under way
 
     def gains(idx: np.ndarray) -> np.ndarray:
         incumbent = float(np.max(model.mean(at(measured))))
         return np.asarray(p_run[idx] * model.expected_improvement([rows[i] for i in idx], incumbent + settings.margin))
 
-    gain = gains(np.arange(len(rows)))
-    if np.max(gain) < settings.min_gain:
-        return []  # nothing would be worth a launch even with nothing under way
     best = float(np.max(model.mean(at(measured))))
 
     def believed(points: list[Row]) -> list[Point]:

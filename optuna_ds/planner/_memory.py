@@ -89,8 +89,9 @@ class FeasibilityModel:
             log_w += np.log(np.maximum(lik @ self._prior_delta, 1e-300))
         w = np.exp(log_w - log_w.max())
         self._w = w / w.sum()  # (A, C)
-        self._posterior_cache: dict[Arm, np.ndarray] = {}
-        self._offset_cache: dict[Arm, float] = {}
+        self._posterior_cache: dict[tuple[int, str], np.ndarray] = {}
+        self._offset_cache: dict[tuple[tuple[int, str], float], float] = {}
+        self._tails_cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
 
     @functools.cached_property
     def per_sample(self) -> float:
@@ -105,36 +106,48 @@ class FeasibilityModel:
     def _posterior(self, arm: Arm) -> np.ndarray:
         """``p(per_sample, offset, arm's offset)``, ``(A, C, D)``: computed once per arm (a
         decision asks every arm several times)."""
-        cached = self._posterior_cache.get(arm)
+        cached = self._posterior_cache.get(arm.key)
         if cached is None:
             joint = self._lik[arm.key] * self._prior_delta[None, None, :]
             delta = joint / np.maximum(joint.sum(axis=2, keepdims=True), 1e-300)
-            cached = self._posterior_cache[arm] = self._w[:, :, None] * delta
+            cached = self._posterior_cache[arm.key] = self._w[:, :, None] * delta
         return cached
 
     def p_oom(self, arm: Arm, sizes: np.ndarray, knobs: tuple[Any, ...] = ()) -> np.ndarray:
-        """The probability that each size runs out of memory at ``arm``."""
+        """The probability that each size runs out of memory at ``arm`` with ``knobs``; an arm
+        whose ``buffers`` differ from the problem's (a knob setting's) has its offsets moved
+        by as much."""
         sizes = np.asarray(sizes, dtype=float)
-        post = self._posterior(arm)
-        room = arm.free - self._offsets(arm)  # (1, C, D)
-        # Size m runs out where m * a > room, i.e. at each grid point (a, c, d) whose edge
-        # room / a lies below m: the weight of the edges between consecutive sizes, summed.
-        limit = (room / self.a[:, None, None]).ravel()
-        order = np.argsort(sizes)
-        k = np.searchsorted(sizes[order], limit, side="right")  # the sizes at or below each edge
-        p = np.empty(len(sizes))
-        p[order] = np.cumsum(np.bincount(k, weights=post.ravel(), minlength=len(sizes) + 1))[: len(sizes)]
+        offsets, tails = self._tails(arm)
+        # Size m runs out at (a, offset) where m * a + offset > free - buffers: for each a, the
+        # weight of the offsets above that threshold.
+        threshold = arm.free - arm.buffers - sizes[:, None] * self.a[None, :]  # (sizes, A)
+        above = np.searchsorted(offsets, threshold, side="right")
+        p: np.ndarray = tails[np.arange(len(self.a))[None, :], above].sum(axis=1)
         key = (arm.key, knobs)
         if key in self._ok:
             p = np.where(sizes <= self._ok[key], 0.0, p)
         if key in self._oom:
             p = np.where(sizes >= self._oom[key], 1.0, p)
-        return np.clip(p, 0.0, 1.0)
+        return np.asarray(np.clip(p, 0.0, 1.0))
+
+    def _tails(self, arm: Arm) -> tuple[np.ndarray, np.ndarray]:
+        """The arm's offsets (shared plus its own, less its buffers) sorted, ``(K,)``, and for each
+        per-sample figure the posterior weight of the offsets from each one up, ``(A, K + 1)``:
+        computed once per arm, whatever buffers a knob setting gives it."""
+        cached = self._tails_cache.get(arm.key)
+        if cached is None:
+            offsets = (self.c[:, None] + self._delta[None, :]).ravel()
+            order = np.argsort(offsets)
+            weights = self._posterior(arm).reshape(len(self.a), -1)[:, order]
+            tails = np.concatenate([np.cumsum(weights[:, ::-1], axis=1)[:, ::-1], np.zeros((len(self.a), 1))], axis=1)
+            cached = self._tails_cache[arm.key] = (offsets[order], tails)
+        return cached
 
     def _offset(self, arm: Arm) -> float:
-        cached = self._offset_cache.get(arm)
+        cached = self._offset_cache.get((arm.key, arm.buffers))
         if cached is None:
-            cached = self._offset_cache[arm] = float(np.sum(self._posterior(arm) * self._offsets(arm)))
+            cached = self._offset_cache[(arm.key, arm.buffers)] = float(np.sum(self._posterior(arm) * self._offsets(arm)))
         return cached
 
     def share(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -18,6 +20,7 @@ from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Choice
 from optuna_ds.planner._problem import Decision
 from optuna_ds.planner._problem import Knobs
+from optuna_ds.planner._problem import KnobSetting
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
@@ -27,6 +30,7 @@ from optuna_ds.planner._surrogate import ThroughputModel
 
 _BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail at every size
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
+_KNOB_CAUSE_PRIOR = 0.05  # a knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB)
 
 
 def _known(problem: Problem, key: tuple[int, str]) -> Arm:
@@ -68,9 +72,13 @@ def _median(values: list[float], default: float) -> float:
 class _State:
     """The observations arranged for one decision."""
 
-    def __init__(self, problem: Problem, observations: Sequence[Observation], settings: PlannerSettings) -> None:
+    def __init__(self, problem: Problem, observations: Sequence[Observation], settings: PlannerSettings,
+                 knob_candidates: Mapping[tuple[int, str], Sequence[KnobSetting]] | None = None) -> None:
         self.problem = problem
         self.settings = settings
+        self.knob_candidates = knob_candidates or {}
+        self._buffers = {(key, c.knobs): c.buffers for key, cs in self.knob_candidates.items() for c in cs
+                         if c.buffers is not None}
         self.finished = [o for o in observations if o.status is not Status.RUNNING and problem.arm(o.arm)]
         self.running = [o for o in observations if o.status is Status.RUNNING and problem.arm(o.arm)]
         self.memory = FeasibilityModel(problem, self.finished)
@@ -81,11 +89,18 @@ class _State:
         fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
         self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
 
+    def arm(self, key: tuple[int, str], knobs: Knobs = ()) -> Arm:
+        """The arm of ``key`` as the models see a config of it with ``knobs``: a setting whose
+        buffers are known moves the arm's memory by as much."""
+        arm = _known(self.problem, key)
+        buffers = self._buffers.get((key, knobs)) if knobs else None
+        return arm if buffers is None else dataclasses.replace(arm, buffers=buffers)
+
     def sizes(self, arm: Arm) -> list[int]:
         return _candidate_sizes(self.problem, arm, self.settings.growth)
 
     def points(self) -> list[tuple[Arm, int, Knobs, float]]:
-        return [(_known(self.problem, o.arm), o.mbs, o.knobs, float(o.score)) for o in self.ok if o.score is not None]
+        return [(self.arm(o.arm, o.knobs), o.mbs, o.knobs, float(o.score)) for o in self.ok if o.score is not None]
 
     @functools.cached_property
     def candidates(self) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
@@ -104,6 +119,66 @@ class _State:
             rows += [(arm, int(m), ()) for m in sizes[keep]]
             p_run.append(p[keep])
         return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
+
+
+    def knob_rows(self, model: ThroughputModel) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
+        """Untried knob settings of the candidates with their probability to run, each at its
+        arm's best measured sizes (by the model, at the default knobs) and, for a setting that
+        frees memory, at the largest size it is likely to fit where the default knobs likely do
+        not: once an arm has run, its settings compete with every other experiment by expected
+        gain per second."""
+        rows: list[tuple[Arm, int, Knobs]] = []
+        p_run: list[float] = []
+        for key, candidates in self.knob_candidates.items():
+            default = self.problem.arm(key)
+            measured = sorted({o.mbs for o in self.ok if o.arm == key and not o.knobs})
+            if default is None or not measured or not candidates:
+                continue
+            means = model.mean([(default, m, ()) for m in measured])
+            best = [measured[i] for i in np.argsort(-means)[: max(1, self.problem.knob_sizes)]]
+            # Where the default knobs ran out of memory, sizes they likely run out at: room a
+            # leaner setting may make.
+            ran_out = any(o.arm == key and not o.knobs and o.status is Status.OOM for o in self.finished)
+            larger = np.array([m for m in self.sizes(default) if m > max(measured)] if ran_out else [], dtype=float)
+            larger = larger[self.memory.p_oom(default, larger) >= 0.5] if len(larger) else larger
+            for candidate in candidates:
+                arm = self.arm(key, candidate.knobs)
+                sizes = list(best)
+                if arm.buffers < default.buffers and len(larger):
+                    fit = larger[self.memory.p_oom(arm, larger, candidate.knobs) < 0.5]
+                    if len(fit):
+                        sizes.append(int(fit[-1]))
+                p_knobs = 1.0 - _p_knob_crash(arm, candidate.knobs, self.finished)
+                p_size = 1.0 - self.memory.p_oom(arm, np.array(sizes, dtype=float), candidate.knobs)
+                for m, p in zip(sizes, p_size):
+                    if self.problem.config(key, int(m), candidate.knobs) not in self.tried:
+                        rows.append((arm, m, candidate.knobs))
+                        p_run.append(float(p) * p_knobs)
+        return rows, np.array(p_run)
+
+
+def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, str]]:
+    """The knob values of a setting that differ from what a default config runs with."""
+    defaults = dict(arm.knob_defaults)
+    return {(k, repr(v)) for k, v in knobs if k not in defaults or repr(v) != repr(defaults[k])}
+
+
+def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation]) -> float:
+    """The probability that a knob setting fails for a reason other than memory: a value it sets
+    is taken to cause a stage's failures while no run of the stage that set it ran, each failure
+    blamed on its unexplained values in equal shares."""
+    mine = _departures(arm, knobs)
+    if not mine:
+        return 0.0
+    at_stage = [o for o in finished if o.stage == arm.stage and o.knobs]
+    cleared = set().union(*(_departures(arm, o.knobs) for o in at_stage if o.status is Status.OK))
+    clear = {v: 1.0 - _KNOB_CAUSE_PRIOR for v in sorted(mine - cleared)}
+    for o in at_stage:
+        if o.status is Status.FAILED:
+            suspects = _departures(arm, o.knobs) - cleared
+            for v in suspects & clear.keys():
+                clear[v] *= 1.0 - 1.0 / len(suspects)
+    return 1.0 - math.prod(clear[v] for v in sorted(clear))
 
 
 class _Ranked(NamedTuple):
@@ -129,8 +204,8 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
     # A straggler's run says little of its config, unless it is all there is.
     groups = {c: kept.get(c) or runs for c, runs in groups.items()}
     configs = list(groups)
-    rows = [(state.problem.arm(c.arm), c.micro_batch, c.knobs) for c in configs]
-    means = model.mean(rows)  # type: ignore[arg-type]
+    rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c in configs]
+    means = model.mean(rows)
     measured = np.array([np.mean(np.log(groups[c])) for c in configs])
     counts = np.array([len(groups[c]) for c in configs])
     top = int(np.argmax(measured))
@@ -182,7 +257,7 @@ def _remeasure(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> 
     whichever measurement is worth more."""
     if len(ranked) < 2:
         return None
-    rows = [(_known(state.problem, c.arm), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
+    rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
     i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))
     of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))
     if max(of_rival, of_chosen) < state.settings.min_gain:
@@ -191,7 +266,8 @@ def _remeasure(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> 
 
 
 def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: int = 1,
-         settings: PlannerSettings = PlannerSettings()) -> Decision:
+         settings: PlannerSettings = PlannerSettings(),
+         knob_candidates: Mapping[tuple[int, str], Sequence[KnobSetting]] | None = None) -> Decision:
     """The next experiments of a tuning, as a pure function of everything observed so far.
 
     Candidates are the untried micro-batch sizes of every arm. The first experiment maximises the
@@ -203,8 +279,13 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     finalist runs again while that is expected to pay. The choice is the best measured config by
     the model's estimate, so one lucky measurement does not decide it, unless the measurements
     disagree with the model by more than the measured noise.
+
+    ``knob_candidates`` are the knob settings worth scoring at each arm (a sampler's proposals,
+    each a whole setting of the arm's tuned knobs): from an arm's first run on, each competes
+    at the arm's best sizes like any other experiment, its value from knob effects the model
+    learns across stages.
     """
-    state = _State(problem, observations, settings)
+    state = _State(problem, observations, settings, knob_candidates)
     model = ThroughputModel(problem, state.memory, state.points())
     choice, ranked = _choose(model, state)
     noise = model.noise if state.ok else None
@@ -229,11 +310,11 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         again = _repeat(state, choice.config, "re-measure the best so far: the noise")
         if again is not None:
             proposals.append(again)
-    fantasy = list(state.points()) + _fantasies(model, [(_known(problem, o.arm), o.mbs, o.knobs) for o in state.running])
+    fantasy = list(state.points()) + _fantasies(model, [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running])
     while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
         if proposals:
-            fantasy += _fantasies(model, [(_known(problem, (proposals[-1].stage, proposals[-1].offload)), proposals[-1].mbs,
-                                           proposals[-1].knobs)])
+            fantasy += _fantasies(model, [(state.arm((proposals[-1].stage, proposals[-1].offload), proposals[-1].knobs),
+                                           proposals[-1].mbs, proposals[-1].knobs)])
         step_model = ThroughputModel(problem, state.memory, fantasy) if len(fantasy) > len(state.ok) else model
         taken = {p.config for p in proposals}
         nxt = _next(problem, state, step_model, taken)
@@ -260,7 +341,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
                 break
             # Another free slot takes the next step, with those proposed under way (the other
             # side of a bracket, a finalist's rival): each would otherwise wait a round.
-            settling = _State(problem, [*observations, *under_way(proposals)], settings)
+            settling = _State(problem, [*observations, *under_way(proposals)], settings, knob_candidates)
     done = not proposals and not state.running
     return decision(proposals, done, "no experiment left is expected to pay" if done else "")
 
@@ -269,15 +350,22 @@ def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None
     """A size next to the chosen one on a side where none ran within ``bracket``: until the
     optimum is bracketed, the curve on that side is the model's extrapolation, not a
     measurement. A side is bracketed too where no candidate size that is likely to fit lies
-    within the factor (the floor, the cap, the memory edge)."""
-    arm = problem.arm((choice.stage, choice.offload))
-    assert arm is not None
-    if choice.knobs or problem.sizes:
+    within the factor (the floor, the cap, the memory edge). A chosen knob setting counts the
+    arm's sizes run with the default knobs too (the same curve, moved by the knobs' effect)."""
+    key = (choice.stage, choice.offload)
+    arm = state.arm(key, choice.knobs)
+    if problem.sizes:
         return None
     factor = state.settings.bracket
-    ran = {o.mbs for o in state.finished if o.arm == arm.key and not o.knobs} | {o.mbs for o in state.running if o.arm == arm.key}
-    rows, p_run = state.candidates
-    fit = {m for (a, m, k), p in zip(rows, p_run) if a.key == arm.key and not k and p >= 0.5}
+    same = {(), choice.knobs}
+    ran = {o.mbs for o in state.finished if o.arm == key and o.knobs in same} | {o.mbs for o in state.running if o.arm == key}
+    if choice.knobs:
+        sizes = np.array([m for m in state.sizes(arm) if state.problem.config(key, int(m), choice.knobs) not in state.tried], dtype=float)
+        p_fit = (1.0 - state.memory.p_oom(arm, sizes, choice.knobs)) if len(sizes) else np.zeros(0)
+        fit = {int(m) for m, p in zip(sizes, p_fit) if p >= 0.5}
+    else:
+        rows, p_run = state.candidates
+        fit = {m for (a, m, k), p in zip(rows, p_run) if a.key == key and not k and p >= 0.5}
     # The window holds the next size on each side at least: at small sizes a factor holds none.
     for low, high in ((min(choice.mbs / factor, choice.mbs - 1), choice.mbs - 0.5),
                       (choice.mbs + 0.5, max(choice.mbs * factor, choice.mbs + 1))):
@@ -287,7 +375,7 @@ def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None
         if window:
             middle = math.sqrt(low * high)
             mbs = min(window, key=lambda m: abs(math.log(m / middle)))
-            return Proposal(config=state.problem.config(arm, mbs), why="a neighbouring size, to bracket the optimum")
+            return Proposal(config=state.problem.config(key, mbs, choice.knobs), why="a neighbouring size, to bracket the optimum")
     return None
 
 
@@ -305,7 +393,7 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[Co
     keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
     rows = [rows[i] for i in keep]
     p_run = p_run[keep] if len(keep) else np.zeros(0)
-    if not rows:
+    if not rows and (not state.knob_candidates or not state.ok):
         return None
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
     if problem.explicit:
@@ -340,15 +428,32 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[Co
     # against the first results alone, and a batch for many slots would crowd one curve.
     # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
     measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
-    incumbent = float(np.max(model.mean([(_known(problem, c.arm), c.micro_batch, c.knobs) for c in measured])))
+    incumbent = float(np.max(model.mean([(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c in measured])))
     # A gain a run cannot show is none: under large measured noise the walk down a plateau stops.
-    gain = p_run * model.expected_improvement(rows, incumbent + max(settings.margin, settings.noise_margin * model.noise))
+    threshold = incumbent + max(settings.margin, settings.noise_margin * model.noise)
+    best = _best_gain(model, state, rows, p_run, threshold)
+    if best is None:
+        # Knob settings once the sizes are settled: they are tried at an arm's best sizes, which
+        # the size search finds first, and their gain is measured against the best config there is.
+        knob_rows, knob_p = state.knob_rows(model)
+        fresh = [i for i, (a, m, k) in enumerate(knob_rows) if problem.config(a, m, k) not in taken]
+        best = _best_gain(model, state, [knob_rows[i] for i in fresh], knob_p[fresh], threshold)
+    if best is None:
+        return None
+    (a, m, k), gain = best
+    return Proposal(config=problem.config(a, m, k), why=f"expected gain {gain:.1%}")
+
+
+def _best_gain(model: ThroughputModel, state: _State, rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray,
+               threshold: float) -> tuple[tuple[Arm, int, Knobs], float] | None:
+    """Of ``rows``, the one of most expected gain over ``threshold`` per expected second, with
+    its gain; ``None`` where none is expected to gain ``min_gain``."""
+    if not rows:
+        return None
+    gain = p_run * model.expected_improvement(rows, threshold)
     cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
     i = int(np.argmax(gain / cost))
-    if gain[i] < settings.min_gain:
-        return None
-    a, m, k = rows[i]
-    return Proposal(config=problem.config(a, m, k), why=f"expected gain {gain[i]:.1%}")
+    return (rows[i], float(gain[i])) if gain[i] >= state.settings.min_gain else None
 
 
 def _best_run(problem: Problem, rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str,

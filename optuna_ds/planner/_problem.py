@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 from optuna_ds.domain import Config
 from optuna_ds.domain import Knobs as Knobs  # the planner's modules take it from here
 from optuna_ds.domain import accumulation_for
@@ -14,7 +15,9 @@ class Arm:
     ``free`` is the device memory less the analytic estimate of the model states (parameters,
     gradients, optimizer states) at this stage: what activations, buffers and the CUDA context
     share. ``buffers`` is what its communication buckets are expected to take of that. ``cap``
-    is the largest micro-batch size the config allows.
+    is the largest micro-batch size the config allows. ``knobs`` is the arm's knob space (each
+    tuned knob with its values; none in fast mode) and ``knob_defaults`` what a config that
+    leaves the knobs out runs with: a setting is scored by how it departs from those.
     """
 
     stage: int
@@ -22,6 +25,8 @@ class Arm:
     free: float = dataclasses.field(default=0.0, compare=False)
     cap: int = dataclasses.field(default=1024, compare=False)
     buffers: float = dataclasses.field(default=0.0, compare=False)
+    knobs: tuple[tuple[str, tuple[Any, ...]], ...] = dataclasses.field(default=(), compare=False)
+    knob_defaults: Knobs = dataclasses.field(default=(), compare=False)
 
     @property
     def key(self) -> tuple[int, str]:
@@ -30,6 +35,16 @@ class Arm:
     @property
     def label(self) -> str:
         return f"z{self.stage}" + (f" {self.offload}" if self.offload else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class KnobSetting:
+    """A knob setting to score at an arm: a whole setting of the arm's tuned knobs, and what its
+    communication buffers take of a GPU's memory (``None``: as the default config's). A leaner
+    setting leaves room for a larger micro-batch, which may pay more than the knobs cost."""
+
+    knobs: Knobs
+    buffers: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +64,8 @@ class Problem:
     max_batch: int | None = None
     min_batch: int = 1
     accumulation: int = 1
+    gpus: int = 1  # the data-parallel GPUs of one experiment: knobs shape their collectives
+    knob_sizes: int = 3  # knob settings are tried at an arm's this many best sizes (num_tuning_micro_batch_sizes)
 
     def arm(self, key: tuple[int, str]) -> Arm | None:
         return next((a for a in self.arms if a.key == key), None)

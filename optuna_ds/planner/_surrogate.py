@@ -23,7 +23,16 @@ _THETA = np.linspace(0.5, 0.98, 17)
 _LOSS = np.array([0.05, 0.1, 0.2, 0.35, 0.5, 0.7])
 _NO_PRESSURE_PRIOR = 0.4
 _FIRST_ARM_SD = 3.0
-_KNOB_SD = 0.03
+# A knob setting's effect on log throughput, as a share of the step: the knobs size and overlap
+# the collectives (buckets, reduce-scatter, overlap with the backward pass) and the gradient
+# copies, so their effect follows the communication's share of a step -- a few percent either
+# way between GPUs, near nil on one GPU, where no collective runs. How large it is on a job is
+# learned from its runs (a grid of scales, weighed by the runs' likelihood); each value's effect
+# is shared by the stages that read the knob, with a deviation of each stage's own (the same
+# bucket feeds a reduce at ZeRO-1 and a reduce-scatter at ZeRO-2).
+_KNOB_SDS = np.array([0.005, 0.02, 0.05])
+_KNOB_SD_PRIOR = {False: np.array([0.5, 0.35, 0.15]), True: np.array([0.25, 0.45, 0.3])}  # by: more than one GPU
+_KNOB_OWN = 0.5  # a stage's own deviation, as a share of the shared effect's scale
 # How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 keeps
 # stage 0's all-reduce volume and steps the optimizer on a 1/n partition, so it may run either
 # side of stage 0; ZeRO-2 replaces the all-reduce by a reduce-scatter per bucket and an
@@ -163,6 +172,31 @@ def _scale_prior(base: float) -> tuple[np.ndarray, np.ndarray]:
     return np.array(means + [_OFFLOAD_STEP[0], 0.5 * _OFFLOAD_STEP[0]]), cov
 
 
+def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, float]]
+                   ) -> tuple[list[tuple[str, str]], list[tuple[int, str, str]]]:
+    """The knob values that differ from what a default config runs with, in the arms' knob
+    spaces and in the runs: each value's effect shared by the stages (``(knob, value)``), and
+    each stage's own deviation (``(stage, knob, value)``). Values by ``repr``: one knob's values
+    may mix types (``5e8``, ``"auto"``)."""
+    shared: set[tuple[str, str]] = set()
+    own: set[tuple[int, str, str]] = set()
+
+    def add(arm: Arm, knob: str, value: Any) -> None:
+        defaults = dict(arm.knob_defaults)
+        if knob not in defaults or repr(value) != repr(defaults[knob]):
+            shared.add((knob, repr(value)))
+            own.add((arm.stage, knob, repr(value)))
+
+    for arm in problem.arms:
+        for knob, values in arm.knobs:
+            for value in values:
+                add(arm, knob, value)
+    for arm, _, knobs, _ in points:
+        for knob, value in knobs:
+            add(arm, knob, value)
+    return sorted(shared), sorted(own)
+
+
 class ThroughputModel:
     """A Bayesian surrogate of log throughput over (arm, micro-batch size, knobs).
 
@@ -180,8 +214,10 @@ class ThroughputModel:
     def __init__(self, problem: Problem, memory: FeasibilityModel,
                  points: Sequence[tuple[Arm, int, Knobs, float]]) -> None:
         self._memory = memory
-        self._features = sorted({(arm.stage, k, repr(v)) for arm, _, knobs, _ in points for k, v in knobs})
-        self._feature_index = {f: i for i, f in enumerate(self._features)}
+        self._shared, self._own = _knob_features(problem, points)
+        self._feature_index = {f: i for i, f in enumerate(self._shared)}
+        self._own_index = {f: i for i, f in enumerate(self._own)}
+        self._defaults = {a.key: dict(a.knob_defaults) for a in problem.arms}
         self.n = len(points)
         runs: dict[tuple[Any, ...], list[float]] = {}
         for arm, m, knobs, value in points:
@@ -190,19 +226,24 @@ class ThroughputModel:
         y = np.log(np.array([p[3] for p in points], dtype=float)) if points else np.zeros(0)
         base = float(y.mean()) if len(y) else 0.0
         mu_scales, cov_scales = _scale_prior(base)
-        k, n0 = len(self._features), len(mu_scales)
+        n0, k_shared, k_own = len(mu_scales), len(self._shared), len(self._own)
         self._n0 = n0
-        self._mu0 = np.concatenate([mu_scales, np.zeros(k)])
-        self._s0 = np.zeros((n0 + k, n0 + k))
-        self._s0[:n0, :n0] = cov_scales
-        self._s0[n0:, n0:] = np.eye(k) * _KNOB_SD**2
+        self._mu0 = np.concatenate([mu_scales, np.zeros(k_shared + k_own)])
+        # One prior covariance per scale of the knob effects (one, where no knob is tuned).
+        knob_sds, knob_prior = (_KNOB_SDS, _KNOB_SD_PRIOR[problem.gpus > 1]) if k_shared else (np.zeros(1), np.ones(1))
+        self._priors = []
+        for sd, prior in zip(knob_sds, knob_prior / knob_prior.sum()):
+            s0 = np.zeros((n0 + k_shared + k_own, n0 + k_shared + k_own))
+            s0[:n0, :n0] = cov_scales
+            s0[n0:n0 + k_shared, n0:n0 + k_shared] = np.eye(k_shared) * sd**2
+            s0[n0 + k_shared:, n0 + k_shared:] = np.eye(k_own) * (_KNOB_OWN * sd) ** 2
+            self._priors.append((float(sd), float(prior), s0))
         x = self._design([(a, kn) for a, _, kn, _ in points])
         f = self._shape([(a, m) for a, m, _, _ in points])  # (G, n)
         self._x = x
         self._log_m = np.log(np.array([m for _, m, _, _ in points], dtype=float))
         self._arms = np.array([_arm_code(a) for a, _, _, _ in points], dtype=int)
         self._unit = _kernel(self._log_m, self._arms, self._log_m, self._arms)
-        self._structural = x @ self._s0 @ x.T
         self._r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(_COMBO_H), 0))
         self.straggler = np.zeros(self.n, dtype=bool)
         self._fit()
@@ -210,7 +251,7 @@ class ThroughputModel:
             # Leave-one-out under the heaviest component: a run far below what every other run
             # predicts for it is a straggler (runs are slowed, never sped up).
             s, g = np.unravel_index(int(np.argmax(self._w)), self._w.shape)
-            _, alpha, kinv = self._fits[s]
+            _, _, alpha, kinv = self._fits[s]
             diagonal = np.diag(kinv)
             z = alpha[:, g] / np.sqrt(diagonal)
             self.straggler = z < -_STRAGGLER_Z
@@ -218,24 +259,33 @@ class ThroughputModel:
                 self._fit()
 
     def _fit(self) -> None:
-        """The posterior of every (amplitude, shape) component given the runs: its weight, and
-        what its predictions need."""
+        """The posterior of every (amplitude, knob scale, shape) component given the runs: its
+        weight, and what its predictions need."""
         r = self._r
         noise = self.noise**2 + np.where(self.straggler, _STRAGGLER_RANGE**2, 0.0)
-        self._fits = []  # per amplitude: (amplitude, alpha (n, G), inverse of the covariance (n, n))
+        # Per (amplitude, knob scale): (amplitude, prior covariance, alpha (n, G), inverse of the covariance (n, n)).
+        self._fits = []
         logs = []
-        for amplitude, prior in zip(_AMPLITUDE, _AMPLITUDE_PRIOR):
-            kmat = self._structural + amplitude**2 * self._unit + np.diag(noise)
-            if self.n:
-                chol = np.linalg.cholesky(kmat)
-                kinv = np.linalg.inv(kmat)
-                alpha = kinv @ r.T  # (n, G)
-                quad = np.einsum("ng,gn->g", alpha, r)
-                logdet = 2.0 * np.log(np.diag(chol)).sum()
-            else:
-                kinv, alpha, quad, logdet = np.zeros((0, 0)), np.zeros((0, len(_COMBO_H))), np.zeros(len(_COMBO_H)), 0.0
-            logs.append(-0.5 * quad - 0.5 * logdet + _COMBO_LOGP + math.log(prior))
-            self._fits.append((float(amplitude), alpha, kinv))
+        # Until a run sets a knob, the knob scales fit the runs alike: one solve serves them all.
+        knobs_ran = bool(self._x[:, self._n0:].any())
+        solved: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
+        for _, knob_prior, s0 in self._priors:
+            structural = self._x @ s0 @ self._x.T
+            for amplitude, prior in zip(_AMPLITUDE, _AMPLITUDE_PRIOR):
+                if knobs_ran or amplitude not in solved:
+                    kmat = structural + amplitude**2 * self._unit + np.diag(noise)
+                    if self.n:
+                        chol = np.linalg.cholesky(kmat)
+                        kinv = np.linalg.inv(kmat)
+                        alpha = kinv @ r.T  # (n, G)
+                        quad = np.einsum("ng,gn->g", alpha, r)
+                        logdet = 2.0 * np.log(np.diag(chol)).sum()
+                    else:
+                        kinv, alpha, quad, logdet = np.zeros((0, 0)), np.zeros((0, len(_COMBO_H))), np.zeros(len(_COMBO_H)), 0.0
+                    solved[amplitude] = (kinv, alpha, quad, logdet)
+                kinv, alpha, quad, logdet = solved[amplitude]
+                logs.append(-0.5 * quad - 0.5 * logdet + _COMBO_LOGP + math.log(prior * knob_prior))
+                self._fits.append((float(amplitude), s0, alpha, kinv))
         log_w = np.stack(logs)  # (S, G)
         w = np.exp(log_w - log_w.max())
         w /= w.sum()
@@ -247,16 +297,23 @@ class ThroughputModel:
 
     def _design(self, rows: Sequence[tuple[Arm, Knobs]]) -> np.ndarray:
         x = np.zeros((len(rows), len(self._mu0)))
+        shared = self._n0 + len(self._shared)
         for i, (arm, knobs) in enumerate(rows):
             x[i, arm.stage] = 1.0
             if arm.offload:
                 x[i, _STAGES] = 1.0  # the optimizer is offloaded in both variants
             if arm.offload == _OFFLOADS[1]:
                 x[i, _STAGES + 1] = 1.0
+            defaults = self._defaults.get(arm.key, {})
             for k, v in knobs:
-                j = self._feature_index.get((arm.stage, k, repr(v)))
+                if k in defaults and repr(v) == repr(defaults[k]):
+                    continue  # the value a default config runs with
+                j = self._feature_index.get((k, repr(v)))
                 if j is not None:
                     x[i, self._n0 + j] = 1.0
+                j = self._own_index.get((arm.stage, k, repr(v)))
+                if j is not None:
+                    x[i, shared + j] = 1.0
         return x
 
     def _shape(self, rows: Sequence[tuple[Arm, int]]) -> np.ndarray:
@@ -267,8 +324,12 @@ class ThroughputModel:
 
     def _pressure(self, rows: Sequence[tuple[Any, ...]], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shares, fills = np.empty(len(rows)), np.empty(len(rows))
-        for arm in {r[0] for r in rows}:
-            idx = [i for i, r in enumerate(rows) if r[0] == arm]
+        # By key and buffers: arms compare by key alone, and a knob setting's has buffers of its own.
+        groups: dict[tuple[tuple[int, str], float], list[int]] = {}
+        for i, r in enumerate(rows):
+            groups.setdefault((r[0].key, r[0].buffers), []).append(i)
+        for idx in groups.values():
+            arm = rows[idx[0]][0]
             shares[idx], fills[idx] = self._memory.share(arm, sizes[idx]), self._memory.fill(arm, sizes[idx])
         return shares, fills
 
@@ -278,15 +339,33 @@ class ThroughputModel:
     def amplitude(self) -> float:
         """The posterior mean of the residual's amplitude: how far the curves depart from the
         shape."""
-        return float(self._w.sum(axis=1) @ _AMPLITUDE)
+        return float(self._w.sum(axis=1) @ np.array([f[0] for f in self._fits]))
 
-    def _cross(self, z: np.ndarray, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows' prior covariance with the points, structural part ``(rows, n)`` and unit
-        residual part ``(rows, n)``, and the rows' own unit residual correlation ``(rows, rows)``."""
+    @property
+    def knob_scale(self) -> float:
+        """The posterior mean of the knob effects' scale (0 where no knob is tuned)."""
+        scales = np.repeat([sd for sd, _, _ in self._priors], len(_AMPLITUDE))
+        return float(self._w.sum(axis=1) @ scales)
+
+    def _cross(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' unit residual correlation with the points ``(rows, n)`` and their own
+        ``(rows, rows)``; the structural part depends on the knob scale (``z @ s0 @ x.T``)."""
         log_m = np.log(np.array([m for _, m, _ in rows], dtype=float))
         arms = np.array([_arm_code(a) for a, _, _ in rows], dtype=int)
-        return (z @ self._s0 @ self._x.T, _kernel(log_m, arms, self._log_m, self._arms),
-                _kernel(log_m, arms, log_m, arms))
+        return _kernel(log_m, arms, self._log_m, self._arms), _kernel(log_m, arms, log_m, arms)
+
+    def _structural(self, z: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per fit, the rows' structural prior covariance with the points ``(rows, n)``, their
+        prior variances ``(rows,)`` and their covariance with the last row ``(rows,)``:
+        computed once per knob scale."""
+        by_prior: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        out = []
+        for _, s0, _, _ in self._fits:
+            if id(s0) not in by_prior:
+                zs = z @ s0
+                by_prior[id(s0)] = (zs @ self._x.T, np.einsum("rp,rp->r", zs, z), zs @ z[-1])
+            out.append(by_prior[id(s0)])
+        return out
 
     def predict(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The mixture of the rows' latent log throughput: the weights ``(K,)`` of its
@@ -295,10 +374,10 @@ class ThroughputModel:
         z = self._design([(a, kn) for a, _, kn in rows])
         sizes = np.array([m for _, m, _ in rows], dtype=float)
         shares, fills = self._pressure(rows, sizes)
-        structural, unit, _ = self._cross(z, rows)
-        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z)
+        unit, _ = self._cross(rows)
         weights, means, sds = [], [], []
-        for (amplitude, alpha, kinv), w, active in zip(self._fits, self._w, self._active):
+        for (amplitude, _, alpha, kinv), (structural, prior_var, _), w, active in zip(self._fits, self._structural(z), self._w,
+                                                                                      self._active):
             if not len(active):
                 continue
             f = shape(sizes, shares, fills, active)
@@ -319,17 +398,16 @@ class ThroughputModel:
         of the row, of ``chosen`` and their covariance ``(K, rows)``, and the noise ``(K,)``."""
         every = list(rows) + [chosen]
         z = self._design([(a, kn) for a, _, kn in every])
-        structural, unit, own = self._cross(z, every)
-        prior_var = np.einsum("rp,pq,rq->r", z, self._s0, z)
-        prior_cov = z[:-1] @ self._s0 @ z[-1]
+        unit, own = self._cross(every)
         w, means, _ = self.predict(every)
         var_r: list[np.ndarray] = []
         var_c: list[np.ndarray] = []
         cov: list[np.ndarray] = []
-        for (amplitude, _, kinv), active in zip(self._fits, self._active):
+        for (amplitude, _, _, kinv), (structural, prior_var, with_last), active in zip(self._fits, self._structural(z),
+                                                                                       self._active):
             if not len(active):
                 continue
-            var, covariance = prior_var + amplitude**2, prior_cov + amplitude**2 * own[:-1, -1]
+            var, covariance = prior_var + amplitude**2, with_last[:-1] + amplitude**2 * own[:-1, -1]
             if self.n:
                 cross = structural + amplitude**2 * unit
                 explained = cross @ kinv  # (rows + 1, n)

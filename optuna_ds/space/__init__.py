@@ -8,9 +8,7 @@ from optuna_ds.space._offload import user_offloads
 from optuna_ds.space._zero import KnobSpace
 from optuna_ds.space._zero import build_knob_space
 from optuna_ds.space._zero import default_tuning_space
-from optuna_ds.space._zero import leanest_knobs
-from optuna_ds.space._zero import recommended_knobs
-from optuna_ds.space._zero import transferred_knobs
+from optuna_ds.space._zero import knob_defaults
 
 __all__ = [
     "OFFLOAD_VARIANTS",
@@ -19,9 +17,7 @@ __all__ = [
     "build_knob_space",
     "default_tuning_space",
     "estimate_memory",
-    "leanest_knobs",
+    "knob_defaults",
     "offload_sections",
-    "recommended_knobs",
-    "transferred_knobs",
     "user_offloads",
 ]

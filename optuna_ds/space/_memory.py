@@ -95,6 +95,10 @@ def estimate_memory(
         buffers += _number(zero.get("reduce_bucket_size"), 5e8) * param_bytes
     if stage in (1, 2):
         buffers += _number(zero.get("allgather_bucket_size"), 5e8) * param_bytes
+        if zero.get("overlap_comm") is True:
+            # DeepSpeed's ZeRO docs: with overlap_comm, the buckets take 4.5 times their size
+            # (5e8-element buckets in fp16: 9 GB).
+            buffers *= 4.5
 
     free = device_memory - (params + gradients + optimizer)
     if free <= 0:

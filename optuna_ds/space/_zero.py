@@ -52,7 +52,8 @@ def default_tuning_space(stage: int, *, hidden_size: int | None = None) -> dict[
     return space
 
 
-# DeepSpeed's defaults for the knobs a config leaves out (stage 3 overlaps communication by default).
+# DeepSpeed's defaults for the knobs a config leaves out (stage 3 overlaps communication by
+# default): what a default config runs with, against which a knob setting is scored.
 KNOB_DEFAULTS: dict[str, Any] = {
     "overlap_comm": False,
     "reduce_scatter": True,
@@ -60,58 +61,19 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "allgather_bucket_size": 5e8,
     "allgather_partitions": True,
     "contiguous_gradients": True,
+    "stage3_prefetch_bucket_size": 5e7,
+    "stage3_param_persistence_threshold": 1e5,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,
+    "sub_group_size": 1e9,
 }
-# What DeepSpeed's ZeRO documentation recommends for ZeRO-2 and ZeRO-3 runs.
-KNOB_RECOMMENDED: dict[str, Any] = {**KNOB_DEFAULTS, "overlap_comm": True}
 
 
-def recommended_knobs(space: KnobSpace) -> dict[str, Any] | None:
-    """The tuned knobs set as DeepSpeed recommends, the first knob experiment of a stage; ``None``
-    where that is the stage's default config, which its micro-batch search already ran."""
-    return _setting(space, KNOB_RECOMMENDED)
-
-
-def transferred_knobs(space: KnobSpace, values: dict[str, Any]) -> dict[str, Any] | None:
-    """Another arm's best knob ``values`` where ``space`` tunes and offers them, the defaults
-    elsewhere: knob effects mostly carry over between stages that read the same knob. ``None``
-    where that is the stage's default config."""
-    return _setting(space, values)
-
-
-# Knobs that size a buffer DeepSpeed allocates (buckets; the parameters stage 3 keeps live or
-# persistent): their smallest values need least memory.
-_BUFFER_SIZES = frozenset({"reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-                           "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_param_persistence_threshold"})
-# Switches whose off position allocates less: overlap's extra buckets, the contiguous gradient buffer.
-_BUFFER_SWITCHES = frozenset({"overlap_comm", "contiguous_gradients"})
-
-
-def leanest_knobs(space: KnobSpace) -> dict[str, Any] | None:
-    """The setting of ``space`` that needs least memory: the smallest buffers, no overlap buckets,
-    no contiguous gradient buffer, the defaults elsewhere; ``None`` where that is the default
-    config. Where the default config ran out of memory at a size, the one setting worth trying
-    there."""
-    preferred: dict[str, Any] = {}
-    for key, choices in space.tuned.items():
-        sizes = [c for c in choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if key in _BUFFER_SIZES and sizes:
-            preferred[key] = min(sizes)
-        elif key in _BUFFER_SWITCHES and False in choices:
-            preferred[key] = False
-    return _setting(space, preferred)
-
-
-def _setting(space: KnobSpace, preferred: dict[str, Any]) -> dict[str, Any] | None:
+def knob_defaults(space: KnobSpace) -> dict[str, Any]:
+    """What a config of ``space``'s stage that leaves its tuned knobs out runs with: DeepSpeed's
+    defaults (those it has)."""
     defaults = {**KNOB_DEFAULTS, "overlap_comm": space.stage == 3}
-    knobs: dict[str, Any] = {}
-    differs = False
-    for key, choices in space.tuned.items():
-        value = preferred.get(key)
-        if value not in choices:
-            value = defaults.get(key) if defaults.get(key) in choices else choices[0]
-        knobs[key] = value
-        differs |= key not in defaults or value != defaults[key]
-    return knobs if differs else None
+    return {k: defaults[k] for k in space.tuned if k in defaults}
 
 
 def _unique(values: list[Any]) -> list[Any]:

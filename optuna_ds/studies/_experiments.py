@@ -53,10 +53,6 @@ class Attempt:
     script_failed: ExperimentResult | None = None  # failed whatever its config: the tuning stops
 
 
-def _nothing() -> None:
-    pass
-
-
 def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
     """Write ``record`` to the trial: in one transaction where the storage allows (``exp_name``
     is then seen with the rest of its claim), else field by field, ``exp_name`` last."""
@@ -95,14 +91,10 @@ class StageExperiments:
         self._settled: set[int] = set()  # settled trials the planner's experiments stood down to
 
     def run(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *, free_since: float,
-            space: KnobSpace | None = None, repeat: int = 0, claimed: Callable[[], None] = _nothing,
-            early_stopped: Callable[[], None] = _nothing) -> Attempt:
-        """One trial of ``study`` (its sampler and pruner say which experiment) on ``lease``;
-        ``claimed`` is called once its claim is published, ``early_stopped`` when the pruner
-        ends the knob search instead."""
+            space: KnobSpace | None = None, repeat: int = 0) -> Attempt:
+        """One trial of ``study`` (its sampler and pruner say which experiment) on ``lease``."""
         attempt = Attempt()
-        objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat,
-                                    claimed=claimed, early_stopped=early_stopped)
+        objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat)
         run_trial(study, objective, catch=())
         failed = attempt.script_failed
         if failed is not None:
@@ -115,8 +107,7 @@ class StageExperiments:
         return attempt
 
     def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, attempt: Attempt, *, free_since: float,
-                   space: KnobSpace | None, repeat: int, claimed: Callable[[], None],
-                   early_stopped: Callable[[], None]) -> Callable[[optuna.Trial], float]:
+                   space: KnobSpace | None, repeat: int) -> Callable[[optuna.Trial], float]:
         ctx = self._ctx
         space = space or self._space
 
@@ -139,7 +130,6 @@ class StageExperiments:
             slot = lease.slot.include
             mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
             _store(trial, ExperimentRecord.claim(experiment, slot=slot, repeat=repeat, mark=mark))  # the claim
-            claimed()
             previous = competitor(self._study, trial, experiment.name)
             if previous is not None:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
@@ -147,7 +137,6 @@ class StageExperiments:
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
             if phase is Phase.KNOBS and should_prune(trial):  # tuner_early_stopping, tuner_num_trials
                 ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
-                early_stopped()
                 raise optuna.TrialPruned("the knob search is over")
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
@@ -184,18 +173,19 @@ class StageExperiments:
 
         return objective
 
-    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> None:
-        """Run the planner's experiment of ``config`` on ``lease`` (its knobs: a knob setting
-        that ran, measured again); ``repeat``: how many times it ran before; ``free_since``: when
-        the slot became free (``time.monotonic()``), the start of the decision the observer is
-        told the time of."""
+    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "",
+                   pruner: optuna.pruners.BasePruner | None = None) -> None:
+        """Run the planner's experiment of ``config`` on ``lease``; ``repeat``: how many times it
+        ran before; ``free_since``: when the slot became free (``time.monotonic()``), the start
+        of the decision the observer is told the time of; ``pruner``: what a knob setting's
+        first run consults before it launches (``tuner_early_stopping``)."""
         self._reaper.reap()
         space = self._space.with_offload(config.offload) if config.offload else self._space
         # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
         # is not atomic on SQLite, and any slot could pop another's.
         fixed = {**config.knob_dict, MBS_KEY: config.micro_batch, GAS_KEY: config.accumulation}
         sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler())
-        study = study_with(self._study, sampler=sampler, pruner=optuna.pruners.NopPruner())
+        study = study_with(self._study, sampler=sampler, pruner=pruner or optuna.pruners.NopPruner())
         if why:
             setting = f" {config.knob_dict}" if config.knobs else ""
             offload = f" {config.offload}" if config.offload else ""

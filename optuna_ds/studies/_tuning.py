@@ -5,6 +5,7 @@ import datetime
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -28,9 +29,11 @@ from optuna_ds.planner import Arm
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
 from optuna_ds.space import OFFLOAD_VARIANTS
+from optuna_ds.space import KnobSpace
 from optuna_ds.space import MemoryEstimate
 from optuna_ds.space import build_knob_space
 from optuna_ds.space import estimate_memory
+from optuna_ds.space import knob_defaults
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
 from optuna_ds.storage import TuningPlan
@@ -50,12 +53,14 @@ from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
+from optuna_ds.studies._knob_search import KnobCandidates
 from optuna_ds.studies._stage import StageTuner
 
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
 _PROFILE_POLL_SECONDS = 0.2  # a worker waiting for the profile run reads the root study this often
+_MAX_EXPERIMENTS = 40  # the planner's launches in fast mode, at most (its search ends long before, as a rule)
 
 
 class ProfileError(OptunaDSError):
@@ -74,8 +79,8 @@ def _humanize(n: float) -> str:
 
 class Tuning:
     """One tuning: the profile run, then the planner's search (:mod:`optuna_ds.planner`) over
-    the ZeRO stages, their offload variants and micro-batch sizes, one study per stage; then,
-    unless in fast mode, the knob search at the chosen stage.
+    the ZeRO stages, their offload variants, micro-batch sizes and, unless in fast mode, the
+    knob settings the ``tuner_type`` sampler proposes; one study per stage.
 
     Stages whose model states fit in no variant are skipped with the reason. The planner is a
     function of the storage, so a resumed tuning and every worker continue the same search.
@@ -264,7 +269,7 @@ class Tuning:
                 RootRecord(elapsed=round(elapsed, 3)).write(self._root.set_user_attr)
         return self.result()
 
-    def _arms(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate]) -> list[Arm]:
+    def _arms(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate], spaces: dict[int, KnobSpace]) -> list[Arm]:
         """What the planner may explore: every listed stage that fits one sample by the
         profile's estimate, and where the user's config has no offload of its own, the optimizer
         offloaded to CPU (stages 1-3) and the parameters too (stage 3). Where the estimate leaves
@@ -290,7 +295,9 @@ class Tuning:
                 reason = (f"needs {_humanize(e.instantiation)}B per GPU for parameters, gradients and optimizer "
                           f"states, more than the {_humanize(e.device_memory)}B available")
             self._skip(stage, reason, e, self._log)
-        return [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers)
+        return [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers,
+                    knobs=tuple((k, tuple(v)) for k, v in sorted(spaces[stage].tuned.items())),
+                    knob_defaults=tuple(sorted(knob_defaults(spaces[stage]).items())))
                 for stage, label, e in chosen]
 
     def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
@@ -307,6 +314,10 @@ class Tuning:
             max_batch=self._builder.max_batch_per_gpu(),
             min_batch=self._builder.min_batch_per_gpu(),
             accumulation=self._user.gradient_accumulation_steps,
+            gpus=max(1, self._resources.total_gpus // a.mp_size),
+            knob_sizes=a.num_tuning_micro_batch_sizes,
+            # The knob search's trials come on top of the micro-batch search's.
+            max_experiments=_MAX_EXPERIMENTS + (0 if a.fast else a.tuner_num_trials),
         )
 
     def _run_drivers(self, info: dict[str, Any]) -> None:
@@ -320,11 +331,13 @@ class Tuning:
             f"{self._resources.total_gpus} {device}(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
         )
         estimates = self._estimates(info)
-        arms = self._arms(info, estimates)
+        spaces = {stage: build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
+                  for stage in self._user.stages}
+        arms = self._arms(info, estimates, spaces)
         ctx = self._context(self._observer)
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
-            space = build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
+            space = spaces[stage]
             tuner = StageTuner(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space)
             tuner.study.set_user_attr("memory", estimates[stage].to_dict())
             tuner.study.set_user_attr("model_info", info)
@@ -333,7 +346,13 @@ class Tuning:
             tuners[stage] = tuner
         if not arms:
             return
-        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root)
+        zero = self._user.zero_section()
+
+        def buffers(stage: int, offload: str, knobs: Mapping[str, Any]) -> float:
+            return self._estimate(stage, info, {**zero, **(offload_sections(offload) if offload else {}), **knobs}).buffers
+
+        knob_search = None if a.fast else KnobCandidates(ctx=ctx, spaces=spaces, buffers=buffers)
+        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root, knobs=knob_search)
         for stage, tuner in tuners.items():
             for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
                 name = ExperimentRecord.from_trial(t).exp_name
