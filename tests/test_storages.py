@@ -320,3 +320,45 @@ def test_the_plan_is_read_from_the_storage_alone_and_from_a_root_of_before(tmp_p
     before.set_user_attr("optuna_ds:plan", dataclasses.replace(plan, study_name="old").to_dict())
     assert load_plan(fresh, "old") == dataclasses.replace(plan, study_name="old")
     open_root_study(fresh, dataclasses.replace(plan, study_name="old"), direction="maximize")
+
+
+def test_a_stage_study_the_tuning_marks_while_another_of_its_processes_reads_it_is_ours(tmp_path) -> None:
+    """A worker opening a stage study just as `tune` marks it reads its attrs before the mark and
+    whatever it reads after it: the study is the tuning's (a worker exited 2 calling it another
+    tool's when it read the attrs a second time); another tool's study is still refused."""
+    from optuna_ds._errors import PlanMismatchError
+    from optuna_ds.storage import claim_stage_study
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    optuna.create_study(storage=url, study_name="t-z1", direction="maximize")
+    tune = optuna.load_study(study_name="t-z1", storage=url)
+
+    class MarkedMeanwhile:
+        """The worker's view of the study: `tune` marks it, then runs a trial, right after the
+        worker's first read of its attrs."""
+
+        def __init__(self) -> None:
+            self._study = optuna.load_study(study_name="t-z1", storage=url)
+            self.study_name, self.direction, self.reads = "t-z1", self._study.direction, 0
+
+        @property
+        def user_attrs(self) -> dict[str, Any]:
+            attrs = self._study.user_attrs
+            self.reads += 1
+            if self.reads == 1:
+                claim_stage_study(tune, "t", direction="maximize")
+                tune.tell(tune.ask(), 1.0)
+            return attrs
+
+        def get_trials(self, deepcopy: bool = True) -> list[optuna.trial.FrozenTrial]:
+            return self._study.get_trials(deepcopy=deepcopy)
+
+        def set_user_attr(self, key: str, value: Any) -> None:
+            self._study.set_user_attr(key, value)
+
+    claim_stage_study(MarkedMeanwhile(), "t", direction="maximize")  # type: ignore[arg-type]
+    assert tune.user_attrs == {"optuna_ds:tuning": "t"}
+    other = optuna.create_study(storage=url, study_name="u-z1", direction="maximize")
+    other.tell(other.ask(), 1.0)
+    with pytest.raises(PlanMismatchError, match="not created by optuna-ds"):
+        claim_stage_study(other, "u", direction="maximize")

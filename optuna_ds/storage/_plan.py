@@ -84,11 +84,18 @@ def stage_study_name(study_name: str, stage: int) -> str:
     return f"{study_name}-z{stage}"
 
 
-def _blank(study: optuna.Study) -> bool:
-    """Whether ``study`` holds nothing: no trial, no user attr. A process of this tuning that
-    died between creating one of its studies and marking it leaves such a study; so may
-    another tool, but a blank study has nothing to lose."""
-    return not study.user_attrs and not study.get_trials(deepcopy=False)
+def _marks(study: optuna.Study) -> tuple[dict[str, Any], bool]:
+    """``study``'s user attrs, and whether it was blank: no trial, no user attr. A process of
+    this tuning that died between creating one of its studies and marking it leaves a blank
+    study; so may another tool, but a blank study has nothing to lose.
+
+    The trials are counted before the attrs are read: a process of the tuning marks a study
+    before it adds anything to it, so a study read unmarked was blank when they were counted.
+    (Reading the attrs twice, a mark that another process of the tuning set between the two
+    reads had the study taken for another tool's.)"""
+    empty = not study.get_trials(deepcopy=False)
+    attrs = study.user_attrs
+    return attrs, empty and not attrs
 
 
 def _foreign(study: optuna.Study) -> str:
@@ -104,7 +111,7 @@ def claim_stage_study(study: optuna.Study, study_name: str, *, direction: str | 
     or another tool created is refused, never adopted, so that its trials are neither read as
     experiments nor deleted by ``--overwrite``.
     """
-    attrs = study.user_attrs
+    attrs, blank = _marks(study)
     owner = attrs.get(_TUNING_ATTR)
     if _PLAN_ATTR in attrs or (owner is not None and owner != study_name):
         raise PlanMismatchError(
@@ -112,7 +119,7 @@ def claim_stage_study(study: optuna.Study, study_name: str, *, direction: str | 
         )
     if owner is not None:
         return
-    if not _blank(study) or (direction is not None and study.direction.name.lower() != direction):
+    if not blank or (direction is not None and study.direction.name.lower() != direction):
         raise PlanMismatchError(_foreign(study))
     study.set_user_attr(_TUNING_ATTR, study_name)
 
@@ -132,9 +139,10 @@ def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, d
     A study of that name that holds no plan is ours only if blank (see :func:`claim_stage_study`)."""
     study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=optuna.study.StudyDirection[direction.upper()], load_if_exists=True)
     study_id = storage.get_study_id_from_name(plan.study_name)
-    stored = stored_plan(study.user_attrs, storage.get_study_system_attrs(study_id))
+    attrs, blank = _marks(study)
+    stored = stored_plan(attrs, storage.get_study_system_attrs(study_id))
     if stored is None:
-        if not _blank(study) or study.direction.name.lower() != direction:
+        if not blank or study.direction.name.lower() != direction:
             raise PlanMismatchError(_foreign(study))
         storage.set_study_system_attr(study_id, _PLAN_ATTR, plan.to_dict())
         study.set_user_attr(_PLAN_ATTR, plan.fingerprint)
