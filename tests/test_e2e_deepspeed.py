@@ -84,14 +84,17 @@ def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> N
     assert all(t.state == TrialState.COMPLETE for t in trials), [(t.number, t.user_attrs.get("reason"), t.user_attrs.get("stderr_tail")) for t in trials]
     # First runs; the planner may measure close finalists again (``repeat``).
     phases = [t.user_attrs["phase"] for t in trials if not t.user_attrs.get("repeat")]
-    assert phases.count("micro_batch") == 2 and phases.count("knobs") == 2
+    # Both sizes listed; the planner's knob settings (the grid's two) at its best size, or at
+    # both where the two measure alike.
+    assert phases.count("micro_batch") == 2 and 1 <= phases.count("knobs") <= 4
     for t in trials:
         metrics = t.user_attrs["metrics"]
         assert {"throughput", "latency", "FLOPS_per_gpu"} <= set(metrics)  # written by DeepSpeed's engine
         assert t.value == pytest.approx(metrics["throughput"])
         assert (Path(t.user_attrs["result_dir"]) / "metrics.json").exists()
     knob_trials = [t for t in trials if t.user_attrs["phase"] == "knobs" and not t.user_attrs.get("repeat")]
-    assert sorted(t.params["reduce_bucket_size"] for t in knob_trials) == [5e7, 5e8]
+    assert {t.params["reduce_bucket_size"] for t in knob_trials} <= {5e7, 5e8}
+    assert len({t.user_attrs["exp_name"] for t in knob_trials}) == len(knob_trials)  # no setting ran twice as a first run
     assert all(t.user_attrs["ds_config"]["zero_optimization"]["allgather_bucket_size"] == 5e8 for t in knob_trials)
     model_info = optuna.load_study(study_name="optuna-ds", storage=storage).user_attrs["model_info"]
     assert model_info["num_params"] == 64 * 64 + 64 + 64 * 10 + 10
