@@ -15,6 +15,9 @@ endif
 # DeepSpeed JIT-builds its CPU ops into torch's extension cache, keyed by source path: give each
 # virtual environment its own cache so two checkouts do not rebuild each other's ops.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
+# It builds the CPU ops its runs load (about two minutes on 2 cores) at the first run that needs
+# them: `venv` builds them once, not the first tuning or test.
+CPU_OPS := from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(n).load() for n in ('FusedAdamBuilder', 'ShareMemCommBuilder')]
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): the real-DeepSpeed tests run one after another in one of them
 # (tests/conftest.py), the rest beside them. Most tests wait on processes they start.
@@ -35,6 +38,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
 	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf,bench,xgboost]'
+	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -c "$(CPU_OPS)" >/dev/null; fi
 	touch $@
 
 example: venv

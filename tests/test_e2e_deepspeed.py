@@ -28,8 +28,10 @@ MODEL_ARGS = ["--hidden", "64", "--layers", "1", "--steps", "12"]
 
 def _env(project: Path, **extra: str) -> dict[str, str]:
     # Its own GPU leases and ports (as Workspace.env): a test must not wait on the CPU device
-    # another test run on this machine holds.
-    return {**os.environ, "DS_ACCELERATOR": "cpu", "OPTUNA_DS_LOCK_DIR": str(project / "locks"), **extra}
+    # another test run on this machine holds. One OpenMP thread a rank: the ranks share the
+    # cores with the other tests (pytest -n) and with each other, and a thread spinning at a
+    # barrier while its peer waits for a core made one run of a config dozens of times slower than another.
+    return {**os.environ, "DS_ACCELERATOR": "cpu", "OPTUNA_DS_LOCK_DIR": str(project / "locks"), "OMP_NUM_THREADS": "1", **extra}
 
 
 def _cli(cwd: Path, *args: str, timeout: float = 900, **env_extra: str) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,7 @@ def test_hf_trainer_example_is_tuned_with_auto_values(tmp_path: Path) -> None:
     args = ["tune", "--num_gpus", "1", "--master_port", "29680", "run_clm.py", "--deepspeed", "ds_config.json",
             "--output_dir", "out", "--per_device_train_batch_size", "2", "--max_steps", "8", "--report_to", "none",
             "--save_strategy", "no", "--learning_rate", "2e-5"]
-    p = subprocess.run([sys.executable, "-m", "optuna_ds", *args], cwd=tmp_path, env=dict(os.environ, DS_ACCELERATOR="cpu", OPTUNA_DS_LOCK_DIR=str(tmp_path / "locks")),
+    p = subprocess.run([sys.executable, "-m", "optuna_ds", *args], cwd=tmp_path, env=dict(os.environ, DS_ACCELERATOR="cpu", OPTUNA_DS_LOCK_DIR=str(tmp_path / "locks"), OMP_NUM_THREADS="1"),
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
 
