@@ -158,9 +158,7 @@ class _State:
 
 
 def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, str]]:
-    """The knob values of a setting that differ from what a default config runs with."""
-    defaults = dict(arm.knob_defaults)
-    return {(k, repr(v)) for k, v in knobs if k not in defaults or repr(v) != repr(defaults[k])}
+    return set(arm.departures(knobs))
 
 
 def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation]) -> float:

@@ -36,6 +36,12 @@ class Arm:
     def label(self) -> str:
         return f"z{self.stage}" + (f" {self.offload}" if self.offload else "")
 
+    def departures(self, knobs: Knobs) -> tuple[tuple[str, str], ...]:
+        """The values of ``knobs`` that differ from what a default config of this arm runs
+        with, as ``(knob, repr(value))``: one knob's values may mix types (``5e8``, ``"auto"``)."""
+        defaults = dict(self.knob_defaults)
+        return tuple((k, repr(v)) for k, v in knobs if k not in defaults or repr(v) != repr(defaults[k]))
+
 
 @dataclasses.dataclass(frozen=True)
 class KnobSetting:

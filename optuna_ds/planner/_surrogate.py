@@ -181,19 +181,11 @@ def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, flo
     shared: set[tuple[str, str]] = set()
     own: set[tuple[int, str, str]] = set()
 
-    def add(arm: Arm, knob: str, value: Any) -> None:
-        defaults = dict(arm.knob_defaults)
-        if knob not in defaults or repr(value) != repr(defaults[knob]):
-            shared.add((knob, repr(value)))
-            own.add((arm.stage, knob, repr(value)))
-
-    for arm in problem.arms:
-        for knob, values in arm.knobs:
-            for value in values:
-                add(arm, knob, value)
-    for arm, _, knobs, _ in points:
-        for knob, value in knobs:
-            add(arm, knob, value)
+    settings = [(arm, tuple((knob, value) for value in values)) for arm in problem.arms for knob, values in arm.knobs]
+    for arm, knobs in settings + [(arm, knobs) for arm, _, knobs, _ in points]:
+        for knob, value in arm.departures(knobs):
+            shared.add((knob, value))
+            own.add((arm.stage, knob, value))
     return sorted(shared), sorted(own)
 
 
@@ -217,7 +209,6 @@ class ThroughputModel:
         self._shared, self._own = _knob_features(problem, points)
         self._feature_index = {f: i for i, f in enumerate(self._shared)}
         self._own_index = {f: i for i, f in enumerate(self._own)}
-        self._defaults = {a.key: dict(a.knob_defaults) for a in problem.arms}
         self.n = len(points)
         runs: dict[tuple[Any, ...], list[float]] = {}
         for arm, m, knobs, value in points:
@@ -304,14 +295,11 @@ class ThroughputModel:
                 x[i, _STAGES] = 1.0  # the optimizer is offloaded in both variants
             if arm.offload == _OFFLOADS[1]:
                 x[i, _STAGES + 1] = 1.0
-            defaults = self._defaults.get(arm.key, {})
-            for k, v in knobs:
-                if k in defaults and repr(v) == repr(defaults[k]):
-                    continue  # the value a default config runs with
-                j = self._feature_index.get((k, repr(v)))
+            for k, v in arm.departures(knobs):  # a value a default config runs with has no effect
+                j = self._feature_index.get((k, v))
                 if j is not None:
                     x[i, self._n0 + j] = 1.0
-                j = self._own_index.get((arm.stage, k, repr(v)))
+                j = self._own_index.get((arm.stage, k, v))
                 if j is not None:
                     x[i, shared + j] = 1.0
         return x
