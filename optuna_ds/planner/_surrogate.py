@@ -445,6 +445,17 @@ class ThroughputModel:
         w, means, _ = self.predict(rows)
         return np.asarray(w @ means)
 
+    def knowledge_gradient(self, rows: Sequence[tuple[Arm, int, Knobs]], incumbent: tuple[Arm, int, Knobs]) -> np.ndarray:
+        """What one run of each row is expected to raise the final choice by, in log throughput:
+        ``E[max(0, E[log y_row - log y_incumbent | the run])]``, the knowledge gradient of the
+        pair. The run moves the difference by ``(var_row - cov) / sqrt(var_row + sigma^2)``: a
+        size whose curve moves with the incumbent's (a plateau the runs pin together) is worth
+        little however uncertain the curve's level, and a gain within one run's noise is not one
+        the run can show."""
+        w, mean_r, mean_c, var_r, _, cov, noise = self._versus(rows, incumbent)
+        moved = np.maximum(var_r - cov, 0.0) / np.sqrt(var_r + noise[:, None] ** 2)
+        return np.asarray(w @ _gain(mean_r - mean_c, np.maximum(moved, 1e-9)))
+
     def expected_improvement(self, rows: Sequence[tuple[Arm, int, Knobs]], threshold: float) -> np.ndarray:
         """``E[max(0, log y - threshold)]``: the expected relative gain over ``threshold``."""
         w, means, sds = self.predict(rows)
