@@ -2,6 +2,7 @@
 
 from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
+from optuna_ds.launcher._classify import is_measurement
 from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
@@ -53,6 +54,7 @@ __all__ = [
     "device_kind",
     "discover_resources",
     "import_deepspeed",
+    "is_measurement",
     "kill_process_group",
     "local_host_names",
     "new_mark",
