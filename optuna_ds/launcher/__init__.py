@@ -14,6 +14,7 @@ from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import ResultsFiles
+from optuna_ds.launcher._ports import check_ports
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import device_kind
@@ -46,6 +47,7 @@ __all__ = [
     "Resources",
     "Slot",
     "SlotPool",
+    "check_ports",
     "classify",
     "deferred_signals",
     "dies_with_this_process",

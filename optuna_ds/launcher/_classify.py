@@ -157,8 +157,8 @@ def classify(
 
     ``returncode`` ``None`` means the status was lost (the launch server died): only a
     measurement or an explicit out-of-memory error then judges the config; anything else is
-    :attr:`FailureReason.INTERRUPTED`, a run to make again. So is a failure to rendezvous
-    because the port was in use.
+    :attr:`FailureReason.INTERRUPTED`, a run to make again. A failure to rendezvous because the
+    port was in use is :attr:`FailureReason.PORT`, the node's.
     """
     if timed_out:
         return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
@@ -172,7 +172,7 @@ def classify(
         return FailureReason.INTERRUPTED, "its exit status was lost (the launch server died) and it wrote no metrics"
     match = PORT_IN_USE.search(stderr_tail) or PORT_IN_USE.search(stdout_tail)
     if returncode != 0 and match:
-        return FailureReason.INTERRUPTED, f"its rendezvous port was in use ({match.group(0)})"
+        return FailureReason.PORT, f"its rendezvous port was in use ({match.group(0)})"
     if returncode is not None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) or re.search(
         r"return code = -9\b", stdout_tail + stderr_tail
     ):

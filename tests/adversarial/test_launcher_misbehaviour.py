@@ -159,3 +159,26 @@ def test_a_proc_that_cannot_be_read_costs_no_result(hws: Hostile, monkeypatch) -
     hws.assert_finished_once()
     hws.assert_nothing_left()
     hws.assert_untouched()
+
+
+def test_no_free_rendezvous_port_is_the_nodes_fault_never_the_configs(hws: Hostile) -> None:
+    """Its only port taken by another program: nothing is launched on a port it cannot have, the
+    tuning stops in one line saying so, and once the port is free the same command measures
+    every size (a port is never held against a config)."""
+    import socket
+
+    hws.config(base_config())
+    with socket.socket() as squatter:
+        squatter.bind(("", 65535))
+        squatter.listen()
+        proc = hws.main("--master_port", "65535")
+        assert proc.returncode == 2 and "no rendezvous port free on this node from 65535" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert_no_traceback(proc)
+    assert hws.experiments() == []
+    assert {t.user_attrs.get("reason") for t in _trials(hws).values()} == {"port"}
+    proc = hws.main("--master_port", "65535")
+    assert proc.returncode == 0, proc.stderr
+    assert {mbs: t.state.name for mbs, t in _trials(hws).items()} == {2: "COMPLETE", 4: "COMPLETE"}
+    hws.assert_finished_once()
+    hws.assert_untouched()
