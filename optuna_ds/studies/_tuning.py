@@ -106,7 +106,7 @@ class Tuning:
         observer: TuningObserver,
         seed: int | None = None,
         worker: bool = False,
-        wait: float = 300.0,
+        wait: float | None = None,
     ) -> None:
         self._plan = plan
         self._user = user
@@ -117,7 +117,7 @@ class Tuning:
         self._log = observer.log
         self._seed = seed
         self._worker = worker
-        self._wait = wait  # a worker's, for the profile run
+        self._wait = wait  # a worker's limit on its wait for the profile run, in seconds
         self._pool = SlotPool(resources)
         self._stop = threading.Event()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
@@ -201,6 +201,7 @@ class Tuning:
         """A worker started before the profile run finished waits for its result, at most
         ``wait`` seconds; a profile run stored as failed or interrupted, or whose process died
         on this host, ends the wait at once."""
+        assert self._wait is not None  # a worker's
         self._log(f"waiting up to {self._wait:g} s for the profile run of the tuning's first process")
         deadline = time.monotonic() + self._wait
         while True:
