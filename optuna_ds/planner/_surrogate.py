@@ -32,7 +32,7 @@ _FIRST_ARM_SD = 3.0
 # bucket feeds a reduce at ZeRO-1 and a reduce-scatter at ZeRO-2).
 _KNOB_SDS = np.array([0.005, 0.02, 0.05])
 _KNOB_SD_PRIOR = {False: np.array([0.5, 0.35, 0.15]), True: np.array([0.25, 0.45, 0.3])}  # by: more than one GPU
-_KNOB_OWN = 0.5  # a stage's own deviation, as a share of the shared effect's scale
+_KNOB_OWN = 1.0  # a stage's own deviation, as a share of the shared scale: the collective a bucket feeds differs by stage, so as large
 # How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 keeps
 # stage 0's all-reduce volume and steps the optimizer on a 1/n partition, so it may run either
 # side of stage 0; ZeRO-2 replaces the all-reduce by a reduce-scatter per bucket and an
