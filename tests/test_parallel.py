@@ -102,20 +102,30 @@ def _assert_no_gpu_shared(launches: list[dict]) -> int:
     return most
 
 
-def _best(study: optuna.Study) -> tuple[str, float]:
-    best = study.best_trial
+def _config_name(trial: optuna.trial.FrozenTrial) -> str:
     # A re-measurement (``_r<k>``) is a run of the same config: on a noiseless surface it ties
-    # with the first run, and which of the two Optuna names best depends on the trials' order.
-    return re.sub(r"_r\d+$", "", best.user_attrs["exp_name"]), best.value
+    # with the first run.
+    return re.sub(r"_r\d+$", "", trial.user_attrs["exp_name"])
 
 
-def _single_process_best(tmp_path: Path) -> tuple[str, float]:
+def _measured(study: optuna.Study) -> dict[str, float]:
+    """Each config that ran, by name, with its measurement."""
+    return {_config_name(t): t.value for t in study.get_trials() if t.state == TrialState.COMPLETE and t.value is not None}
+
+
+def _best(measured: dict[str, float], *, sizes_only: bool = False) -> str:
+    """The config measured best; with ``sizes_only``, of the sizes you listed at the default knobs."""
+    names = [n for n in measured if not sizes_only or re.fullmatch(r"z1_gas\d+_tmbspg\d+", n)]
+    return max(names, key=measured.__getitem__)
+
+
+def _single_process_runs(tmp_path: Path) -> dict[str, float]:
     (tmp_path / "single").mkdir()
     ws = Workspace(tmp_path / "single")
     ws.config(CONFIG)
     p = ws.tune(surface={**SURFACE, "duration": 0.0})
     assert p.returncode == 0, p.stderr
-    return _best(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
+    return _measured(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
 
 
 def _wait(procs: list[subprocess.Popen[str]], timeout: float = 240) -> None:
@@ -148,10 +158,22 @@ def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_
     owners = {t.user_attrs["worker"]["pid"] for t in trials if t.state == TrialState.COMPLETE}
     assert len(owners) >= 2, "the workers ran nothing"
     assert sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)) == len(launches)
-    assert _best(cluster.study()) == _single_process_best(tmp_path)
-    # The tune's optimal file is the final choice: its finals waited for the workers' last knob runs.
+    # The search one process makes, on more slots: every size you listed measured, so the same
+    # best size. Whether the knob setting pays at it is a close call (on one GPU the planner
+    # expects little of a knob: 0.5% from its prior, against 0.2% to launch), made on what ran,
+    # and three processes run what one does not (an offload variant, a re-measurement, on slots
+    # free while others run): with an offload run out of memory and the best size measured again,
+    # the planner expects the setting to pay 0.4% less and ends without it (reproduced in-process
+    # in test_planner_knobs). So the shared optimum is the single one where its config ran here.
+    shared, single = _measured(cluster.study()), _single_process_runs(tmp_path)
+    assert {n: v for n, v in shared.items() if n in single} == {n: v for n, v in single.items() if n in shared}
+    assert _best(shared, sizes_only=True) == _best(single, sizes_only=True)
+    assert _best(shared) == (_best(single) if _best(single) in shared else _best(shared, sizes_only=True))
+    # The tune's optimal file is the final choice, the best of what ran: its finals waited for
+    # the workers' last knob runs.
     choice = optuna.load_study(study_name=cluster.name, storage=cluster.storage).user_attrs["choice"]
     chosen = next(t for t in trials if t.number == choice["trial"])
+    assert _config_name(chosen) == _best(shared)
     assert json.loads((ws.results / "ds_config_optimal.json").read_text())["zero_optimization"] == \
         chosen.user_attrs["ds_config"]["zero_optimization"]
     # A worker that joins a finished tuning runs nothing and exits 0.
