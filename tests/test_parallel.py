@@ -2,7 +2,8 @@
 
 Four simulated GPUs (a hostfile with `localhost slots=4`, one GPU per experiment) and the fake
 launcher, which logs the start, end and GPUs of every launch. PostgreSQL tests skip with the
-reason where no server is reachable, except under CI=true.
+reason where no server is reachable, except under CI=true. Last, in-process: what two
+processes' coordinators hand the planner from one storage.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -263,3 +265,60 @@ def test_worker_errors_are_one_line(ws: Workspace) -> None:
     assert "train.py does not exist on this node" in p.stderr
     p = ws.cli("worker", "--storage", "postgresql+psycopg://u:secret@127.0.0.1:1/db", env=env)
     assert p.returncode == 2 and "secret" not in p.stderr and "127.0.0.1:1" in p.stderr
+
+
+def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings(monkeypatch) -> None:
+    """In-process, two processes' coordinators on one stage study. The knob search's early
+    stopping counts a gain within one run's noise as none; each process took that noise from
+    its own last decision, so one that had decided before (the noise measured, 1.4%) saw the
+    search over while a fresh one (no noise yet) did not, and the two planned from the same
+    trials with different knob settings. The noise is the storage's."""
+    import threading
+    from types import SimpleNamespace
+
+    from optuna_ds.config import Metric
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import ExperimentRecord
+    from optuna_ds.domain import Phase
+    from optuna_ds.planner import Arm
+    from optuna_ds.planner import Decision
+    from optuna_ds.planner import Problem
+    from optuna_ds.planner import plan as real_plan
+    from optuna_ds.space import KnobSpace
+    from optuna_ds.space import knob_defaults
+    from optuna_ds.studies import _coordinator
+    from optuna_ds.studies._knob_search import KnobCandidates
+
+    space = KnobSpace(stage=1, tuned={"overlap_comm": [True, False], "reduce_bucket_size": [5e7, 5e8]}, fixed={})
+    study = optuna.create_study(study_name="t-z1", direction="maximize")
+    runs = [({}, 0, 100.0), ({}, 1, 102.0),  # the default knobs, and again: the noise
+            ({"overlap_comm": True, "reduce_bucket_size": 5e8}, 0, 103.0),  # 1% better: within the noise, or not
+            ({"overlap_comm": False, "reduce_bucket_size": 5e7}, 0, 102.5)]
+    for knobs, repeat, value in runs:
+        trial = study.ask()
+        ExperimentRecord(phase=Phase.KNOBS if knobs else Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=8, knobs=knobs),
+                         repeat=repeat or None, exp_name=f"z1_gas1_tmbspg8_{len(study.trials)}").write(trial.set_user_attr)
+        study.tell(trial, value)
+    ctx = SimpleNamespace(pool=None, stop=threading.Event(), metric=Metric.named("throughput"), fast=False, early_stopping=2,
+                          num_trials=50, tuner_type="gridsearch", observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
+    arm = Arm(stage=1, free=60e9, cap=64, buffers=1e9, knobs=tuple((k, tuple(v)) for k, v in sorted(space.tuned.items())),
+              knob_defaults=tuple(sorted(knob_defaults(space).items())))
+
+    def coordinator() -> _coordinator.Coordinator:
+        knobs = KnobCandidates(ctx=ctx, spaces={1: space}, buffers=lambda stage, offload, knobs: 1e9)  # type: ignore[arg-type]
+        return _coordinator.Coordinator(problem=Problem(arms=(arm,), device_memory=80e9, sizes=(8,), gpus=1), knobs=knobs,
+                                        tuners={1: SimpleNamespace(study=study)}, ctx=ctx, root=study)  # type: ignore[arg-type]
+
+    handed: list[dict] = []
+
+    def plan(*args: Any, knob_candidates: dict, **kwargs: Any) -> Decision:
+        handed.append(knob_candidates)
+        return real_plan(*args, knob_candidates=knob_candidates, **kwargs)
+
+    monkeypatch.setattr(_coordinator, "plan", plan)
+    earlier, fresh = coordinator(), coordinator()
+    earlier._decide()  # its decision before: the noise measured
+    handed.clear()
+    decisions = [earlier._decide(), fresh._decide()]
+    assert handed[0] == handed[1] and handed[0] == {}, handed  # the search is over for both: 1% is within the noise
+    assert decisions[0] == decisions[1]
