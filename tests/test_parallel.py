@@ -159,8 +159,9 @@ def _single_process_runs(tmp_path: Path) -> dict[str, float]:
     return _measured(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
 
 
-def _wait(procs: list[subprocess.Popen[str]], timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
+def _wait(procs: list[subprocess.Popen[str]]) -> None:
+    """Until each of ``procs`` exits 0 (the deadline only stops a hang)."""
+    deadline = time.monotonic() + 600
     for p in procs:
         try:
             out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -215,7 +216,7 @@ def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_
         chosen.user_attrs["ds_config"]["zero_optimization"]
     # A worker that joins a finished tuning runs nothing and exits 0.
     late = cluster.worker()
-    _wait([late], timeout=60)
+    _wait([late])
     assert len(_experiments(ws)) == len(launches)
 
 
