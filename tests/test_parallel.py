@@ -29,6 +29,7 @@ from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 from test_storages import SERVERS
 from conftest import reachable
+from optuna_ds.storage import create_storage
 
 # A fixed micro-batch list: the experiments are then the same however many run at once (an
 # adaptive search explores k sizes at a time with k slots), so the best must be the same.
@@ -64,6 +65,7 @@ class Cluster:
         self.env = ws.env(SURFACE, OPTUNA_DS_LOCK_DIR=str(ws.root / "locks"))
         self.gpus = ("--hostfile", "hostfile", "--num_gpus", "1")
         self.common = ["--storage", storage, "--study-name", name]
+        self._storage: optuna.storages.BaseStorage | None = None
 
     def _start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=self.ws.root, env=env or self.env,
@@ -77,7 +79,12 @@ class Cluster:
                            "ds_config.json")
 
     def study(self) -> optuna.Study:
-        return optuna.load_study(study_name=f"{self.name}-z1", storage=self.storage)
+        # Opened as a worker opens it: Optuna's own storage creates a SQLite file that is not
+        # there yet, in rollback-journal mode, and the test polling it before tune had made it
+        # held it locked while tune and the worker set it up ("database is locked", exit 2).
+        if self._storage is None:
+            self._storage = create_storage(self.storage, create=False)
+        return optuna.load_study(study_name=f"{self.name}-z1", storage=self._storage)
 
 
 def _imported_torch(pid: int) -> bool:
@@ -86,13 +93,16 @@ def _imported_torch(pid: int) -> bool:
 
 
 def _wait_until(event: Callable[[], bool], *procs: subprocess.Popen[str]) -> None:
-    """Until ``event``; an error if one of ``procs`` ends first (the deadline only stops a hang)."""
+    """Until ``event``; an error if one of ``procs`` ends first (the deadline only stops a hang),
+    the others then killed."""
     deadline = time.monotonic() + 600
     while not event():
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"{p.args[3]} ended first ({p.returncode}): {p.stderr.read()[-2000:] if p.stderr else ''}")
-        assert time.monotonic() < deadline, "hung"
+        ended = next((p for p in procs if p.poll() is not None), None)
+        if ended is not None or time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            assert ended is not None, "hung"
+            raise AssertionError(f"{ended.args[3]} ended first ({ended.returncode}): {ended.stderr.read()[-2000:] if ended.stderr else ''}")
         time.sleep(0.1)
 
 
