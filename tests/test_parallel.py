@@ -203,7 +203,8 @@ def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_
     _assert_no_port_shared(launches)
 
     trials = cluster.study().get_trials()
-    owners = {t.user_attrs["worker"]["pid"] for t in trials if t.state == TrialState.COMPLETE}
+    # A worker's experiments may all have failed (out of memory, once: the largest sizes), yet it ran them.
+    owners = {t.user_attrs["worker"]["pid"] for t in trials if "experiment_process" in t.user_attrs}
     assert len(owners) >= 2, "the workers ran nothing"
     assert sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)) == len(launches)
     # The search one process makes, on more slots: every size you listed measured, so the same
