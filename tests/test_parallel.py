@@ -68,8 +68,13 @@ class Cluster:
         self._storage: optuna.storages.BaseStorage | None = None
 
     def _start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=self.ws.root, env=env or self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        """The process, its output in a file (``log``) the test can read while it runs."""
+        log = self.ws.root / f"{args[0]}-{len(list(self.ws.root.glob('*.log')))}.log"
+        with open(log, "w") as out:
+            p = subprocess.Popen([sys.executable, "-m", "optuna_ds", *args], cwd=self.ws.root, env=env or self.env,
+                                 stdout=out, stderr=subprocess.STDOUT, text=True)
+        p.log = log  # type: ignore[attr-defined]
+        return p
 
     def worker(self, *gpus: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return self._start("worker", *(gpus or self.gpus), *self.common, env=env)
@@ -87,11 +92,6 @@ class Cluster:
         return optuna.load_study(study_name=f"{self.name}-z1", storage=self._storage)
 
 
-def _imported_torch(pid: int) -> bool:
-    with open(f"/proc/{pid}/maps") as f:
-        return "libtorch" in f.read()
-
-
 def _wait_until(event: Callable[[], bool], *procs: subprocess.Popen[str]) -> None:
     """Until ``event``; an error if one of ``procs`` ends first (the deadline only stops a hang),
     the others then killed."""
@@ -102,7 +102,7 @@ def _wait_until(event: Callable[[], bool], *procs: subprocess.Popen[str]) -> Non
             for p in procs:
                 p.kill()
             assert ended is not None, "hung"
-            raise AssertionError(f"{ended.args[3]} ended first ({ended.returncode}): {ended.stderr.read()[-2000:] if ended.stderr else ''}")
+            raise AssertionError(f"{ended.args[3]} ended first ({ended.returncode}): {_output(ended)}")
         time.sleep(0.1)
 
 
@@ -169,29 +169,38 @@ def _single_process_runs(tmp_path: Path) -> dict[str, float]:
     return _measured(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
 
 
+def _output(p: subprocess.Popen[str]) -> str:
+    return p.log.read_text()[-2000:]  # type: ignore[attr-defined]
+
+
 def _wait(procs: list[subprocess.Popen[str]]) -> None:
     """Until each of ``procs`` exits 0 (the deadline only stops a hang)."""
     deadline = time.monotonic() + 600
     for p in procs:
         try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             raise AssertionError("the tuning did not finish")
-        assert p.returncode == 0, (p.args, out[-2000:], err[-2000:])
+        assert p.returncode == 0, (p.args, _output(p))
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_path: Path, kind: str) -> None:
     ws.config(CONFIG)
     cluster = Cluster(ws, _storage(kind, ws), f"par-{uuid.uuid4().hex[:8]}")
-    # Started first, and up (torch imported) before tune starts: on a loaded machine workers
-    # started beside tune came up when it had run most of the search.
+    # The workers take part whatever the load: tune's profile run ends once both wait for it, so
+    # all three start the search together, and tune leases two of the four GPUs, the workers
+    # all four (under load workers started beside tune came up, or got a GPU, when tune had run
+    # the whole search).
+    gate = ws.root / "profile-gate"
+    cluster.env["FAKE_DS_SURFACE"] = json.dumps({**SURFACE, "profile_gate": str(gate)})
+    (ws.root / "two-gpus").write_text("localhost slots=2\n")  # GPUs 0 and 1
     workers = [cluster.worker(), cluster.worker()]
-    for w in workers:
-        _wait_until(lambda: _imported_torch(w.pid), w)
-    tune = cluster.tune()
+    tune = cluster.tune("--hostfile", "two-gpus", "--num_gpus", "1")
+    _wait_until(lambda: all("waiting for the profile run" in w.log.read_text() for w in workers), tune, *workers)  # type: ignore[attr-defined]
+    gate.touch()
     _wait([tune, *workers])
 
     launches = _experiments(ws)
@@ -235,14 +244,17 @@ def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_
 def test_a_sigkilled_worker_loses_nothing(ws: Workspace, kind: str) -> None:
     ws.config(CONFIG)
     cluster = Cluster(ws, _storage(kind, ws), f"kill-{uuid.uuid4().hex[:8]}")
-    # The victim runs experiments whatever the load: two GPUs that tune does not use, and it has
-    # imported torch before tune starts (on a loaded machine a worker started beside tune came
-    # up after tune had run the whole search: "the worker never ran an experiment"). Its
-    # experiments last until the kill, so the kill lands while one runs.
+    # The victim runs experiments whatever the load: two GPUs that tune does not use, and tune's
+    # profile run ends once the victim waits for it (on a loaded machine a worker started beside
+    # tune came up after tune had run the whole search: "the worker never ran an experiment").
+    # Its experiments last until the kill, so the kill lands while one runs.
+    gate = ws.root / "profile-gate"
+    cluster.env["FAKE_DS_SURFACE"] = json.dumps({**SURFACE, "profile_gate": str(gate)})
     (ws.root / "two-gpus").write_text("localhost slots=2\n")  # GPUs 0 and 1
     victim = cluster.worker(env={**cluster.env, "FAKE_DS_SURFACE": json.dumps({**SURFACE, "duration": 600})})
-    _wait_until(lambda: _imported_torch(victim.pid), victim)
     tune = cluster.tune("--hostfile", "two-gpus", "--num_gpus", "1")
+    _wait_until(lambda: "waiting for the profile run" in victim.log.read_text(), tune, victim)  # type: ignore[attr-defined]
+    gate.touch()
     victim_trial = None
     # Not a size over the surface's memory: it fails at once.
     fits = SURFACE["oom_above"]["1"]
