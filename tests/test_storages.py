@@ -401,3 +401,44 @@ def test_a_stage_study_the_tuning_marks_while_another_of_its_processes_reads_it_
     other.tell(other.ask(), 1.0)
     with pytest.raises(PlanMismatchError, match="not created by optuna-ds"):
         claim_stage_study(other, "u", direction="maximize")
+
+
+def test_a_worker_opening_the_sqlite_file_tune_is_creating_waits_for_its_tables(tmp_path, monkeypatch) -> None:
+    """A worker started first polls for the tuning's SQLite file; on a loaded machine it found
+    the file while `tune` was still creating it (WAL mode, tables) and exited 2: "cannot open
+    SQLite database ...: database is locked". It waits for the creation under way, as two
+    creators do, and then opens the whole database; a database no tuning creates (a mistyped
+    path beside no lock file) is opened at once and gets no lock file."""
+    import fcntl
+
+    from optuna_ds.storage import _storage
+    from optuna_ds.storage import create_storage
+
+    path = tmp_path / "optuna-ds.db"
+    url = f"sqlite:///{path}"
+    creating = open(f"{path}.lock", "a")  # `tune`, creating: the file is there, its tables not yet
+    fcntl.flock(creating, fcntl.LOCK_EX)
+    path.touch()
+    waiting = threading.Event()
+    real_flock = fcntl.flock
+
+    def flock(f: Any, op: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            waiting.set()
+        real_flock(f, op)
+
+    monkeypatch.setattr(_storage.fcntl, "flock", flock)
+    opened: list[Any] = []
+    worker = threading.Thread(target=lambda: opened.append(create_storage(url, create=False)), daemon=True)
+    worker.start()
+    while not waiting.is_set() and worker.is_alive():
+        time.sleep(0.01)
+    assert waiting.is_set() and not opened, "the worker opened the database tune was creating"
+    optuna.storages.RDBStorage(url)  # tune's tables
+    creating.close()  # and its lock
+    worker.join(60)
+    assert opened and opened[0].get_all_studies() == []
+    other = tmp_path / "other.db"
+    optuna.create_study(storage=f"sqlite:///{other}")
+    create_storage(f"sqlite:///{other}", create=False)
+    assert not (tmp_path / "other.db.lock").exists()

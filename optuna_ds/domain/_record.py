@@ -202,7 +202,8 @@ def superseded(trials: Iterable[FrozenTrial]) -> set[int]:
 def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
     """Experiments lost twice, by name: their worker died while running them (killed, or no
     heartbeat for the grace period), or the node lost their runs: retried once, then counted as
-    failed so they cannot kill workers or use GPUs forever."""
+    failed so they cannot kill workers or use GPUs forever. A claim lost before its launch
+    (the worker died between the two) ran nothing that could have killed it: not counted."""
     trials = list(trials)
     gone = superseded(trials)
     lost: dict[str, list[FrozenTrial]] = {}
@@ -210,7 +211,7 @@ def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
         if t.state != TrialState.FAIL or t.number in gone:
             continue
         record = ExperimentRecord.from_trial(t)
-        if record.exp_name is not None and (record.lost or record.reason is None):
+        if record.exp_name is not None and record.launched and (record.lost or record.reason is None):
             lost.setdefault(record.exp_name, []).append(t)
     return {name: ts[-1] for name, ts in lost.items() if len(ts) >= 2}
 

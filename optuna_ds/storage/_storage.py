@@ -98,7 +98,7 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
     try:
         if sqlite_path and create:
             os.makedirs(os.path.dirname(sqlite_path), exist_ok=True)
-        with _creation_lock(sqlite_path if create else None):
+        with _creation_lock(sqlite_path, create=create):
             if sqlite_path:
                 _sqlite_wal(sqlite_path)
             storage = _open(url, parsed, engine_kwargs)
@@ -122,13 +122,22 @@ def _sqlite_sync_normal(storage: optuna.storages.RDBStorage) -> None:
 
 
 @contextlib.contextmanager
-def _creation_lock(sqlite_path: str | None) -> Iterator[None]:
+def _creation_lock(sqlite_path: str | None, *, create: bool) -> Iterator[None]:
     """Local processes that open a new SQLite database together would race to create its
-    tables: they take turns."""
+    tables: they take turns. One that opens an existing database only (``create=False``) waits
+    for a creation under way, and makes no lock file: the file is there before its WAL mode and
+    its tables, and a worker that opened it then exited 2, "database is locked"."""
     if not sqlite_path:
         yield
         return
-    with open(f"{os.path.abspath(sqlite_path)}.lock", "a") as f:
+    try:
+        f = open(f"{os.path.abspath(sqlite_path)}.lock", "a" if create else "r")
+    except OSError:
+        if create:
+            raise
+        yield  # no creation of ours under way
+        return
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 

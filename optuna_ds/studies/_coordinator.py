@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.config import Metric
+from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
 from optuna_ds.domain import given_up
@@ -23,6 +24,7 @@ from optuna_ds.planner import Observation
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Proposal
 from optuna_ds.planner import Status
+from optuna_ds.planner import measured_noise
 from optuna_ds.planner import plan
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._knob_search import KnobCandidates
@@ -55,6 +57,17 @@ def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, Frozen
         status = Status.OOM if record.reason is FailureReason.OOM else Status.FAILED
         return Observation(config=config, status=status, seconds=record.duration, repeat=repeat)
     return None
+
+
+def _noise(observations: list[Observation]) -> float | None:
+    """The noise of one run as the planner measures it from ``observations`` (``None`` before
+    one ran): the knob search's early stopping reads it, so it comes from the storage, as every
+    other input of the planner does, and every process given the same trials decides the same."""
+    runs: dict[Config, list[float]] = {}
+    for o in observations:
+        if o.status is Status.OK and o.score is not None and o.score > 0:
+            runs.setdefault(o.config, []).append(o.score)
+    return measured_noise(runs.values())[0] if runs else None
 
 
 class Coordinator:
@@ -110,7 +123,7 @@ class Coordinator:
         observations = self.observations()
         running = {o.config for o in observations if o.status is Status.RUNNING}
         pending = [Observation(config=p.config, status=Status.RUNNING) for p in self._handed if p.config not in running]
-        noise = self.decision.noise if self.decision is not None else None
+        noise = _noise(observations)
         candidates = (self._knobs(self._problem.arms, {s: t.study for s, t in self._tuners.items()}, noise)
                       if self._knobs is not None else None)
         decision = plan(self._problem, observations + pending, free_slots=1, knob_candidates=candidates)

@@ -101,12 +101,15 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
     An experiment that finished meanwhile and wrote its metrics completes its trial with them.
     An experiment such a process left running is ended first, by its process group; metrics it
     wrote before it ended still count. Otherwise the trial fails at once (not after the
-    heartbeat's grace period) so that its experiment runs again. A trial whose process died
+    heartbeat's grace period): its experiment counts as not run, and the planner decides afresh
+    whether it runs (a size you listed does; a knob setting or a re-measurement may no longer
+    pay). A trial whose process died between its claim and its launch is such a trial too, one
+    that launched nothing (:func:`given_up` does not count it). A trial whose process died
     after taking it but before claiming an experiment (no ``exp_name``) fails too, lost like the
     others but with no experiment: it launched nothing, cost no GPU time, and no one counts it
     as an experiment (the report, the summary, the planner and :func:`given_up` read claimed
-    trials only). Returns the numbers of the trials completed, of those failed whose experiment
-    runs again, and of those failed before their claim.
+    trials only). Returns the numbers of the trials completed, of those failed after their
+    claim, and of those failed before it.
     """
     completed: list[int] = []
     failed: list[int] = []
@@ -134,7 +137,8 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
                 if mark:
                     end_marked(mark)  # what it left running outside its group
                 continue
-            detail = "its process died" if record.claimed else "its process died before it claimed an experiment"
+            detail = ("its process died" if record.launched else "its process died before it launched its experiment") \
+                if record.claimed else "its process died before it claimed an experiment"
             ExperimentRecord(reason=FailureReason.INTERRUPTED, detail=detail, lost=True).write(set_user_attr)
             storage.set_trial_state_values(trial_id(t), TrialState.FAIL)
         except RuntimeError:

@@ -26,6 +26,10 @@
     fail_first      the experiment's first launch: exit 1 without metrics after HOSTILE_DS_SLOW
                     seconds (default 2); later launches of it: good metrics
 
+With ``HOSTILE_DS_GATE`` set to a path, each wait of HOSTILE_DS_SLOW seconds above lasts
+instead until that path exists: a test opens the gate once what must happen during the run
+has happened, whatever the machine's load.
+
 Every launch is appended to ``FAKE_DS_LOG`` (JSON lines): the experiment's name (its result
 folder), the behaviour, the pids started, and whether metrics were written.
 """
@@ -61,6 +65,16 @@ def launches_of(name):
 def write(path, text):
     with open(path, "w") as f:
         f.write(text)
+
+
+def pause(default):
+    """Wait HOSTILE_DS_SLOW seconds (``default`` if unset), or until HOSTILE_DS_GATE exists."""
+    gate = os.environ.get("HOSTILE_DS_GATE")
+    if not gate:
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", default)))
+        return
+    while not os.path.exists(gate):
+        time.sleep(0.01)
 
 
 def main():
@@ -117,7 +131,7 @@ def main():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
         entry["children"].append(child.pid)
         log(dict(entry, event="child"))
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "0")))
+        pause("0")
     if behaviour == "rendezvous":
         port = int(launcher.get("--master_port", 29500))
         store = socket.socket()
@@ -129,12 +143,12 @@ def main():
             print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
                   f"port: {port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use", file=sys.stderr)
             return done(1)
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        pause("2")
     if behaviour == "failed_first":
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        pause("2")
         return done(1)
     if behaviour == "slow":
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        pause("2")
     if profile:
         info = {"num_params": 1_000_000, "trainable_num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000, "rank": 0}
         write(auto["model_info_path"], json.dumps(info))
