@@ -1,18 +1,23 @@
 """Record a GPU job for the replay benchmark (``benchmarks/replays/<job>.json``).
 
 Every arm (ZeRO stage, and optimizer offload where asked) over a grid of micro-batch sizes up to
-the first out-of-memory size, each config run ``--reps`` times, the repetitions interleaved (each
-repetition walks every arm, in a rotated order). A launch costs start-up that a lent GPU's
-minutes cannot pay a hundred times, so:
+the first out-of-memory size, each config run ``--reps`` times, the repetitions interleaved (pass
+after pass, each walking every arm in a rotated order). A launch costs start-up that a lent
+GPU's minutes cannot pay a hundred times, so:
 
 - ``--launches N`` first starts N real ``deepspeed`` launches of this script (``--single``, one
   config each), timed from the launcher's start to the script's first line, to its engine, and
   to the launcher's exit: the start-up a launch pays before and after the engine;
-- every other run happens in this process: one engine per arm and repetition, fed each size in
-  turn (the engine never checks the batch it is given, and sizes ascend, so the first
-  out-of-memory size ends the arm's walk; the allocator's cache is emptied between sizes), and
-  ``launch_s`` is the measured start-up plus the engine's initialisation plus five steps (the
-  product's profile runs steps 1-5 and exits).
+- every other run happens in this process: one engine per arm and pass, fed each size in turn
+  (the engine never checks the batch it is given, and sizes ascend, so the first out-of-memory
+  size ends the arm's walk; the allocator's cache is emptied between sizes), and ``launch_s`` is
+  the measured start-up plus the engine's initialisation plus five steps (the product's profile
+  runs steps 1-5 and exits).
+
+An offloaded arm's walk (DeepSpeedCPUAdam, ZeRO-2) leaves 4-9 GiB of device memory behind that
+``engine.destroy()`` does not free, and every later walk in the process paid it (peaks up, the
+out-of-memory size down, throughput 5-10% lower; seen on the H100): the GPU arms walk in one
+process, each offloaded walk in a process of its own (``--walks 1 --resume``; device.sh).
 
 Each run records what the product reads or will read: the samples per second of the measured
 steps, each step's time, DeepSpeed's ``wall_clock_breakdown`` timers per step (ms), and the peak
@@ -27,9 +32,11 @@ import json
 import logging
 import os
 import platform
+import itertools
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -201,9 +208,9 @@ def single(args: argparse.Namespace) -> None:
     Path(args.single_out).write_text(json.dumps({"run": runs[0], "start": T0, "marks": marks}))
 
 
-def launches(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Real ``deepspeed`` launches of ``--single`` runs, timed from outside."""
-    out = []
+def launches(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Real ``deepspeed`` launches of ``--single`` runs, timed from outside: their timings, their runs."""
+    timings, runs = [], []
     for i in range(args.launches):
         arm = args.arms[i % len(args.arms)]
         result = Path(args.out).with_suffix(f".launch{i}.json")
@@ -233,9 +240,10 @@ def launches(args: argparse.Namespace) -> list[dict[str, Any]]:
         run = got["run"]
         if run["outcome"] == "ok":
             run["launch_s"] = round(timing["total_s"], 3)  # measured whole, not composed
-        out.append({"timing": timing, "run": run})
+        timings.append(timing)
+        runs.append(run)
         print(json.dumps(timing), flush=True)
-    return out
+    return timings, runs
 
 
 def _model_args(args: argparse.Namespace) -> list[str]:
@@ -244,10 +252,16 @@ def _model_args(args: argparse.Namespace) -> list[str]:
 
 
 def record(args: argparse.Namespace) -> None:
+    """Walk every arm, pass after pass, until each size up to its edge ran ``--reps`` times; with
+    ``--resume``, the runs of an earlier recording count (a device call that ran out of time)."""
     deadline = T0 + args.budget_s
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    launched = launches(args) if args.launches else []
-    startup = (sum(x["timing"]["startup_s"] for x in launched) / len(launched)) if launched else args.startup_s
+    if args.resume:
+        prior = json.loads(Path(args.resume).read_text())
+        timings, runs = prior["launches"], prior["runs"]
+    else:
+        timings, runs = launches(args) if args.launches else ([], [])
+    startup = (sum(t["startup_s"] for t in timings) / len(timings)) if timings else args.startup_s
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(args.master_port + 100))
     for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
@@ -258,40 +272,61 @@ def record(args: argparse.Namespace) -> None:
     params = param_count(probe)
     del probe
     arms = [_arm(a) for a in args.arms]
-    runs: list[dict[str, Any]] = [x["run"] for x in launched]
+    done = Counter((r["stage"], r["offload"], r["micro_batch"]) for r in runs)
     ooms: dict[tuple[int, str], int] = {}
-    for rep in range(args.reps):
-        order = arms[rep % len(arms):] + arms[:rep % len(arms)]
-        for stage, offload in order:
+    for r in runs:
+        if r["outcome"] == "oom":
+            ooms[(r["stage"], r["offload"])] = min(r["micro_batch"], ooms.get((r["stage"], r["offload"]), r["micro_batch"]))
+    walks = 0
+    for rep in itertools.count():
+        walked_any = False
+        for stage, offload in arms[rep % len(arms):] + arms[:rep % len(arms)]:
             if time.time() > deadline:
                 break
-            grid = args.offload_sizes if offload else args.sizes
             edge = ooms.get((stage, offload))
-            sizes = [s for s in grid if edge is None or s <= edge]
+            sizes = [s for s in (args.offload_sizes if offload else args.sizes)
+                     if (edge is None or s <= edge) and done[(stage, offload, s)] < args.reps]
+            if not sizes:
+                continue
+            if walks == args.walks > 0:
+                break
             walked = job.walk(stage, offload, sizes, startup=startup, deadline=deadline)
+            walks += 1
+            walked_any = True
             for run in walked:
+                done[(stage, offload, run["micro_batch"])] += 1
                 if run["outcome"] == "oom":
                     ooms[(stage, offload)] = min(run["micro_batch"], ooms.get((stage, offload), run["micro_batch"]))
             runs += walked
             gc.collect()
             get_accelerator().empty_cache()
-            print(f"rep {rep} z{stage}{'+' + offload if offload else ''}: " + ", ".join(
+            print(f"pass {rep} z{stage}{'+' + offload if offload else ''}: " + ", ".join(
                 f"{r['micro_batch']}:{r['samples_per_s'] if r['outcome'] == 'ok' else r['outcome']}" for r in walked), flush=True)
-            write(args, params=params, runs=runs, launched=launched, startup=startup)
-    write(args, params=params, runs=runs, launched=launched, startup=startup)
+            write(args, params=params, runs=runs, timings=timings, startup=startup)
+        if not walked_any or time.time() > deadline or walks == args.walks > 0:
+            break
+    write(args, params=params, runs=runs, timings=timings, startup=startup)
+    short = [(stage, offload, s) for stage, offload in arms for s in (args.offload_sizes if offload else args.sizes)
+             if s <= ooms.get((stage, offload), s) and done[(stage, offload, s)] < args.reps]
+    print(f"configs with fewer than {args.reps} runs: {short or 'none'}", flush=True)
 
 
 def _activation_per_sample(runs: list[dict[str, Any]]) -> int | None:
-    """The slope of peak memory over micro-batch size at stage 0, from its successful runs."""
-    points = sorted({(r["micro_batch"], r["peak_memory_bytes"]) for r in runs
-                     if r["outcome"] == "ok" and r["stage"] == 0 and not r["offload"] and r["peak_memory_bytes"]})
-    if len(points) < 2:
+    """The least-squares slope of peak memory over micro-batch size at stage 0, from its runs
+    below three quarters of its smallest out-of-memory size (nearer the edge the allocator flushes
+    its cache and the peak reservation falls)."""
+    zero = [r for r in runs if r["stage"] == 0 and not r["offload"]]
+    edge = min((r["micro_batch"] for r in zero if r["outcome"] == "oom"), default=float("inf"))
+    points = [(r["micro_batch"], r["peak_memory_bytes"]) for r in zero
+              if r["outcome"] == "ok" and r["peak_memory_bytes"] and r["micro_batch"] <= 0.75 * edge]
+    if len({m for m, _ in points}) < 2:
         return None
-    (m0, p0), (m1, p1) = points[0], points[-1]
-    return int((p1 - p0) / (m1 - m0)) if m1 != m0 else None
+    mean_m = sum(m for m, _ in points) / len(points)
+    mean_p = sum(p for _, p in points) / len(points)
+    return int(sum((m - mean_m) * (p - mean_p) for m, p in points) / sum((m - mean_m) ** 2 for m, _ in points))
 
 
-def write(args: argparse.Namespace, *, params: int, runs: list[dict[str, Any]], launched: list[dict[str, Any]], startup: float) -> None:
+def write(args: argparse.Namespace, *, params: int, runs: list[dict[str, Any]], timings: list[dict[str, Any]], startup: float) -> None:
     acc = get_accelerator()
     gpu = torch.cuda.get_device_name() if acc.device_name() == "cuda" else platform.processor() or "cpu"
     doc = {
@@ -304,15 +339,17 @@ def write(args: argparse.Namespace, *, params: int, runs: list[dict[str, Any]], 
         "notes": [
             f"torch {torch.__version__}, DeepSpeed {deepspeed.__version__}, bf16, AdamW: torch's on the GPU (torch_adam), "
             + ("DeepSpeedCPUAdam offloaded" if args.cpu_adam else "torch's on the CPU offloaded (not DeepSpeedCPUAdam: slower than a user's offload)"),
-            f"the first {len(launched)} runs are real `deepspeed` launches, launch_s measured whole; every other run was recorded in one process, "
+            f"the first {len(timings)} runs are real `deepspeed` launches, launch_s measured whole; every other run was recorded in one process, "
             f"one engine per arm and repetition fed each size in turn, and its launch_s = the mean measured start-up of the real launches "
             f"({startup:.2f} s: launcher, interpreter, imports, init_distributed, exit) + the engine's initialisation + its first step at that size + "
             f"{PROFILE_STEPS - 1} x the mean measured step",
             f"per run: {args.warmup} warm-up step(s), then {args.steps} measured; samples_per_s over the measured steps; timers_ms: DeepSpeed's "
             "wall_clock_breakdown timers, mean per step; peak_memory_bytes: device memory outside torch's allocator + its peak reservation (what NVML reads)",
-            "sizes beyond an arm's first out-of-memory size were not run; the out-of-memory size was tried again in each repetition",
+            "sizes beyond an arm's smallest out-of-memory size were not run; that size was tried again in each pass; "
+            "the walks ran in more than one process, each resuming the file the one before wrote" if args.resume else
+            "sizes beyond an arm's smallest out-of-memory size were not run; that size was tried again in each pass",
         ],
-        "launches": [x["timing"] for x in launched],
+        "launches": timings,
         "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -345,6 +382,10 @@ def main() -> None:
     p.add_argument("--deepspeed", default="deepspeed")
     p.add_argument("--master-port", type=int, default=29610)
     p.add_argument("--budget-s", type=float, default=170.0, help="start no walk or size after this long")
+    p.add_argument("--walks", type=int, default=0,
+                   help="walk at most this many arms, then write and exit (0: no limit); an offloaded arm's walk leaves "
+                        "device memory behind that every later walk in the process pays, so each runs in a process of its own")
+    p.add_argument("--resume", help="a recording to complete: its runs count, its start-up measures are kept")
     p.add_argument("--single-arm")
     p.add_argument("--single-size", type=int)
     p.add_argument("--single-out")
