@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import hashlib
 import math
 import os
@@ -35,12 +34,14 @@ from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import dies_with_this_process
+from optuna_ds.launcher import cpu_ops_to_build
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import import_deepspeed
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.launcher import local_host_names
 from optuna_ds.launcher import new_mark
+from optuna_ds.launcher import ops_environment
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
@@ -260,8 +261,9 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
         log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
-        if cpu_ops_to_build():
-            log("building DeepSpeed's CPU ops once (2-3 minutes)...")
+        if missing := cpu_ops_to_build():
+            log(f"the first experiment builds DeepSpeed's CPU ops {', '.join(missing)} once, for this environment "
+                "(about two minutes on 2 cores; `make venv` builds them beforehand)")
         try:
             with _sigterm_raises():
                 result = tuning.run()
@@ -274,31 +276,6 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
                 log(f"interrupted: running experiments were ended and will run again; {resume}")
             raise
         return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
-
-
-# The ops DeepSpeed's CPU accelerator JIT-builds in an experiment (shared-memory collectives, Adam).
-_CPU_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
-
-
-def cpu_ops_to_build() -> list[str]:
-    """The CPU ops the first experiment will build, silent for minutes: those of DeepSpeed's CPU
-    accelerator that torch's extension folder (``TORCH_EXTENSIONS_DIR``, else its default, one
-    folder per Python and device) lacks. None off CPU."""
-    from deepspeed.accelerator import get_accelerator
-    from torch.utils.cpp_extension import get_default_build_root
-
-    accelerator = get_accelerator()
-    if accelerator.device_name() != "cpu":
-        return []
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    missing = []
-    for builder in _CPU_OPS:
-        name = accelerator.create_op_builder(builder).name
-        pattern = os.path.join(glob.escape(root), name, f"{name}.so") if root else \
-            os.path.join(glob.escape(get_default_build_root()), "*", name, f"{name}.so")
-        if not glob.glob(pattern):
-            missing.append(name)
-    return missing
 
 
 _PLAN_POLL_SECONDS = 0.2  # a waiting worker reads the plan this often: one small query
@@ -567,7 +544,8 @@ def run_training(command: Sequence[str]) -> int:
     128 + the signal number. It also ends with this process, however it dies.
     """
     mark = new_mark()
-    proc = subprocess.Popen(dies_with_this_process(command), start_new_session=True, env=dict(os.environ, **{MARK_VAR: mark}))
+    env = dict(os.environ, **ops_environment(), **{MARK_VAR: mark})
+    proc = subprocess.Popen(dies_with_this_process(command), start_new_session=True, env=env)
     try:
         with _sigterm_raises():
             return proc.wait()
