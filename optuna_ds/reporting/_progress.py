@@ -21,6 +21,7 @@ from rich.text import Text
 
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
+from optuna_ds.studies import started_line
 
 
 # Rates are taken over this window: long enough to span several experiments, short enough to
@@ -105,6 +106,7 @@ class Progress:
         self._clock = clock
         self._lock = threading.RLock()
         self._to_start: int | None = None  # the planner's estimate of the experiments not yet started
+        self._said: int | None = None  # the total the last estimate line gave
         self._done = 0
         self._durations = 0.0
         self._running: dict[tuple[int, int], tuple[str, str, float]] = {}
@@ -132,26 +134,42 @@ class Progress:
         if self._verbose:
             self._write(text)
 
-    def plan(self, remaining: int, *, metric: Metric) -> None:
+    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None) -> None:
         """The planner's estimate of the experiments still to start; 0 once it stopped."""
         with self._lock:
-            old = self._total()
+            first = self._to_start is None
             self._to_start = remaining
             self._metric = metric
-            new = self._total()
             self._update(sample=True)
-        if old is not None and new != old:
-            self.log(f"estimate: ~{new} experiments in all (was ~{old}), from what the stages so far showed")
+            total = self._total()
+        if first and remaining and ceiling:
+            self._said = total
+            self.log(f"estimate: ~{total} experiments in all, at most {ceiling}: a guess the planner revises as results come in "
+                     f"(it stops once no experiment is expected to pay), each revision said")
+        self._tell_estimate(down=True)
         self._start_live()
+
+    def _tell_estimate(self, *, down: bool = False) -> None:
+        """Say the estimate each time it rises (an experiment finished and the planner still
+        expects as many more), and when the planner lowers it (``down``): a total that only
+        ever grew in silence read as a promise broken."""
+        with self._lock:
+            total, said, stopped = self._total(), self._said, self._to_start == 0
+            if total is None or total == said or (said is not None and total < said and not down) or stopped:
+                return
+            self._said = total
+        if said is not None:
+            self.log(f"estimate: ~{total} experiments in all (was ~{said}), from what the results so far showed")
 
     def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
         pass
 
-    def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
+    def started(self, *, stage: int, number: int, name: str, slot: str, why: str = "") -> None:
         with self._lock:
             self._running[(stage, number)] = (name, slot, self._clock())
             self._update(sample=True)
-        self.log(f"[z{stage}] trial {number}: running {name} on {slot}")
+        self.log(started_line(stage=stage, number=number, name=name, slot=slot, why=why))
+        self._tell_estimate()
 
     def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
         with self._lock:
@@ -173,6 +191,7 @@ class Progress:
                 outcome = f"{self._metric.name} {self._with_unit(value)}"
             self._update(sample=True)
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
+        self._tell_estimate()
 
     def close(self) -> None:
         if self._live is not None:

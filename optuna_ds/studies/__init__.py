@@ -4,6 +4,7 @@ from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
+from optuna_ds.studies._observer import started_line
 from optuna_ds.studies._results import Baseline
 from optuna_ds.studies._results import Noise
 from optuna_ds.studies._results import Optimum
@@ -32,4 +33,5 @@ __all__ = [
     "leader",
     "load_result",
     "observation_of",
+    "started_line",
 ]

@@ -15,6 +15,7 @@ from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
 from optuna_ds.config import UserConfig
 from optuna_ds.domain import ChoiceRecord
+from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
@@ -50,6 +51,7 @@ from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import find_baseline
+from optuna_ds.studies._results import measured_configs
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
@@ -60,6 +62,9 @@ _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
 _PROFILE_POLL_SECONDS = 0.2  # a worker waiting for the profile run reads the root study this often
+# The headline's configs run alternately until each ran this often, with at most this many launches.
+_ALIKE_RUNS = 2
+_ALIKE_LAUNCHES = 4
 _MAX_EXPERIMENTS = 40  # the planner's launches in fast mode, at most (its search ends long before, as a rule)
 
 
@@ -107,7 +112,7 @@ class Tuning:
         self._log = observer.log
         self._seed = seed
         self._worker = worker
-        self._pool = SlotPool(resources)
+        self._pool = SlotPool(resources, device=device_kind())
         self._stop = threading.Event()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction)
@@ -168,10 +173,12 @@ class Tuning:
         finally:
             self._pool.release(lease)
         if not result.ok:
-            cause = telling_line(result.stderr_tail) or result.detail
+            # The detail quotes the telling line where it has it (a script's failure): said once.
+            cause = telling_line(result.stderr_tail)
+            why = result.detail if not cause or cause[:200] in result.detail else f"{result.detail}: {cause}"
             raise ProfileError(
-                f"the profile run failed ({result.reason.value if result.reason else 'error'}: {result.detail}): "
-                f"{cause} -- see {experiment.result_dir}/stderr.log"
+                f"the profile run failed ({result.reason.value if result.reason else 'error'}): {why} "
+                f"-- see {experiment.result_dir}/stderr.log"
             )
         # What the user gave (hidden_size, num_layers) stays; the profile adds what it measured.
         info = {**{k: v for k, v in given.items() if k != "profile" and v is not None},
@@ -226,6 +233,7 @@ class Tuning:
         bound = self._builder.max_batch_per_gpu() or 1
         mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
         return StageContext(
+            memory_limit=self._device_memory * (1.0 - self._plan.memory_margin),
             storage=self._storage,
             builder=self._builder,
             runner=self._runner,
@@ -361,9 +369,52 @@ class Tuning:
         ended = False
         try:
             coordinator.run()
+            self._measure_alike(coordinator, tuners)
             ended = True
         finally:
             self._record_outcome(coordinator, tuners, estimates, ended=ended)
+
+    def _measure_alike(self, coordinator: Coordinator, tuners: dict[int, StageTuner]) -> None:
+        """Once the planner chose, the headline's two configs, the user's and the optimum, run
+        alternately, one at a time, until each ran at least twice: its figures must not rest on
+        one run of the user's config taken first (cold, or beside another slot's experiment)
+        against the optimum's repeats taken alone. Not the planner's decision: the choice stands;
+        a resumed tuning finds these runs in the storage like any other."""
+        decision = coordinator.decision
+        if self._worker or decision is None or decision.choice is None or not decision.done or self._stop.is_set():
+            return
+        base = self.result().baseline
+        if base is None or not base.name or base.stage is None or base.stage not in tuners or base.status != "complete":
+            return
+        base_config = next((r.config for t in tuners[base.stage].study.get_trials(deepcopy=False)
+                            if (r := ExperimentRecord.from_trial(t)).exp_name == base.name), None)
+        chosen = decision.choice.config
+        if base_config is None or base_config == chosen:
+            return
+
+        def runs(config: Config) -> tuple[int, int]:
+            """Its completed runs, and its launches (each names the next one's ``_r<n>``)."""
+            trials = [t for t in tuners[config.stage].study.get_trials(deepcopy=False)
+                      if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed and r.config == config]
+            return sum(t.state == TrialState.COMPLETE for t in trials), len(trials)
+
+        if runs(base_config)[0] >= _ALIKE_RUNS:
+            return
+        self._log(f"measuring your config and the optimum alike: alternately, one at a time, at least {_ALIKE_RUNS} runs "
+                  f"each, for the headline (about {_ALIKE_LAUNCHES} more experiments)")
+        for i, config in enumerate((base_config, chosen) * (_ALIKE_LAUNCHES // 2)):
+            # Pairs: the last runs of the two always alternate.
+            if (i % 2 == 0 and i and min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS) or self._stop.is_set():
+                return
+            launched = runs(config)[1]
+            lease = self._pool.acquire(self._stop, on_wait=self._log)
+            if lease is None:
+                return
+            try:
+                why = "your config, measured alike with the optimum" if config == base_config else "the optimum, measured alike with your config"
+                tuners[config.stage].run_config(config, lease, free_since=time.monotonic(), repeat=launched, why=why)
+            finally:
+                self._pool.release(lease)
 
     def _record_outcome(self, coordinator: Coordinator, tuners: dict[int, StageTuner],
                         estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
@@ -443,6 +494,9 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         noise=measurement_noise(every),
         best=best,
         optuna_best=_optuna_best(storage, plan.study_name, best),
+        device_memory=resources.device_memory,
+        memory_margin=plan.memory_margin,
+        measured=tuple(measured_configs(every)),
     )
 
 
