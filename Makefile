@@ -35,7 +35,7 @@ PARALLEL_ARGS ?=
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	@echo "make venv: setting up $(VENV), once (5-10 minutes; each step says what it waits for)"
+	@echo "make venv: setting up $(VENV), once (5-10 minutes on 2 idle cores, longer on a busy machine; each step says what it waits for)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "make venv: upgrading pip (seconds)"
 	$(BIN)/python -m pip install -q --upgrade pip

@@ -107,6 +107,7 @@ class Progress:
         self._lock = threading.RLock()
         self._to_start: int | None = None  # the planner's estimate of the experiments not yet started
         self._said: int | None = None  # the total the last estimate line gave
+        self._ceiling: int | None = None  # the most experiments a tuning launches
         self._done = 0
         self._durations = 0.0
         self._running: dict[tuple[int, int], tuple[str, str, float]] = {}
@@ -137,15 +138,10 @@ class Progress:
     def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None) -> None:
         """The planner's estimate of the experiments still to start; 0 once it stopped."""
         with self._lock:
-            first = self._to_start is None
             self._to_start = remaining
             self._metric = metric
+            self._ceiling = ceiling or self._ceiling
             self._update(sample=True)
-            total = self._total()
-        if first and remaining and ceiling:
-            self._said = total
-            self.log(f"estimate: ~{total} experiments in all, at most {ceiling}: a guess the planner revises as results come in "
-                     f"(it stops once no experiment is expected to pay), each revision said")
         self._tell_estimate(down=True)
         self._start_live()
 
@@ -157,9 +153,14 @@ class Progress:
             total, said, stopped = self._total(), self._said, self._to_start == 0
             if total is None or total == said or (said is not None and total < said and not down) or stopped:
                 return
+            if said is None and not (self._running or self._done):
+                return  # first said with the first experiment, which it counts
             self._said = total
         if said is not None:
             self.log(f"estimate: ~{total} experiments in all (was ~{said}), from what the results so far showed")
+        elif self._ceiling:
+            self.log(f"estimate: ~{total} experiments in all, at most {self._ceiling}: a guess the planner revises as results "
+                     f"come in (it stops once no experiment is expected to pay), each revision said")
 
     def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
         pass

@@ -104,7 +104,9 @@ class Coordinator:
     def _progress(self, decision: Decision, observations: list[Observation]) -> None:
         """The progress display's estimate of the experiments left: a few more while any arm is
         unexplored or anything is proposed, none once the planner is done."""
-        explored = {o.arm for o in observations}
+        # The arm of the experiment about to start is explored: counted among those under way,
+        # not again among the arms still to explore.
+        explored = {o.arm for o in observations} | {p.config.arm for p in decision.proposals}
         left = 0 if decision.done else _REFINEMENTS + sum(1 for a in self._problem.arms if a.key not in explored and not a.offload)
         if left != self._remaining:
             self._remaining = left
