@@ -107,6 +107,7 @@ class Progress:
         self._lock = threading.RLock()
         self._to_start: int | None = None  # the planner's estimate of the experiments not yet started
         self._said: int | None = None  # the total the last estimate line gave
+        self._starting = 0  # proposed, not yet started
         self._ceiling: int | None = None  # the most experiments a tuning launches
         self._done = 0
         self._durations = 0.0
@@ -135,10 +136,12 @@ class Progress:
         if self._verbose:
             self._write(text)
 
-    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None) -> None:
-        """The planner's estimate of the experiments still to start; 0 once it stopped."""
+    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None, starting: int = 0) -> None:
+        """The planner's estimate of the experiments still to start (0 once it stopped), beside
+        the ``starting`` ones it just proposed, which count until they start."""
         with self._lock:
             self._to_start = remaining
+            self._starting = starting
             self._metric = metric
             self._ceiling = ceiling or self._ceiling
             self._update(sample=True)
@@ -168,6 +171,7 @@ class Progress:
     def started(self, *, stage: int, number: int, name: str, slot: str, why: str = "") -> None:
         with self._lock:
             self._running[(stage, number)] = (name, slot, self._clock())
+            self._starting = max(0, self._starting - 1)
             self._update(sample=True)
         self.log(started_line(stage=stage, number=number, name=name, slot=slot, why=why))
         self._tell_estimate()
@@ -204,7 +208,7 @@ class Progress:
     def _total(self) -> int | None:
         if self._to_start is None:
             return None
-        return self._done + len(self._running) + self._to_start
+        return self._done + len(self._running) + self._starting + self._to_start
 
     def _under_way(self, now: float) -> float:
         """The running experiments as a number of experiments: each its time so far over the

@@ -82,7 +82,7 @@ class Coordinator:
         self._pool = ctx.pool
         self._stop = ctx.stop
         self._log = ctx.observer.log
-        self._remaining: int | None = None
+        self._remaining: tuple[int, int] | None = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._handed: list[Proposal] = []
@@ -108,9 +108,10 @@ class Coordinator:
         # not again among the arms still to explore.
         explored = {o.arm for o in observations} | {p.config.arm for p in decision.proposals}
         left = 0 if decision.done else _REFINEMENTS + sum(1 for a in self._problem.arms if a.key not in explored and not a.offload)
-        if left != self._remaining:
-            self._remaining = left
-            self._ctx.observer.plan(left, metric=self._ctx.metric, ceiling=self._problem.max_experiments)
+        starting = len(decision.proposals)
+        if (left, starting) != self._remaining:
+            self._remaining = (left, starting)
+            self._ctx.observer.plan(left, metric=self._ctx.metric, ceiling=self._problem.max_experiments, starting=starting)
 
     def _decide(self) -> Decision:
         observations = self.observations()
@@ -145,6 +146,12 @@ class Coordinator:
                 self._changed.notify_all()
             self._idle_until = time.monotonic() + _IDLE_SECONDS
             return None
+
+    def reopen(self) -> None:
+        """Ask the planner again after experiments it did not propose (the runs measured alike)."""
+        with self._lock:
+            self._phase_done = False
+            self._idle_until = 0.0
 
     # -- the slots --------------------------------------------------------------------------------
 

@@ -13,9 +13,9 @@ class TuningObserver(Protocol):
 
     def detail(self, text: str) -> None: ...
 
-    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None) -> None:
-        """The planner's estimate of the experiments still to start (0 once it stopped), and
-        ``ceiling``, the most a tuning launches."""
+    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None, starting: int = 0) -> None:
+        """The planner's estimate of the experiments still to start (0 once it stopped) beside
+        the ``starting`` ones it proposed just now, and ``ceiling``, the most a tuning launches."""
 
     def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
         """Trial ``number`` is about to launch ``name``, ``seconds`` after its slot became free:
@@ -46,7 +46,7 @@ class PrintObserver:
     def detail(self, text: str) -> None:
         pass
 
-    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None) -> None:
+    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None, starting: int = 0) -> None:
         pass
 
     def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:

@@ -117,6 +117,7 @@ class Tuning:
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction)
         self._recorded_memory: float | None = None
+        self._measured_alike = False
         self._check_resources()
 
     def _check_resources(self) -> None:
@@ -369,28 +370,33 @@ class Tuning:
         ended = False
         try:
             coordinator.run()
-            self._measure_alike(coordinator, tuners)
+            # The planner sees the runs measured alike (a resumed tuning would): where they
+            # change its mind, its search goes on now, not at the next run of the command.
+            while self._measure_alike(coordinator, tuners):
+                coordinator.reopen()
+                coordinator.run()
             ended = True
         finally:
             self._record_outcome(coordinator, tuners, estimates, ended=ended)
 
-    def _measure_alike(self, coordinator: Coordinator, tuners: dict[int, StageTuner]) -> None:
+    def _measure_alike(self, coordinator: Coordinator, tuners: dict[int, StageTuner]) -> bool:
         """Once the planner chose, the headline's two configs, the user's and the optimum, run
         alternately, one at a time, until each ran at least twice: its figures must not rest on
         one run of the user's config taken first (cold, or beside another slot's experiment)
         against the optimum's repeats taken alone. Not the planner's decision: the choice stands;
-        a resumed tuning finds these runs in the storage like any other."""
+        a resumed tuning finds these runs in the storage like any other. Returns whether it
+        launched any."""
         decision = coordinator.decision
         if self._worker or decision is None or decision.choice is None or not decision.done or self._stop.is_set():
-            return
+            return False
         base = self.result().baseline
         if base is None or not base.name or base.stage is None or base.stage not in tuners or base.status != "complete":
-            return
+            return False
         base_config = next((r.config for t in tuners[base.stage].study.get_trials(deepcopy=False)
                             if (r := ExperimentRecord.from_trial(t)).exp_name == base.name), None)
         chosen = decision.choice.config
         if base_config is None or base_config == chosen:
-            return
+            return False
 
         def runs(config: Config) -> tuple[int, int]:
             """Its completed runs, and its launches (each names the next one's ``_r<n>``)."""
@@ -398,23 +404,25 @@ class Tuning:
                       if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed and r.config == config]
             return sum(t.state == TrialState.COMPLETE for t in trials), len(trials)
 
-        if runs(base_config)[0] >= _ALIKE_RUNS:
-            return
+        if runs(base_config)[0] >= _ALIKE_RUNS or self._measured_alike:
+            return False
+        self._measured_alike = True  # once a process: a run of the user's config that fails is not tried for ever
         self._log(f"measuring your config and the optimum alike: alternately, one at a time, at least {_ALIKE_RUNS} runs "
-                  f"each, for the headline (about {_ALIKE_LAUNCHES} more experiments)")
+                  f"each, for the headline (2 to {_ALIKE_LAUNCHES} more experiments)")
         for i, config in enumerate((base_config, chosen) * (_ALIKE_LAUNCHES // 2)):
             # Pairs: the last runs of the two always alternate.
             if (i % 2 == 0 and i and min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS) or self._stop.is_set():
-                return
+                break
             launched = runs(config)[1]
             lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
-                return
+                break
             try:
                 why = "your config, measured alike with the optimum" if config == base_config else "the optimum, measured alike with your config"
                 tuners[config.stage].run_config(config, lease, free_since=time.monotonic(), repeat=launched, why=why)
             finally:
                 self._pool.release(lease)
+        return True
 
     def _record_outcome(self, coordinator: Coordinator, tuners: dict[int, StageTuner],
                         estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
