@@ -5,6 +5,7 @@ from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._observer import started_line
+from optuna_ds.studies._owner import live_trials
 from optuna_ds.studies._results import Baseline
 from optuna_ds.studies._results import Noise
 from optuna_ds.studies._results import Optimum
@@ -31,6 +32,7 @@ __all__ = [
     "TuningResult",
     "failure_text",
     "leader",
+    "live_trials",
     "load_result",
     "observation_of",
     "started_line",
