@@ -68,6 +68,7 @@ _PROFILE_POLL_SECONDS = 0.2  # a worker waiting for the profile run reads the ro
 # The headline's configs run alternately until each ran this often, with at most this many launches.
 _ALIKE_RUNS = 2
 _ALIKE_LAUNCHES = 4
+_ALIKE_ROUNDS = 2  # choices measured so, at most (the planner may change its mind on their runs)
 _MAX_EXPERIMENTS = 40  # the planner's launches in fast mode, at most (its search ends long before, as a rule)
 
 
@@ -128,7 +129,7 @@ class Tuning:
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction)
         self._recorded_memory: float | None = None
-        self._measured_alike = False
+        self._measured_alike: set[Config] = set()  # the choices measured alike with the user's config
         self._check_resources()
 
     def _check_resources(self) -> None:
@@ -448,9 +449,13 @@ class Tuning:
                       if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed and r.config == config]
             return sum(t.state == TrialState.COMPLETE for t in trials), len(trials)
 
-        if runs(base_config)[0] >= _ALIKE_RUNS or self._measured_alike:
+        # Each round adds a launch of the user's config: the storage bounds the rounds, so a
+        # finished tuning run again launches nothing; a planner that changes its mind on these
+        # runs gets its new choice measured alike too, and a run that fails is not tried for ever.
+        if min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS or chosen in self._measured_alike \
+                or runs(base_config)[1] > _ALIKE_ROUNDS:
             return False
-        self._measured_alike = True  # once a process: a run of the user's config that fails is not tried for ever
+        self._measured_alike.add(chosen)
         self._log(f"measuring your config and the optimum alike: alternately, one at a time, at least {_ALIKE_RUNS} runs "
                   f"each, for the headline (2 to {_ALIKE_LAUNCHES} more experiments)")
         for i, config in enumerate((base_config, chosen) * (_ALIKE_LAUNCHES // 2)):
