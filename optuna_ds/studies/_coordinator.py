@@ -208,6 +208,8 @@ class Coordinator:
         a resumed tuning with nothing left to launch must not wait on someone else's experiment."""
         with self._lock:
             if not self._phase_done:
+                for tuner in self._tuners.values():
+                    tuner.reap()  # as _next does: a dead worker's running experiment must not pass for one under way
                 decision = self._decide()
                 if decision.done and not decision.proposals:
                     self._phase_done = True
