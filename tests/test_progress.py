@@ -199,3 +199,13 @@ def test_a_resumed_tuning_starts_from_the_best_it_has() -> None:
     for name, value in (("a", 3.0), ("b", 2.0)):
         latency.resumed(stage=0, name=name, value=value, metric=Metric.named("latency"))
     assert " b " in latency.best_line() + " "
+
+
+def test_a_resumed_tunings_estimate_counts_what_ran_before() -> None:
+    out = io.StringIO()
+    progress = Progress(stream=out, tty=False)
+    for i in range(9):
+        progress.resumed(stage=0, name=f"a{i}", value=1.0, metric=Metric.named("throughput"))
+    progress.plan(3, metric=Metric.named("throughput"), ceiling=40)
+    progress.started(stage=0, number=9, name="a9", slot="localhost:0")
+    assert out.getvalue().splitlines()[-1].startswith("estimate: ~13 experiments in all, 9 of them measured before this run, at most 40")

@@ -108,6 +108,7 @@ class Progress:
         self._to_start: int | None = None  # the planner's estimate of the experiments not yet started
         self._said: int | None = None  # the total the last estimate line gave
         self._starting = 0  # proposed, not yet started
+        self._earlier = 0  # experiments an earlier run of the tuning measured: in the estimate's words, not the bar
         self._ceiling: int | None = None  # the most experiments a tuning launches
         self._done = 0
         self._durations = 0.0
@@ -159,11 +160,13 @@ class Progress:
             if said is None and not (self._running or self._done):
                 return  # first said with the first experiment, which it counts
             self._said = total
+            earlier = self._earlier
         if said is not None:
-            self.log(f"estimate: ~{total} experiments in all (was ~{said}), from what the results so far showed")
+            self.log(f"estimate: ~{total + earlier} experiments in all (was ~{said + earlier}), from what the results so far showed")
         elif self._ceiling:
-            self.log(f"estimate: ~{total} experiments in all, at most {self._ceiling}: a guess the planner revises as results "
-                     f"come in (it stops once no experiment is expected to pay), each revision said")
+            before = f", {earlier} of them measured before this run" if earlier else ""
+            self.log(f"estimate: ~{total + earlier} experiments in all{before}, at most {self._ceiling}: a guess the planner "
+                     f"revises as results come in (it stops once no experiment is expected to pay), each revision said")
 
     def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
         pass
@@ -179,6 +182,7 @@ class Progress:
     def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
         with self._lock:
             self._metric = metric
+            self._earlier += 1
             self._keep_best(stage, name, value)
 
     def _keep_best(self, stage: int, name: str, value: float) -> None:
