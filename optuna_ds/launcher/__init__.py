@@ -9,6 +9,8 @@ from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
+from optuna_ds.launcher._ops import cpu_ops_to_build
+from optuna_ds.launcher._ops import ops_environment
 from optuna_ds.launcher._options import REFUSED_FLAGS
 from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._parent_death import dies_with_this_process
@@ -49,6 +51,7 @@ __all__ = [
     "SlotPool",
     "check_ports",
     "classify",
+    "cpu_ops_to_build",
     "deferred_signals",
     "dies_with_this_process",
     "end_marked",
@@ -60,6 +63,7 @@ __all__ = [
     "kill_process_group",
     "local_host_names",
     "new_mark",
+    "ops_environment",
     "read_metrics",
     "telling_line",
 ]

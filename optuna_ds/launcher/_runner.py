@@ -30,6 +30,7 @@ from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
+from optuna_ds.launcher._ops import ops_environment
 from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import rank_logs
@@ -303,7 +304,7 @@ class ExperimentRunner:
         except OSError as e:
             raise _unwritable(e) from None
         stdout_path, stderr_path = files.stdout, files.stderr
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{MARK_VAR: mark})
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **ops_environment(), **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
         with contextlib.ExitStack() as logs:

@@ -4,6 +4,7 @@ from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
+from optuna_ds.studies._observer import started_line
 from optuna_ds.studies._owner import live_trials
 from optuna_ds.studies._results import Baseline
 from optuna_ds.studies._results import Noise
@@ -34,4 +35,5 @@ __all__ = [
     "live_trials",
     "load_result",
     "observation_of",
+    "started_line",
 ]

@@ -134,10 +134,11 @@ class StageExperiments:
         self._settled: set[int] = set()  # settled trials the planner's experiments stood down to
 
     def run(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *, free_since: float,
-            space: KnobSpace | None = None, repeat: int = 0) -> Attempt:
-        """One trial of ``study`` (its sampler and pruner say which experiment) on ``lease``."""
+            space: KnobSpace | None = None, repeat: int = 0, why: str = "") -> Attempt:
+        """One trial of ``study`` (its sampler and pruner say which experiment) on ``lease``;
+        ``why``: the planner's reason for it, which its line on screen carries."""
         attempt = Attempt()
-        objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat)
+        objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat, why=why)
         run_trial(study, objective)
         failed = attempt.stops
         # Recorded (reason "port" or "script", run again on resume); the other slots are stopped.
@@ -153,7 +154,7 @@ class StageExperiments:
         return attempt
 
     def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, attempt: Attempt, *, free_since: float,
-                   space: KnobSpace | None, repeat: int) -> Callable[[optuna.Trial], float]:
+                   space: KnobSpace | None, repeat: int, why: str = "") -> Callable[[optuna.Trial], float]:
         ctx = self._ctx
         space = space or self._space
 
@@ -185,7 +186,7 @@ class StageExperiments:
                 ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
                 raise optuna.TrialPruned("the knob search is over")
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
-            ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
+            ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
             try:
                 result = ctx.runner.run(
                     experiment,
@@ -244,12 +245,8 @@ class StageExperiments:
         fixed = {**config.knob_dict, MBS_KEY: config.micro_batch, GAS_KEY: config.accumulation}
         sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler())
         study = study_with(self._study, sampler=sampler, pruner=pruner or optuna.pruners.NopPruner())
-        if why:
-            setting = f" {config.knob_dict}" if config.knobs else ""
-            offload = f" {config.offload}" if config.offload else ""
-            self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {config.micro_batch}{offload}{setting}: {why}")
         attempt = self.run(study, Phase.KNOBS if config.knobs else Phase.MICRO_BATCH, [config.micro_batch], lease,
-                           free_since=free_since, space=space, repeat=repeat)
+                           free_since=free_since, space=space, repeat=repeat, why=why)
         self._check_settled(attempt.competitor)
 
     def _check_settled(self, competitor: FrozenTrial | None) -> None:

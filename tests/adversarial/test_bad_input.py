@@ -32,6 +32,8 @@ def _zero(**zero: object) -> dict:
     (base_config(fp16={"enabled": True, "loss_scale_windw": 100}), ["fp16.loss_scale_windw", "'loss_scale_window'"]),
     (base_config(fp16={"enabled": True}, bf16={"enabled": True}), ["bfloat16 and fp16"]),
     (base_config(tensorboard={"enabled": True, "output_pth": "tb"}), ["tensorboard.output_pth"]),
+    # A top-level key DeepSpeed never reads: it would ignore it and every experiment run its default (issue #35).
+    (base_config(train_micro_batch_size_per_gp=4), ["train_micro_batch_size_per_gp", "did you mean 'train_micro_batch_size_per_gpu'"]),
 ])
 def test_bad_config_values(hws: Hostile, config: dict, words: list[str]) -> None:
     hws.config(config)

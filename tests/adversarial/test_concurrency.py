@@ -48,14 +48,35 @@ def test_waiting_for_a_gpu_held_by_another_process_says_so(hws: Hostile) -> None
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, f"{os.getpid()}\n".encode())
         tuner = hws.popen("tune", *hws.hostile_args(), table={})
-        said = _read_until(tuner, "waiting for a free GPU slot", timeout=120)
+        said = _read_until(tuner, "waiting for a free CPU device slot", timeout=120)  # no GPU here: not called one
         assert not any(True for _ in hws.experiments())
     finally:
         os.close(fd)
     out, err = tuner.communicate(timeout=120)
     assert tuner.returncode == 0, err
     assert_no_traceback(type("P", (), {"stdout": said + out, "stderr": err}))  # type: ignore[arg-type]
-    assert "waiting for a free GPU slot" in said and f"pid {os.getpid()}" in said, said + out
+    assert "waiting for a free CPU device slot" in said and f"pid {os.getpid()}" in said, said + out
+
+
+def test_a_resume_with_nothing_to_launch_does_not_wait_for_a_held_device(hws: Hostile) -> None:
+    hws.config(base_config())
+    first = hws.main()
+    assert first.returncode == 0, first.stderr
+    locks = hws.base / "locks"
+    locks.mkdir(exist_ok=True)
+    fd = os.open(locks / "localhost-0.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another tuning's experiment, for as long as this one runs
+        again = hws.popen("tune", *hws.hostile_args())
+        try:
+            out, err = again.communicate(timeout=120)  # waiting for the device, it would not end before the lock is freed
+        except subprocess.TimeoutExpired:
+            again.kill()
+            out, err = again.communicate()
+    finally:
+        os.close(fd)
+    assert again.returncode == 0, err + out
+    assert "waiting for" not in out and "the planner stopped" in out, out
 
 
 def _read_until(proc: subprocess.Popen[str], text: str, *, timeout: float) -> str:
