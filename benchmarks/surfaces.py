@@ -308,11 +308,16 @@ SURFACES = [
 
 
 def by_name(name: str) -> Surface:
-    """A hand-made surface, ``random-<seed>``: the generated job of that seed, or ``phys-...``:
-    a job of the second generator (benchmarks/physical_jobs.py)."""
+    """A hand-made surface, ``random-<seed>``: the generated job of that seed, ``phys-...``:
+    a job of the second generator (benchmarks/physical_jobs.py), or ``replay-...``: a job of
+    recorded real runs (benchmarks/replays.py)."""
     for s in SURFACES:
         if s.name == name:
             return s
+    if name.startswith("replay-"):
+        import replays
+
+        return replays.by_name(name)  # type: ignore[return-value]
     if name.startswith("phys-"):
         import physical_jobs  # the second, independent generator
 

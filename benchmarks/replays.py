@@ -1,0 +1,195 @@
+"""Jobs of the planner benchmark that answer from recorded real runs (benchmarks/replays/).
+
+A :class:`Replay` has the interface of benchmarks/surfaces.py's ``Surface`` that
+benchmarks/planner.py and benchmarks/simulated_deepspeed.py use. Each launch is answered with
+one recorded run of its config (benchmarks/record_real.py wrote them): the nonce picks which,
+so a replicate draws another run, with the real noise, plateaus and start-up of this machine.
+The truth of a config is the mean of its recorded runs.
+
+Sizes between recorded ones are interpolated, not forbidden: the planner then searches as it
+would for a user who listed no sizes (a list of sizes is a path of its own). The truth is
+linear in log(size) between an arm's two nearest recorded sizes (outside them, the nearest
+recorded size's), so no interpolated size beats the best recorded one: the optimum is a
+recorded config. A run of an interpolated size is that truth times one run's ratio to its
+mean at the nearest recorded size, so its noise is the recorded noise, not an average of two.
+A config's accumulation is not a dimension of the replay: a size answers with the runs of its
+recorded accumulation (the cap's, as optuna-ds gives it).
+
+A job's ``noise`` is the run-to-run relative sd of one run, pooled over its configs with at
+least two ok runs. A choice is *within noise* of the best when its true mean is within one
+such sd of the best recorded config's (:meth:`Replay.within_noise`): one run's sd, not a
+standard error, since a tuner that measures each candidate once cannot tell closer apart.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from surfaces import GB
+from surfaces import Config
+from surfaces import Outcome
+
+DIR = Path(__file__).resolve().parent / "replays"
+PREFIX = "replay-"
+# The replay files' offload labels against the benchmark's Config flags.
+OFFLOADS = {"": (False, False), "optimizer": (True, False), "optimizer+param": (True, True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    """The recorded runs of one config."""
+
+    mbs: int
+    runs: tuple[dict[str, Any], ...]
+
+    @property
+    def ok(self) -> tuple[dict[str, Any], ...]:
+        return tuple(r for r in self.runs if r["outcome"] == "ok")
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(r["samples_per_s"] for r in self.ok) if self.ok else 0.0
+
+    def run(self, nonce: int) -> dict[str, Any]:
+        return self.runs[nonce % len(self.runs)]
+
+
+class Replay:
+    """One recorded job (``replay-<job>``)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.name = PREFIX + data["job"]
+        self.description = f"{data['script']} {' '.join(data.get('args', []))} recorded on {data['hardware']['accelerator']}"
+        hardware = data["hardware"]
+        self.num_gpus = int(hardware["ranks"])
+        self.device_gb = hardware["device_memory_bytes"] / GB
+        self.params_b = data["model"]["params"] / GB
+        self.act_gb = (data["model"]["activation_per_sample_bytes"] or 0) / GB
+        self.max_mbs = data["max_train_batch_size"] // self.num_gpus
+        arms: dict[tuple[int, str], dict[int, list[dict[str, Any]]]] = {}
+        for run in data["runs"]:
+            arms.setdefault((run["stage"], run["offload"]), {}).setdefault(run["micro_batch"], []).append(run)
+        self._arms = {key: [_Point(mbs, tuple(runs)) for mbs, runs in sorted(sizes.items())] for key, sizes in arms.items()}
+        # (stage, offload_optimizer, offload_param) of each arm recorded: a tuning of the replay has no other.
+        self.recorded_arms = frozenset((stage, *OFFLOADS[label]) for stage, label in self._arms)
+        ok = [p for points in self._arms.values() for p in points if len(p.ok) >= 2]
+        variance = [statistics.variance([r["samples_per_s"] / p.mean for r in p.ok]) for p in ok]
+        weights = [len(p.ok) - 1 for p in ok]
+        self.noise = math.sqrt(sum(v * w for v, w in zip(variance, weights)) / sum(weights)) if weights else 0.0
+        ran = [r for r in data["runs"] if r["outcome"] == "ok" and r["step_times_s"]]
+        steps = data["profile_steps"][1] + 1
+        self.startup_s = statistics.median(r["launch_s"] - steps * statistics.fmean(r["step_times_s"]) for r in ran) if ran else 0.0
+
+    @property
+    def fingerprint(self) -> str:
+        """Of the recorded data: cached figures of another recording are stale."""
+        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def autotuning(self) -> dict[str, Any]:
+        """The user's ``autotuning`` keys of this job: its batch cap."""
+        return {"max_train_batch_size": self.data["max_train_batch_size"], "max_train_micro_batch_size_per_gpu": self.max_mbs}
+
+    # -- the recorded runs ----------------------------------------------------------------
+
+    def _points(self, config: Config) -> list[_Point] | None:
+        if config.offload_param and not config.offload_optimizer:
+            return None
+        offload = "optimizer+param" if config.offload_param else "optimizer" if config.offload_optimizer else ""
+        return self._arms.get((config.stage, offload))
+
+    def _between(self, config: Config) -> tuple[_Point, _Point, float, _Point]:
+        """The recorded sizes either side of the config's, the weight of the upper one (log
+        size), and the nearest."""
+        points = self._points(config)
+        assert points
+        sizes = [p.mbs for p in points]
+        i = bisect.bisect_left(sizes, config.mbs)
+        if i < len(sizes) and sizes[i] == config.mbs:
+            return points[i], points[i], 0.0, points[i]
+        if i == 0 or i == len(sizes):
+            nearest = points[min(i, len(sizes) - 1)]
+            return nearest, nearest, 0.0, nearest
+        lo, hi = points[i - 1], points[i]
+        w = math.log(config.mbs / lo.mbs) / math.log(hi.mbs / lo.mbs)
+        return lo, hi, w, hi if w >= 0.5 else lo
+
+    def _run(self, config: Config, nonce: int) -> dict[str, Any]:
+        return self._between(config)[3].run(nonce)
+
+    def evaluate(self, config: Config) -> Outcome:
+        """The truth: the mean of the recorded runs (interpolated between recorded sizes); a
+        config whose nearest recorded runs all failed fails as the first of them did."""
+        points = self._points(config)
+        if not points:
+            return Outcome("crash", 0.0, self.startup_s)
+        lo, hi, w, nearest = self._between(config)
+        seconds = statistics.fmean(r["launch_s"] for r in nearest.runs)
+        if not (lo.ok and hi.ok):
+            return Outcome(nearest.runs[0]["outcome"], 0.0, seconds)
+        return Outcome("ok", (1.0 - w) * lo.mean + w * hi.mean, seconds)
+
+    def measure(self, config: Config, nonce: int) -> float:
+        """One recorded run's samples/s, scaled to an interpolated size's truth."""
+        lo, hi, w, nearest = self._between(config)
+        ok = nearest.ok
+        run = ok[nonce % len(ok)]
+        return self.evaluate(config).throughput * run["samples_per_s"] / nearest.mean
+
+    def step_times(self, config: Config, nonce: int) -> list[float]:
+        return list(self._run(config, nonce)["step_times_s"])
+
+    def timers(self, config: Config, nonce: int) -> dict[str, float]:
+        return dict(self._run(config, nonce)["timers_ms"])
+
+    def peak_memory_gb(self, config: Config, nonce: int) -> float:
+        return self._run(config, nonce)["peak_memory_bytes"] / GB
+
+    def memory_gb(self, config: Config) -> float:
+        return statistics.fmean(r["peak_memory_bytes"] for r in self._between(config)[3].runs) / GB
+
+    # -- the best recorded configs --------------------------------------------------------
+
+    def arm_optima(self, *, fast: bool = True, offload: bool = False, **_: Any) -> dict[tuple[int, bool, bool], tuple[Config, float]]:
+        """The best recorded config of each arm that ran, and its mean. The replays record no
+        knob settings: full mode's optimum is fast mode's."""
+        best: dict[tuple[int, bool, bool], tuple[Config, float]] = {}
+        for (stage, label), points in self._arms.items():
+            off_opt, off_param = OFFLOADS[label]
+            if off_opt and not offload:
+                continue
+            for p in points:
+                config = Config(stage=stage, mbs=p.mbs, gas=p.runs[0]["accumulation"], offload_optimizer=off_opt,
+                                offload_param=off_param)
+                key = (stage, off_opt, off_param)
+                if p.ok and (key not in best or p.mean > best[key][1]):
+                    best[key] = (config, p.mean)
+        return best
+
+    def optimum(self, **kwargs: Any) -> tuple[Config | None, float]:
+        return max(self.arm_optima(**kwargs).values(), key=lambda cv: cv[1], default=(None, 0.0))
+
+    def within_noise(self, throughput: float) -> bool:
+        """Whether a choice's true mean is within one run's noise of the best recorded config's."""
+        return throughput >= self.optimum(offload=True)[1] * (1.0 - self.noise)
+
+
+@functools.cache
+def replays() -> tuple[Replay, ...]:
+    """Every recorded job, in name order."""
+    return tuple(Replay(json.loads(p.read_text())) for p in sorted(DIR.glob("*.json")))
+
+
+def by_name(name: str) -> Replay:
+    for job in replays():
+        if job.name == name:
+            return job
+    raise KeyError(name)
