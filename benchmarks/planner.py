@@ -5,8 +5,10 @@ Each job of benchmarks/surfaces.py and benchmarks/jobs.py is tuned by calling th
 storage -- with ``--slots`` experiments at once (a finished one frees its slot in simulated
 time order). It prints the share of the optimum the chosen config reaches (mean, 5th
 percentile, worst, share of jobs within 1%), launches and GPU-hours against DeepSpeed's
-autotuner (its cached figures in benchmarks/deepspeed_figures.json), and the planner's decision
-time. `make bench` measures the same through the real CLI.
+autotuner (its cached figures in benchmarks/deepspeed_figures.json, those whose fingerprint
+still matches the job), and the planner's decision time. ``--replays`` adds the jobs of
+recorded real runs (benchmarks/replays.py): each is judged by whether its choice is within the
+measured noise of the best recorded config. `make bench` measures the same through the real CLI.
 """
 from __future__ import annotations
 

@@ -8,17 +8,22 @@ The truth of a config is the mean of its recorded runs.
 
 Sizes between recorded ones are interpolated, not forbidden: the planner then searches as it
 would for a user who listed no sizes (a list of sizes is a path of its own). The truth is
-linear in log(size) between an arm's two nearest recorded sizes (outside them, the nearest
-recorded size's), so no interpolated size beats the best recorded one: the optimum is a
-recorded config. A run of an interpolated size is that truth times one run's ratio to its
-mean at the nearest recorded size, so its noise is the recorded noise, not an average of two.
+linear in log(size) between an arm's two nearest recorded sizes. Outside an arm's recorded
+sizes (most arms are recorded at the cap alone: five runs of a config take minutes on this
+machine) it is the nearest recorded size's, scaled as stage 0 changes between the two sizes:
+the arms share the curve's shape over the size, not its height. A run of a size not recorded
+is that truth times one run's ratio to its mean at the nearest recorded size, so its noise is
+the recorded noise, not an average of two.
 A config's accumulation is not a dimension of the replay: a size answers with the runs of its
-recorded accumulation (the cap's, as optuna-ds gives it).
+recorded accumulation (the cap's, as optuna-ds and DeepSpeed's autotuner give it). A config
+counts as running when its nearest recorded runs include an ok one; a tuning of the replay has
+only the arms (stage, offload) that were recorded.
 
 A job's ``noise`` is the run-to-run relative sd of one run, pooled over its configs with at
 least two ok runs. A choice is *within noise* of the best when its true mean is within one
-such sd of the best recorded config's (:meth:`Replay.within_noise`): one run's sd, not a
-standard error, since a tuner that measures each candidate once cannot tell closer apart.
+such sd of the optimum's (:meth:`Replay.within_noise`; the optimum is a recorded config but
+where the scaled shape puts a size not recorded higher): one run's sd, not a standard error,
+since a tuner that measures each candidate once cannot tell closer apart.
 """
 from __future__ import annotations
 
@@ -106,42 +111,60 @@ class Replay:
         offload = "optimizer+param" if config.offload_param else "optimizer" if config.offload_optimizer else ""
         return self._arms.get((config.stage, offload))
 
-    def _between(self, config: Config) -> tuple[_Point, _Point, float, _Point]:
-        """The recorded sizes either side of the config's, the weight of the upper one (log
-        size), and the nearest."""
-        points = self._points(config)
-        assert points
-        sizes = [p.mbs for p in points]
-        i = bisect.bisect_left(sizes, config.mbs)
-        if i < len(sizes) and sizes[i] == config.mbs:
-            return points[i], points[i], 0.0, points[i]
-        if i == 0 or i == len(sizes):
-            nearest = points[min(i, len(sizes) - 1)]
-            return nearest, nearest, 0.0, nearest
-        lo, hi = points[i - 1], points[i]
-        w = math.log(config.mbs / lo.mbs) / math.log(hi.mbs / lo.mbs)
-        return lo, hi, w, hi if w >= 0.5 else lo
+    def _nearest(self, points: list[_Point], mbs: int) -> _Point:
+        return min(points, key=lambda p: (abs(math.log(p.mbs / mbs)), -p.mbs))
 
-    def _run(self, config: Config, nonce: int) -> dict[str, Any]:
-        return self._between(config)[3].run(nonce)
+    def _curve(self, points: list[_Point], mbs: int) -> float | None:
+        """The mean at ``mbs``, linear in log size between the recorded sizes either side;
+        ``None`` outside them."""
+        sizes = [p.mbs for p in points]
+        i = bisect.bisect_left(sizes, mbs)
+        if i < len(sizes) and sizes[i] == mbs:
+            return points[i].mean
+        if i == 0 or i == len(sizes):
+            return None
+        lo, hi = points[i - 1], points[i]
+        w = math.log(mbs / lo.mbs) / math.log(hi.mbs / lo.mbs)
+        return (1.0 - w) * lo.mean + w * hi.mean
+
+    def _shape(self, mbs: int) -> float:
+        """Stage 0's mean at ``mbs`` (the nearest recorded size's outside its range): the
+        shape an arm recorded at fewer sizes follows."""
+        points = [p for p in self._arms.get((0, ""), []) if p.ok]
+        if not points:
+            return 1.0
+        value = self._curve(points, mbs)
+        return value if value is not None else self._nearest(points, mbs).mean
 
     def evaluate(self, config: Config) -> Outcome:
-        """The truth: the mean of the recorded runs (interpolated between recorded sizes); a
-        config whose nearest recorded runs all failed fails as the first of them did."""
+        """The truth: the mean of the recorded runs, interpolated (or scaled, see the module)
+        to sizes not recorded; a config whose nearest recorded runs all failed fails as the
+        first of them did."""
         points = self._points(config)
         if not points:
             return Outcome("crash", 0.0, self.startup_s)
-        lo, hi, w, nearest = self._between(config)
+        nearest = self._nearest(points, config.mbs)
         seconds = statistics.fmean(r["launch_s"] for r in nearest.runs)
-        if not (lo.ok and hi.ok):
+        ok = [p for p in points if p.ok]
+        if not nearest.ok or not ok:
             return Outcome(nearest.runs[0]["outcome"], 0.0, seconds)
-        return Outcome("ok", (1.0 - w) * lo.mean + w * hi.mean, seconds)
+        value = self._curve(ok, config.mbs)
+        if value is None:
+            edge = self._nearest(ok, config.mbs)
+            value = edge.mean * self._shape(config.mbs) / self._shape(edge.mbs)
+        return Outcome("ok", value, seconds)
+
+    def _run(self, config: Config, nonce: int) -> dict[str, Any]:
+        points = self._points(config)
+        assert points
+        return self._nearest(points, config.mbs).run(nonce)
 
     def measure(self, config: Config, nonce: int) -> float:
-        """One recorded run's samples/s, scaled to an interpolated size's truth."""
-        lo, hi, w, nearest = self._between(config)
-        ok = nearest.ok
-        run = ok[nonce % len(ok)]
+        """One recorded run of the nearest recorded size, scaled to the config's truth."""
+        points = self._points(config)
+        assert points
+        nearest = self._nearest([p for p in points if p.ok], config.mbs)
+        run = nearest.ok[nonce % len(nearest.ok)]
         return self.evaluate(config).throughput * run["samples_per_s"] / nearest.mean
 
     def step_times(self, config: Config, nonce: int) -> list[float]:
@@ -154,32 +177,40 @@ class Replay:
         return self._run(config, nonce)["peak_memory_bytes"] / GB
 
     def memory_gb(self, config: Config) -> float:
-        return statistics.fmean(r["peak_memory_bytes"] for r in self._between(config)[3].runs) / GB
+        points = self._points(config)
+        assert points
+        return statistics.fmean(r["peak_memory_bytes"] for r in self._nearest(points, config.mbs).runs) / GB
 
     # -- the best recorded configs --------------------------------------------------------
 
     def arm_optima(self, *, fast: bool = True, offload: bool = False, **_: Any) -> dict[tuple[int, bool, bool], tuple[Config, float]]:
-        """The best recorded config of each arm that ran, and its mean. The replays record no
-        knob settings: full mode's optimum is fast mode's."""
+        """The best config of each arm that ran, over every size up to the cap, and its truth.
+        The replays record no knob settings: full mode's optimum is fast mode's."""
         best: dict[tuple[int, bool, bool], tuple[Config, float]] = {}
-        for (stage, label), points in self._arms.items():
+        for stage, label in self._arms:
             off_opt, off_param = OFFLOADS[label]
             if off_opt and not offload:
                 continue
-            for p in points:
-                config = Config(stage=stage, mbs=p.mbs, gas=p.runs[0]["accumulation"], offload_optimizer=off_opt,
+            for mbs in range(1, self.max_mbs + 1):
+                config = Config(stage=stage, mbs=mbs, gas=max(1, self.max_mbs // mbs), offload_optimizer=off_opt,
                                 offload_param=off_param)
+                value = self.evaluate(config).throughput
                 key = (stage, off_opt, off_param)
-                if p.ok and (key not in best or p.mean > best[key][1]):
-                    best[key] = (config, p.mean)
+                if value > 0.0 and (key not in best or value > best[key][1]):
+                    best[key] = (config, value)
         return best
 
     def optimum(self, **kwargs: Any) -> tuple[Config | None, float]:
         return max(self.arm_optima(**kwargs).values(), key=lambda cv: cv[1], default=(None, 0.0))
 
+    @functools.cached_property
+    def best(self) -> float:
+        """The optimum's truth, offload arms included."""
+        return self.optimum(offload=True)[1]
+
     def within_noise(self, throughput: float) -> bool:
-        """Whether a choice's true mean is within one run's noise of the best recorded config's."""
-        return throughput >= self.optimum(offload=True)[1] * (1.0 - self.noise)
+        """Whether a choice's true mean is within one run's noise of the optimum's."""
+        return throughput >= self.best * (1.0 - self.noise)
 
 
 @functools.cache
@@ -193,3 +224,28 @@ def by_name(name: str) -> Replay:
         if job.name == name:
             return job
     raise KeyError(name)
+
+
+def main() -> None:
+    """``python benchmarks/replays.py``: what was recorded, a job a paragraph."""
+    for job in replays():
+        runs = job.data["runs"]
+        ok = [r for r in runs if r["outcome"] == "ok"]
+        loads = sorted(r["load1"] for r in runs)
+        best, value = job.optimum(offload=True)
+        print(f"{job.name}: {len(runs)} runs ({len(ok)} ok) of {sum(len(p) for p in job._arms.values())} configs, "
+              f"noise {job.noise:.1%} (one run's relative sd), start-up {job.startup_s:.0f} s, launches "
+              f"{statistics.median(r['launch_s'] for r in runs):.0f} s median, load {loads[0]:.1f}-{loads[-1]:.1f}; "
+              f"best z{best.stage} mbs {best.mbs} {value:.1f} samples/s" if best else f"{job.name}: nothing ran")
+        for (stage, label), points in sorted(job._arms.items()):
+            cells = []
+            for p in points:
+                values = [r["samples_per_s"] for r in p.ok]
+                sd = statistics.stdev(values) / p.mean if len(values) > 1 else 0.0
+                failed = {r["outcome"] for r in p.runs} - {"ok"}
+                cells.append(f"{p.mbs}: {p.mean:.1f} ±{sd:.0%} ({len(values)}/{len(p.runs)}{' ' + ','.join(failed) if failed else ''})")
+            print(f"  z{stage}{' ' + label if label else ''}: " + "; ".join(cells))
+
+
+if __name__ == "__main__":
+    main()

@@ -55,7 +55,7 @@ def test_a_launch_is_answered_by_one_recorded_run_and_the_truth_is_their_mean() 
     assert job.max_mbs == 64 and job.num_gpus == 1
 
 
-def test_sizes_between_recorded_ones_are_interpolated_in_log_size_with_the_nearest_runs_noise() -> None:
+def test_sizes_not_recorded_are_interpolated_or_follow_stage_0s_shape_with_the_nearest_runs_noise() -> None:
     job = replays.Replay(_recording(RUNS))
     between = Config(stage=0, mbs=8)  # halfway between 4 and 16 in log size
     assert job.evaluate(between).throughput == pytest.approx(150.0)
@@ -64,6 +64,10 @@ def test_sizes_between_recorded_ones_are_interpolated_in_log_size_with_the_neare
     assert ratios == pytest.approx([0.95, 1.0, 1.05])
     assert job.evaluate(Config(stage=0, mbs=64)).throughput == pytest.approx(200.0), "above the largest: the largest's"
     assert job.evaluate(Config(stage=0, mbs=1)).throughput == pytest.approx(job.evaluate(nearest).throughput)
+    # Stage 3, recorded at 16 alone, follows stage 0's shape: half as fast at 4, three quarters at 8.
+    assert job.evaluate(Config(stage=3, mbs=4)).throughput == pytest.approx(75.0)
+    assert job.evaluate(Config(stage=3, mbs=8)).throughput == pytest.approx(112.5)
+    assert job.measure(Config(stage=3, mbs=8), 0) == pytest.approx(112.5), "its one config's runs are alike"
 
 
 def test_the_best_recorded_config_and_within_noise() -> None:
