@@ -191,7 +191,7 @@ class Replay:
             off_opt, off_param = OFFLOADS[label]
             if off_opt and not offload:
                 continue
-            for mbs in range(1, self.max_mbs + 1):
+            for mbs in range(self.max_mbs, 0, -1):  # a tie goes to the larger size, the recorded one
                 config = Config(stage=stage, mbs=mbs, gas=max(1, self.max_mbs // mbs), offload_optimizer=off_opt,
                                 offload_param=off_param)
                 value = self.evaluate(config).throughput

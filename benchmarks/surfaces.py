@@ -235,7 +235,7 @@ def within_1pc_ceiling(gap: float | None, noise: float, launches: int) -> float:
     two arms' scales are left to measure, each launch measures one of them with the job's
     ``noise``, so their difference is known to sd >= noise * sqrt(4 / n) after n runs, and the
     wrong arm wins with probability Phi(-gap / sd)."""
-    if gap is None:
+    if gap is None or noise <= 0.0:
         return 1.0
     n = max(2, launches - 1)
     return 1.0 - 0.5 * math.erfc(gap / (noise * math.sqrt(4.0 / n)) / math.sqrt(2.0))
