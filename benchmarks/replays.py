@@ -2,8 +2,9 @@
 
 A :class:`Replay` has the interface of benchmarks/surfaces.py's ``Surface`` that
 benchmarks/planner.py and benchmarks/simulated_deepspeed.py use. Each launch is answered with
-one recorded run of its config (benchmarks/record_real.py wrote them): the nonce picks which,
-so a replicate draws another run, with the real noise, plateaus and start-up of this machine.
+one recorded run of its config (benchmarks/record_real.py wrote them): the k-th launch of a
+config draws its k-th run in an order of the config's own, so a replicate is another run, with
+the real noise, plateaus and start-up of this machine.
 The truth of a config is the mean of its recorded runs.
 
 Sizes between recorded ones are interpolated, not forbidden: the planner then searches as it
@@ -62,8 +63,6 @@ class _Point:
     def mean(self) -> float:
         return statistics.fmean(r["samples_per_s"] for r in self.ok) if self.ok else 0.0
 
-    def run(self, nonce: int) -> dict[str, Any]:
-        return self.runs[nonce % len(self.runs)]
 
 
 class Replay:
@@ -83,6 +82,7 @@ class Replay:
         for run in data["runs"]:
             arms.setdefault((run["stage"], run["offload"]), {}).setdefault(run["micro_batch"], []).append(run)
         self._arms = {key: [_Point(mbs, tuple(runs)) for mbs, runs in sorted(sizes.items())] for key, sizes in arms.items()}
+        self._nonces: dict[Config, list[int]] = {}
         # (stage, offload_optimizer, offload_param) of each arm recorded: a tuning of the replay has no other.
         self.recorded_arms = frozenset((stage, *OFFLOADS[label]) for stage, label in self._arms)
         ok = [p for points in self._arms.values() for p in points if len(p.ok) >= 2]
@@ -154,27 +154,40 @@ class Replay:
             value = edge.mean * self._shape(config.mbs) / self._shape(edge.mbs)
         return Outcome("ok", value, seconds)
 
-    def _run(self, config: Config, nonce: int) -> dict[str, Any]:
-        points = self._points(config)
-        assert points
-        return self._nearest(points, config.mbs).run(nonce)
-
-    def measure(self, config: Config, nonce: int) -> float:
-        """One recorded run of the nearest recorded size, scaled to the config's truth."""
+    def _nth(self, config: Config, k: int) -> tuple[dict[str, Any], _Point]:
+        """The run the ``k``-th launch of ``config`` draws (from 0), and its recorded config:
+        the nearest recorded size's ok runs in an order of their own, each drawn once before
+        any twice (a replicate is another run, as it would be on the machine)."""
         points = self._points(config)
         assert points
         nearest = self._nearest([p for p in points if p.ok], config.mbs)
-        run = nearest.ok[nonce % len(nearest.ok)]
+        order = sorted(range(len(nearest.ok)), key=lambda i: hashlib.sha256(f"{self.name}|{config}|{i}".encode()).digest())
+        return nearest.ok[order[k % len(order)]], nearest
+
+    def _launch(self, config: Config, nonce: int) -> int:
+        """Which launch of ``config`` the benchmark's ``nonce`` (one a launch) is."""
+        seen = self._nonces.setdefault(config, [])
+        if nonce not in seen:
+            seen.append(nonce)
+        return seen.index(nonce)
+
+    def measure_nth(self, config: Config, k: int) -> float:
+        """What the ``k``-th launch of ``config`` measures: a recorded run, scaled to the
+        config's truth where its size was not recorded."""
+        run, nearest = self._nth(config, k)
         return self.evaluate(config).throughput * run["samples_per_s"] / nearest.mean
 
+    def measure(self, config: Config, nonce: int) -> float:
+        return self.measure_nth(config, self._launch(config, nonce))
+
     def step_times(self, config: Config, nonce: int) -> list[float]:
-        return list(self._run(config, nonce)["step_times_s"])
+        return list(self._nth(config, self._launch(config, nonce))[0]["step_times_s"])
 
     def timers(self, config: Config, nonce: int) -> dict[str, float]:
-        return dict(self._run(config, nonce)["timers_ms"])
+        return dict(self._nth(config, self._launch(config, nonce))[0]["timers_ms"])
 
     def peak_memory_gb(self, config: Config, nonce: int) -> float:
-        return self._run(config, nonce)["peak_memory_bytes"] / GB
+        return self._nth(config, self._launch(config, nonce))[0]["peak_memory_bytes"] / GB
 
     def memory_gb(self, config: Config) -> float:
         points = self._points(config)

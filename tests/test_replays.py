@@ -44,6 +44,9 @@ def test_a_launch_is_answered_by_one_recorded_run_and_the_truth_is_their_mean() 
     assert job.evaluate(config).throughput == pytest.approx(200.0)
     assert sorted(job.measure(config, nonce) for nonce in range(3)) == pytest.approx([190.0, 200.0, 210.0])
     assert job.measure(config, 0) != job.measure(config, 1), "the nonce picks another run"
+    assert job.measure(config, 0) == job.measure(config, 0), "the same launch asked again"
+    first = [job.measure_nth(config, k) for k in range(6)]
+    assert sorted(first[:3]) == pytest.approx([190.0, 200.0, 210.0]) and first[3:] == first[:3], "each run once before any twice"
     assert job.step_times(config, 0) == [0.5, 0.5] and job.timers(config, 0) == {"fwd": 1.0}
     assert job.peak_memory_gb(config, 0) == pytest.approx(16.0)
     assert job.evaluate(Config(stage=1, mbs=16)).kind == "crash"
@@ -126,3 +129,23 @@ def test_stale_deepspeed_figures_are_refused(tmp_path: Path, monkeypatch: pytest
     figures = planner.deepspeed_figures(["gpt2-large", "small-plateau", "noisy-flat"], fast=True, path=cache)
     assert figures == {"gpt2-large": {"launches": 10}}
     assert "1 of 3 jobs cached; 1 stale entries refused" in capsys.readouterr().out
+
+
+def test_the_simulated_launcher_answers_a_replay_with_another_recorded_run_each_launch(tmp_path: Path) -> None:
+    import subprocess
+
+    job = replays.replays()[0]
+    run = next(r for r in job.data["runs"] if r["outcome"] == "ok")
+    config = {"train_micro_batch_size_per_gpu": run["micro_batch"], "gradient_accumulation_steps": run["accumulation"],
+              "zero_optimization": {"stage": run["stage"]}, "autotuning": {"enabled": True, "metric_path": str(tmp_path / "m.json")}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    env = {"SIM_SURFACE": job.name, "SIM_LEDGER": str(tmp_path / "ledger.jsonl"), "PATH": "/usr/bin:/bin"}
+    measured = []
+    for _ in range(2):
+        subprocess.run([sys.executable, str(BENCH / "simulated_deepspeed.py"), "--include", "localhost:0", "train.py",
+                        "--deepspeed_config", str(tmp_path / "ds.json")], env=env, check=True, timeout=120)
+        measured.append(json.loads((tmp_path / "m.json").read_text())["throughput"])
+    recorded = [r["samples_per_s"] for r in job.data["runs"]
+                if (r["stage"], r["offload"], r["micro_batch"], r["outcome"]) == (run["stage"], "", run["micro_batch"], "ok")]
+    assert all(any(math.isclose(m, r) for r in recorded) for m in measured)
+    assert measured[0] != measured[1] or len(set(recorded)) == 1, "the second launch draws another run"
