@@ -319,8 +319,10 @@ def _replay_summary(rows: list[tuple[str, float, dict]], ds: dict, mode: str) ->
         job = replays.by_name(name)
         ok = job.within_noise(r["true"])
         ours.append((r["launches"], ok, share))
+        reported = "none" if r["noise"] is None else f"{r['noise']:.1%}"
         line = (f"  {name}: {r['launches']} launches, {r['wall_s'] / 60:.1f} min, chose {search.describe(r['chosen'])} "
-                f"{share:.3f} of the best ({'within' if ok else 'outside'} its noise {job.noise:.1%}; start-up {job.startup_s:.0f} s)")
+                f"{share:.3f} of the best ({'within' if ok else 'outside'} its noise {job.noise:.1%}, reported {reported}; "
+                f"start-up {job.startup_s:.0f} s)")
         if name in ds and ds[name].get("chosen"):
             d = ds[name]
             d_ok = job.within_noise(d["true"])
@@ -329,7 +331,8 @@ def _replay_summary(rows: list[tuple[str, float, dict]], ds: dict, mode: str) ->
         print(line)
     print(f"replay jobs {len(rows)} ({mode}): median {statistics.median(n for n, _, _ in ours):g} launches per job (profile included), "
           f"within noise of the best recorded config on {sum(ok for _, ok, _ in ours) / len(ours):.0%}, "
-          f"mean {statistics.mean(s for _, _, s in ours):.4f} of the best", end="")
+          f"mean {statistics.mean(s for _, _, s in ours):.4f} of the best; noise reported within 0.5x-2x of the measured on "
+          f"{sum(r['noise'] is not None and 0.5 <= r['noise'] / r['true_noise'] <= 2.0 for _, _, r in rows) / len(rows):.0%}", end="")
     if theirs:
         print(f"; DeepSpeed on {len(theirs)} of them: median {statistics.median(n for _, n, _, _, _ in theirs):g} launches, "
               f"within noise on {sum(ok for _, _, ok, _, _ in theirs) / len(theirs):.0%}, mean {statistics.mean(s for *_, s, _ in theirs):.4f}; "
