@@ -25,8 +25,9 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
-# The planner alone, in-process, on the hand-made and 200 generated jobs of each generator.
-PLANNER_ARGS ?= --random 200 --physical 200
+# The planner alone, in-process, on the hand-made and 200 generated jobs of each generator, and
+# the jobs of recorded real runs.
+PLANNER_ARGS ?= --random 200 --physical 200 --replays
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 

@@ -5,8 +5,10 @@ Each job of benchmarks/surfaces.py and benchmarks/jobs.py is tuned by calling th
 storage -- with ``--slots`` experiments at once (a finished one frees its slot in simulated
 time order). It prints the share of the optimum the chosen config reaches (mean, 5th
 percentile, worst, share of jobs within 1%), launches and GPU-hours against DeepSpeed's
-autotuner (its cached figures in benchmarks/deepspeed_figures.json), and the planner's decision
-time. `make bench` measures the same through the real CLI.
+autotuner (its cached figures in benchmarks/deepspeed_figures.json, those whose fingerprint
+still matches the job), and the planner's decision time. ``--replays`` adds the jobs of
+recorded real runs (benchmarks/replays.py): each is judged by whether its choice is within the
+measured noise of the best recorded config. `make bench` measures the same through the real CLI.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import physical_jobs  # noqa: E402
+import replays  # noqa: E402
+import search  # noqa: E402
 import surfaces  # noqa: E402
 
 import optuna  # noqa: E402
@@ -71,17 +75,22 @@ def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
 
 def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
     """What optuna-ds would know of the job after its profile run; in full mode each arm with
-    its knob space."""
+    its knob space. A replayed job (benchmarks/replays.py) has the arms it recorded, and its
+    batch cap bounds their sizes and sets their accumulation."""
     device = surface.device_gb * GB
+    cap = getattr(surface, "max_mbs", None)
+    recorded = getattr(surface, "recorded_arms", None)
     arms, states_fit = [], []
     variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
         (3, "offload-opt-param", {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
     ]
     for stage, label, zero in variants:
+        if recorded is not None and (stage, bool(label), label == "offload-opt-param") not in recorded:
+            continue
         e = estimate_memory(stage=stage, num_params=int(surface.params_b * GB), trainable_params=None,
                             activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
                             precision="fp16", adam_type=True, zero=zero)
-        arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS, buffers=e.buffers,
+        arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=cap or MAX_MBS, buffers=e.buffers,
                   knobs=knob_space(stage) if full else (), knob_defaults=knob_defaults(stage) if full else ())
         if e.fits:
             arms.append(arm)
@@ -90,7 +99,7 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
     # As optuna-ds does: where the profile's activation estimate leaves room nowhere, every
     # variant whose states fit.
     return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB, gpus=surface.num_gpus,
-                   max_experiments=200 if full else 40)
+                   max_experiments=200 if full else 40, max_batch=cap)
 
 
 def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces.Config:
@@ -218,6 +227,7 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, metavar="SEED", help="the first random job's seed")
     parser.add_argument("--physical", type=int, default=0, metavar="N",
                         help="also N jobs of the second, independent generator (benchmarks/physical_jobs.py), and its hand-made ones")
+    parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -239,10 +249,10 @@ def main() -> None:
         settings = dataclasses.replace(settings, **{name: type(getattr(settings, name))(value)})
     names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
-                          + [f"phys-{i}" for i in range(args.first, args.first + args.physical)])
-    cache = json.loads((HERE / "deepspeed_figures.json").read_text())
+                          + [f"phys-{i}" for i in range(args.first, args.first + args.physical)]
+                          + ([job.name for job in replays.replays()] if args.replays else []))
     mode = "full" if args.full else "fast"
-    ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == mode}
+    ds = deepspeed_figures(names, fast=not args.full)
     rows = []
     for name in names:
         surface = surfaces.by_name(name)
@@ -266,12 +276,68 @@ def main() -> None:
         _curve([r for n, _, r in rows if n.startswith("random")])
     hand = {s.name for s in surfaces.SURFACES}
     physical_hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}
+    replayed = [r for r in rows if r[0].startswith(replays.PREFIX)]
+    if replayed:
+        _replay_summary(replayed, ds, mode)
     for label, group in (("hand-made", [r for r in rows if r[0] in hand]),
                          ("random", [r for r in rows if r[0].startswith("random-")]),
                          ("physical hand-made", [r for r in rows if r[0] in physical_hand]),
                          ("physical", [r for r in rows if r[0].startswith("phys-") and r[0] not in physical_hand])):
         if group:
             _summary(label, group, ds, args.slots)
+
+
+def deepspeed_figures(names: list[str], *, fast: bool, path: Path = search.DS_CACHE) -> dict[str, dict]:
+    """DeepSpeed's cached figures of these jobs in this mode, those whose fingerprint
+    (search.fingerprint) still matches the job; it says how many were refused as stale."""
+    mode = "fast" if fast else "full"
+    cached: dict[str, dict[str, dict]] = {}
+    for key, figures in json.loads(path.read_text()).items():
+        name, entry_mode, stamp = key.split("|")
+        if entry_mode == mode:
+            cached.setdefault(name, {})[stamp] = figures
+    figures, stale = {}, 0
+    for name in names:
+        if name not in cached:
+            continue
+        current = cached[name].get(search.fingerprint(surfaces.by_name(name), fast=fast))
+        if current is None:
+            stale += 1
+        else:
+            figures[name] = current
+    print(f"DeepSpeed's figures ({mode}): {len(figures)} of {len(names)} jobs cached; {stale} stale entries refused "
+          "(the job changed since they ran: `benchmarks/search.py --only-deepspeed` runs them again)")
+    return figures
+
+
+def _replay_summary(rows: list[tuple[str, float, dict]], ds: dict, mode: str) -> None:
+    """The jobs of recorded real runs: a line each, then the group's (the targets' figures:
+    median launches per job, profile included; the share of jobs whose choice is within one
+    run's noise of the best recorded config), DeepSpeed's on the same jobs beside them."""
+    ours, theirs = [], []
+    for name, share, r in rows:
+        job = replays.by_name(name)
+        ok = job.within_noise(r["true"])
+        ours.append((r["launches"], ok, share))
+        reported = "none" if r["noise"] is None else f"{r['noise']:.1%}"
+        line = (f"  {name}: {r['launches']} launches, {r['wall_s'] / 60:.1f} min, chose {search.describe(r['chosen'])} "
+                f"{share:.3f} of the best ({'within' if ok else 'outside'} its noise {job.noise:.1%}, reported {reported}; "
+                f"start-up {job.startup_s:.0f} s)")
+        if name in ds and ds[name].get("chosen"):
+            d = ds[name]
+            d_ok = job.within_noise(d["true"])
+            theirs.append((name, d["launches"], d_ok, d["true"] / r["optimum"], r["launches"]))
+            line += f"; DeepSpeed {d['launches']} launches, {d['true'] / r['optimum']:.3f} ({'within' if d_ok else 'outside'})"
+        print(line)
+    print(f"replay jobs {len(rows)} ({mode}): median {statistics.median(n for n, _, _ in ours):g} launches per job (profile included), "
+          f"within noise of the best recorded config on {sum(ok for _, ok, _ in ours) / len(ours):.0%}, "
+          f"mean {statistics.mean(s for _, _, s in ours):.4f} of the best; noise reported within 0.5x-2x of the measured on "
+          f"{sum(r['noise'] is not None and 0.5 <= r['noise'] / r['true_noise'] <= 2.0 for _, _, r in rows) / len(rows):.0%}", end="")
+    if theirs:
+        print(f"; DeepSpeed on {len(theirs)} of them: median {statistics.median(n for _, n, _, _, _ in theirs):g} launches, "
+              f"within noise on {sum(ok for _, _, ok, _, _ in theirs) / len(theirs):.0%}, mean {statistics.mean(s for *_, s, _ in theirs):.4f}; "
+              f"launches {sum(o for *_, o in theirs) / sum(n for _, n, _, _, _ in theirs):.2f}x of DeepSpeed's", end="")
+    print()
 
 
 def _curve(runs: list[dict]) -> None:
@@ -289,12 +355,17 @@ def _curve(runs: list[dict]) -> None:
 
 def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int) -> None:
     shares = [s for _, s, _ in rows]
-    both = [(n, r) for n, _, r in rows if n in ds and ds[n].get("chosen")]
+    both = [(n, s, r) for n, s, r in rows if n in ds and ds[n].get("chosen")]
     versus = ""
     if both:
-        launches = sum(r["launches"] for _, r in both) / sum(ds[n]["launches"] for n, _ in both)
-        hours = sum(r["gpu_hours"] for _, r in both) / sum(ds[n]["gpu_hours"] for n, _ in both)
-        versus = f" = {launches:.2f}x, GPU-h {hours:.2f}x of DeepSpeed ({len(both)} jobs)"
+        # Quality beside launches on the same jobs: those with DeepSpeed's current figures.
+        launches = sum(r["launches"] for _, _, r in both) / sum(ds[n]["launches"] for n, _, _ in both)
+        hours = sum(r["gpu_hours"] for _, _, r in both) / sum(ds[n]["gpu_hours"] for n, _, _ in both)
+        ours = [s for _, s, _ in both]
+        theirs = [ds[n]["true"] / r["optimum"] for n, _, r in both]
+        versus = (f" = {launches:.2f}x, GPU-h {hours:.2f}x of DeepSpeed on its {len(both)} jobs, where mean {statistics.mean(ours):.4f} "
+                  f"within 1% {sum(s >= 0.99 for s in ours) / len(ours):.1%} against DeepSpeed's mean {statistics.mean(theirs):.4f} "
+                  f"within 1% {sum(s >= 0.99 for s in theirs) / len(theirs):.1%}")
     times = [t for _, _, r in rows for t in r["decision_s"]]
     print(f"{label} jobs {len(rows)} slots {slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
           f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "

@@ -51,12 +51,14 @@ _DS_RUNNER = (
 )
 
 
-def user_config(*, fast: bool, tuner_type: str) -> dict:
+def user_config(*, fast: bool, tuner_type: str, surface: surfaces.Surface | None = None) -> dict:
+    """The user's config both tools tune; a replayed job (benchmarks/replays.py) adds its batch cap."""
     return {
         "fp16": {"enabled": True},
         "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
         "zero_optimization": {"stage": "all"},
-        "autotuning": {"enabled": True, "fast": fast, "tuner_type": tuner_type, "max_train_micro_batch_size_per_gpu": 1024},
+        "autotuning": {"enabled": True, "fast": fast, "tuner_type": tuner_type, "max_train_micro_batch_size_per_gpu": 1024,
+                       **getattr(surface, "autotuning", {})},
     }
 
 
@@ -79,7 +81,7 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
         work = Path(tmp)
         env, ledger = _environment(work, surface)
         (work / "train.py").write_text("print('a simulated training script')\n")
-        (work / "ds_config.json").write_text(json.dumps(user_config(fast=fast, tuner_type=tuner_type)))
+        (work / "ds_config.json").write_text(json.dumps(user_config(fast=fast, tuner_type=tuner_type, surface=surface)))
         script = ["train.py", "--deepspeed_config", "ds_config.json"]
         if tool == "optuna-ds":
             # A seed per job: the knob samplers draw the same on every run of the benchmark, so two
@@ -113,7 +115,7 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
         }
 
 
-def _describe(c: surfaces.Config | dict | None) -> str:
+def describe(c: surfaces.Config | dict | None) -> str:
     if c is None:
         return "none"
     if isinstance(c, dict):
@@ -147,10 +149,14 @@ class Run:
     noise: float = 0.0
 
 
-def _fingerprint(surface: surfaces.Surface, *, fast: bool) -> str:
+def fingerprint(surface: surfaces.Surface, *, fast: bool) -> str:
+    """What DeepSpeed's cached figures of ``surface`` depend on: the job (a replayed one's
+    recorded runs), the user's config and DeepSpeed's version. A cached entry under another
+    fingerprint is stale."""
     import deepspeed
 
-    text = repr(surface) + json.dumps(user_config(fast=fast, tuner_type="gridsearch"), sort_keys=True) + deepspeed.__version__
+    job = getattr(surface, "fingerprint", None) or repr(surface)
+    text = job + json.dumps(user_config(fast=fast, tuner_type="gridsearch", surface=surface), sort_keys=True) + deepspeed.__version__
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -223,6 +229,7 @@ def main() -> None:
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N generated jobs (random-0 .. random-N-1)")
     parser.add_argument("--physical", type=int, default=0, metavar="N",
                         help="also N jobs of the second generator (phys-0 .. phys-N-1, benchmarks/physical_jobs.py)")
+    parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
     parser.add_argument("--only-deepspeed", action="store_true", help="run DeepSpeed's autotuner alone (to fill its cache)")
     parser.add_argument("--modes", nargs="+", default=["fast", "full"], choices=["fast", "full"])
     parser.add_argument("--samplers", nargs="+", default=["model_based"], help="knob samplers of full mode")
@@ -241,6 +248,10 @@ def main() -> None:
         with_ds = False
     cache = json.loads(args.deepspeed_cache.read_text()) if with_ds and args.deepspeed_cache.exists() else {}
     names = list(args.surfaces) + [f"random-{i}" for i in range(args.random)] + [f"phys-{i}" for i in range(args.physical)]
+    if args.replays:
+        import replays
+
+        names += [job.name for job in replays.replays()]
 
     tasks = []
     for name in names:
@@ -256,7 +267,7 @@ def main() -> None:
         surface = surfaces.by_name(name)
         fast = mode == "fast"
         if label == "deepspeed":
-            key = f"{name}|{mode}|{_fingerprint(surface, fast=fast)}"
+            key = f"{name}|{mode}|{fingerprint(surface, fast=fast)}"
             if key in cache and not args.refresh_deepspeed:
                 return cache[key]
             figures = run_tool("deepspeed", surface, fast=fast, tuner_type=sampler, keep=args.keep)
@@ -281,12 +292,13 @@ def main() -> None:
             runs.append(Run(job=name, mode=mode, label=label, share=share, figures=figures, gap=gaps[(name, mode)],
                             noise=surfaces.by_name(name).noise))
             print(f"| {name} | {mode} | {label} | {figures['launches']} | {figures['oom']} | {figures['gpu_hours']:.2f} "
-                  f"| {_describe(figures['chosen'])} | {'-' if share is None else f'{share:.3f}'} |", flush=True)
+                  f"| {describe(figures['chosen'])} | {'-' if share is None else f'{share:.3f}'} |", flush=True)
             if label != "deepspeed" and (label == "optuna-ds" or label.endswith(args.samplers[-1])):
-                print(f"| {name} | {mode} | optimum | | | | {_describe(best)} | 1.000 |", flush=True)
+                print(f"| {name} | {mode} | optimum | | | | {describe(best)} | 1.000 |", flush=True)
     if with_ds:
         args.deepspeed_cache.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-    hand = [r for r in runs if not r.job.startswith(("random-", "phys-"))]
+    hand = [r for r in runs if not r.job.startswith(("random-", "phys-", "replay-"))]
+    replayed = [r for r in runs if r.job.startswith("replay-")]
     generated = [r for r in runs if r.job.startswith("random-")]
     physical = [r for r in runs if r.job.startswith("phys-")]
     if hand:
@@ -295,6 +307,8 @@ def main() -> None:
         _summarise(generated, f"{args.random} generated jobs")
     if physical:
         _summarise(physical, f"{args.physical} jobs of the second generator")
+    if replayed:
+        _summarise(replayed, f"{len({r.job for r in replayed})} jobs of recorded real runs")
     if hand and generated:
         _summarise(runs, "All jobs")
 

@@ -235,7 +235,7 @@ def within_1pc_ceiling(gap: float | None, noise: float, launches: int) -> float:
     two arms' scales are left to measure, each launch measures one of them with the job's
     ``noise``, so their difference is known to sd >= noise * sqrt(4 / n) after n runs, and the
     wrong arm wins with probability Phi(-gap / sd)."""
-    if gap is None:
+    if gap is None or noise <= 0.0:
         return 1.0
     n = max(2, launches - 1)
     return 1.0 - 0.5 * math.erfc(gap / (noise * math.sqrt(4.0 / n)) / math.sqrt(2.0))
@@ -308,11 +308,16 @@ SURFACES = [
 
 
 def by_name(name: str) -> Surface:
-    """A hand-made surface, ``random-<seed>``: the generated job of that seed, or ``phys-...``:
-    a job of the second generator (benchmarks/physical_jobs.py)."""
+    """A hand-made surface, ``random-<seed>``: the generated job of that seed, ``phys-...``:
+    a job of the second generator (benchmarks/physical_jobs.py), or ``replay-...``: a job of
+    recorded real runs (benchmarks/replays.py)."""
     for s in SURFACES:
         if s.name == name:
             return s
+    if name.startswith("replay-"):
+        import replays
+
+        return replays.by_name(name)  # type: ignore[return-value]
     if name.startswith("phys-"):
         import physical_jobs  # the second, independent generator
 
