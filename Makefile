@@ -25,7 +25,7 @@ PYTEST_WORKERS ?= 2
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
 # The planner alone, in-process, on the hand-made and 200 generated jobs of each generator.
-PLANNER_ARGS ?= --random 200 --physical 200
+PLANNER_ARGS ?= --random 200 --physical 200 --blind 200
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 

@@ -1,8 +1,8 @@
 """`make bench-planner`: the planner alone, on hundreds of simulated jobs, in seconds.
 
-Each job of benchmarks/surfaces.py and benchmarks/jobs.py is tuned by calling the planner
-(optuna_ds.planner.plan) and answering its proposals from the surface -- no launcher, no
-storage -- with ``--slots`` experiments at once (a finished one frees its slot in simulated
+Each job of benchmarks/surfaces.py and the three generators (jobs.py, physical_jobs.py,
+blind_jobs.py) is tuned by calling the planner (optuna_ds.planner.plan) and answering its
+proposals from the surface -- no launcher, no storage -- with ``--slots`` experiments at once (a finished one frees its slot in simulated
 time order). It prints the share of the optimum the chosen config reaches (mean, 5th
 percentile, worst, share of jobs within 1%), launches and GPU-hours against DeepSpeed's
 autotuner (its cached figures in benchmarks/deepspeed_figures.json), and the planner's decision
@@ -51,12 +51,12 @@ PROFILE_STEPS_S = 10.0
 AUTOTUNING = AutotuningConfig()  # optuna-ds's defaults: tuner_early_stopping, tuner_num_trials, tuner_type
 
 
-def knob_space(stage: int) -> tuple[tuple[str, tuple], ...]:
-    return tuple((k, tuple(v)) for k, v in sorted(surfaces.SPACES[stage].items()))
+def knob_space(stage: int, *, spaces: dict = surfaces.SPACES) -> tuple[tuple[str, tuple], ...]:
+    return tuple((k, tuple(v)) for k, v in sorted(spaces[stage].items()))
 
 
-def knob_defaults(stage: int) -> tuple[tuple[str, object], ...]:
-    return tuple((k, True if stage == 3 and k == "overlap_comm" else surfaces.DEFAULTS[k]) for k, _ in knob_space(stage))
+def knob_defaults(stage: int, *, spaces: dict = surfaces.SPACES, defaults: dict = surfaces.DEFAULTS) -> tuple[tuple[str, object], ...]:
+    return tuple((k, True if stage == 3 and k == "overlap_comm" else defaults[k]) for k, _ in knob_space(stage, spaces=spaces))
 
 
 def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
@@ -71,8 +71,9 @@ def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
 
 def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
     """What optuna-ds would know of the job after its profile run; in full mode each arm with
-    its knob space."""
+    its knob space (the job's generator's: surfaces.spaces_of)."""
     device = surface.device_gb * GB
+    spaces, defaults = surfaces.spaces_of(surface)
     arms, states_fit = [], []
     variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
         (3, "offload-opt-param", {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
@@ -82,7 +83,8 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
                             activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
                             precision="fp16", adam_type=True, zero=zero)
         arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=MAX_MBS, buffers=e.buffers,
-                  knobs=knob_space(stage) if full else (), knob_defaults=knob_defaults(stage) if full else ())
+                  knobs=knob_space(stage, spaces=spaces) if full else (),
+                  knob_defaults=knob_defaults(stage, spaces=spaces, defaults=defaults) if full else ())
         if e.fits:
             arms.append(arm)
         if e.states_fit:
@@ -218,6 +220,8 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, metavar="SEED", help="the first random job's seed")
     parser.add_argument("--physical", type=int, default=0, metavar="N",
                         help="also N jobs of the second, independent generator (benchmarks/physical_jobs.py), and its hand-made ones")
+    parser.add_argument("--blind", type=int, default=0, metavar="N",
+                        help="also N jobs of the third, blind generator (benchmarks/blind_jobs.py)")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -239,7 +243,8 @@ def main() -> None:
         settings = dataclasses.replace(settings, **{name: type(getattr(settings, name))(value)})
     names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
-                          + [f"phys-{i}" for i in range(args.first, args.first + args.physical)])
+                          + [f"phys-{i}" for i in range(args.first, args.first + args.physical)]
+                          + [f"blind-{i}" for i in range(args.first, args.first + args.blind)])
     cache = json.loads((HERE / "deepspeed_figures.json").read_text())
     mode = "full" if args.full else "fast"
     ds = {k.split("|")[0]: v for k, v in cache.items() if k.split("|")[1] == mode}
@@ -269,7 +274,8 @@ def main() -> None:
     for label, group in (("hand-made", [r for r in rows if r[0] in hand]),
                          ("random", [r for r in rows if r[0].startswith("random-")]),
                          ("physical hand-made", [r for r in rows if r[0] in physical_hand]),
-                         ("physical", [r for r in rows if r[0].startswith("phys-") and r[0] not in physical_hand])):
+                         ("physical", [r for r in rows if r[0].startswith("phys-") and r[0] not in physical_hand]),
+                         ("blind", [r for r in rows if r[0].startswith("blind-")])):
         if group:
             _summary(label, group, ds, args.slots)
 
