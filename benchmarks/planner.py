@@ -2,11 +2,11 @@
 
 Each job of benchmarks/surfaces.py and the three generators (jobs.py, physical_jobs.py,
 blind_jobs.py) is tuned by calling the planner (optuna_ds.planner.plan) and answering its
-proposals from the surface -- no launcher, no storage -- with ``--slots`` experiments at once (a finished one frees its slot in simulated
-time order). It prints the share of the optimum the chosen config reaches (mean, 5th
-percentile, worst, share of jobs within 1%), launches and GPU-hours against DeepSpeed's
-autotuner (its cached figures in benchmarks/deepspeed_figures.json), and the planner's decision
-time. `make bench` measures the same through the real CLI.
+proposals from the surface -- no launcher, no storage -- with ``--slots`` experiments at once
+(a finished one frees its slot in simulated time order). It prints the share of the optimum
+the chosen config reaches (mean, 5th percentile, worst, share of jobs within 1%), launches and
+GPU-hours against DeepSpeed's autotuner (its cached figures in benchmarks/deepspeed_figures.json),
+and the planner's decision time. `make bench` measures the same through the real CLI.
 """
 from __future__ import annotations
 
