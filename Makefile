@@ -12,11 +12,12 @@ ifeq ($(HAS_GPU),yes)
 else
   export DS_ACCELERATOR ?= cpu
 endif
-# DeepSpeed JIT-builds its CPU ops into torch's extension cache, keyed by source path: give each
-# virtual environment its own cache so two checkouts do not rebuild each other's ops.
+# DeepSpeed JIT-builds the CPU ops its runs load (about two minutes on 2 cores) at the first run
+# that needs them: `venv` builds them once, into the virtual environment's own extensions folder,
+# with its own ninja first on PATH, as optuna-ds's experiments find them (launcher/_ops.py): a
+# run with another folder or another ninja (1.11 and 1.13 read each other's build log as stale)
+# would build them again.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
-# It builds the CPU ops its runs load (about two minutes on 2 cores) at the first run that needs
-# them: `venv` builds them once, not the first tuning or test.
 CPU_OPS := from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(n).load() for n in ('FusedAdamBuilder', 'ShareMemCommBuilder')]
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): the real-DeepSpeed tests run one after another in one of them
@@ -26,7 +27,7 @@ PYTEST_WORKERS ?= 2
 BENCH_ARGS ?= --random 100
 # The planner alone, in-process, on the hand-made and 200 generated jobs of each generator, and
 # the jobs of recorded real runs.
-PLANNER_ARGS ?= --random 200 --physical 200 --replays
+PLANNER_ARGS ?= --random 200 --physical 200 --blind 200 --replays
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 
@@ -35,20 +36,26 @@ PARALLEL_ARGS ?=
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@echo "make venv: setting up $(VENV), once (5-10 minutes on 2 idle cores, longer on a busy machine; each step says what it waits for)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make venv: upgrading pip (seconds)"
 	$(BIN)/python -m pip install -q --upgrade pip
+	@if [ "$(HAS_GPU)" != "yes" ]; then echo "make venv: no NVIDIA GPU: installing torch's CPU build first (about a minute)"; fi
 	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
+	@echo "make venv: installing optuna-ds, DeepSpeed and the extras (2-5 minutes)"
 	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf,bench,xgboost]'
-	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -c "$(CPU_OPS)" >/dev/null; fi
+	@if [ "$(HAS_GPU)" != "yes" ]; then echo "make venv: building DeepSpeed's CPU ops into $(TORCH_EXTENSIONS_DIR) (about two minutes on 2 cores), so that no tuning waits for them"; fi
+	if [ "$(HAS_GPU)" != "yes" ]; then PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -c "$(CPU_OPS)" >/dev/null; fi
 	touch $@
+	@echo "make venv: done"
 
 example: venv
 	cd examples && ../$(BIN)/optuna-ds tune --num_gpus 1 \
 		train.py --deepspeed_config ds_config.json
 	@echo "optimal config: examples/autotuning_results/ds_config_optimal.json"
-	@echo "next: run it yourself (the same command resumes; DS_ACCELERATOR and TORCH_EXTENSIONS_DIR as make set them):"
+	@echo "next: run it yourself (the same command resumes; DS_ACCELERATOR as make set it):"
 	@echo "  source $(VENV)/bin/activate"
-	@echo "  export DS_ACCELERATOR=$(DS_ACCELERATOR) TORCH_EXTENSIONS_DIR=$(TORCH_EXTENSIONS_DIR)"
+	@echo "  export DS_ACCELERATOR=$(DS_ACCELERATOR)"
 	@echo "  cd examples && optuna-ds tune --num_gpus 1 train.py --deepspeed_config ds_config.json"
 
 test: venv

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import hashlib
 import math
 import os
@@ -33,14 +32,18 @@ from optuna_ds.launcher import MARK_VAR
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
+from optuna_ds.launcher import check_ports
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import dies_with_this_process
+from optuna_ds.launcher import cpu_ops_to_build
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import import_deepspeed
 from optuna_ds.launcher import kill_process_group
 from optuna_ds.launcher import local_host_names
 from optuna_ds.launcher import new_mark
+from optuna_ds.launcher import ops_environment
+from optuna_ds.reporting import Budget
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
@@ -54,6 +57,7 @@ from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.samplers import check_tuner_type
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.storage import GRACE_PERIOD
 from optuna_ds.storage import NoDatabase
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
@@ -70,6 +74,7 @@ from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
 from optuna_ds.studies import TuningObserver
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import live_trials
 from optuna_ds.domain import is_finished_experiment
 
 
@@ -89,6 +94,10 @@ class TuneOptions:
     deepspeed_bin: str | None = None
     seed: int | None = None
     scale_lr: bool = False
+    memory_margin: float = 0.05
+    cost_per_gpu_hour: float | None = None
+    train_samples: int | None = None
+    train_steps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,10 +191,21 @@ def _child_of(folder: str, path: str) -> bool:
 
 
 def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: str, results_dir: str, exps_dir: str) -> None:
-    """``--overwrite``: delete the studies and the files of their experiments, nothing else."""
+    """``--overwrite``: delete the studies and the files of their experiments, nothing else.
+    Refused while another process runs experiments of the tuning: they would go on in a
+    tuning deleted under them."""
+    studies = [optuna.load_study(study_name=name, storage=storage) for name in tuning_study_names(storage, study_name)]
+    live = [(t, ExperimentRecord.from_trial(t)) for study in studies for t in live_trials(study)]
+    if live:
+        t, record = live[0]
+        owner = record.worker if isinstance(record.worker, dict) else {}
+        raise ConfigError(
+            f"--overwrite: tuning '{study_name}' has {len(live)} experiment(s) running, {record.exp_name or f'trial {t.number}'} in "
+            f"process {owner.get('pid', '?')} on {owner.get('host', '?')} (its heartbeat within {GRACE_PERIOD} s): stop its "
+            "processes first, or rerun without --overwrite to join it"
+        )
     dirs = set()
-    for name in tuning_study_names(storage, study_name):
-        study = optuna.load_study(study_name=name, storage=storage)
+    for study in studies:
         for t in study.get_trials(deepcopy=False):
             record = ExperimentRecord.from_trial(t)
             if record.result_dir is not None:
@@ -226,12 +246,14 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     if options.trial_timeout is not None and not (math.isfinite(options.trial_timeout) and options.trial_timeout > 0):
         raise ConfigError(f"--trial-timeout must be a positive number of seconds, got {options.trial_timeout}")
     check_study_name(options.study_name)
+    check_budget_options(options)
     deepspeed_bin = resolve_deepspeed_bin(options.deepspeed_bin)
     results_dir = os.path.abspath(options.results_dir or a.results_dir)
     exps_dir = os.path.abspath(options.exps_dir or a.exps_dir)
     overwrite = a.overwrite if options.overwrite is None else options.overwrite
     resources = discover_resources(options.launcher_options)
     check_gpus(user, total_gpus=resources.total_gpus)
+    check_ports(first=options.launcher_options.base_port, slots=len(resources.slots()))
     check_with_deepspeed(user)
     check_tuner_type(a.tuner_type, fast=a.fast)
     for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
@@ -256,12 +278,14 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
             results_dir=results_dir,
             exps_dir=exps_dir,
             trial_timeout=options.trial_timeout,
+            memory_margin=options.memory_margin,
         )
         runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
-        log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
-        if cpu_ops_to_build():
-            log("building DeepSpeed's CPU ops once (2-3 minutes)...")
+        log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
+        if missing := cpu_ops_to_build():
+            log(f"the first experiment builds DeepSpeed's CPU ops {', '.join(missing)} once, for this environment "
+                "(about two minutes on 2 cores; `make venv` builds them beforehand)")
         try:
             with _sigterm_raises():
                 result = tuning.run()
@@ -270,35 +294,32 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
             # then the interrupt ends the process (130 or 143).
             resume = _resume_advice(options.overwrite, configured=a.overwrite)
             with deferred_signals():
-                log(_write_partial(tuning.result(), storage=storage, plan=plan, resume=resume).rstrip())
+                log(_write_partial(tuning.result(), storage=storage, plan=plan, resume=resume,
+                                   budget=_budget(options, user, dp=resources.total_gpus)).rstrip())
                 log(f"interrupted: running experiments were ended and will run again; {resume}")
             raise
-        return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url, scale_lr=options.scale_lr)
+        return _write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url,
+                              scale_lr=options.scale_lr, budget=_budget(options, user, dp=resources.total_gpus))
 
 
-# The ops DeepSpeed's CPU accelerator JIT-builds in an experiment (shared-memory collectives, Adam).
-_CPU_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
+def check_budget_options(options: TuneOptions) -> None:
+    """The memory margin, the price and the training's length: each a number that means something."""
+    if not (math.isfinite(options.memory_margin) and 0 <= options.memory_margin < 0.5):
+        raise ConfigError(f"--memory-margin must be a share of the memory from 0 to 0.5 (0.05 keeps 5% free), got {options.memory_margin}")
+    if options.cost_per_gpu_hour is not None and not (math.isfinite(options.cost_per_gpu_hour) and options.cost_per_gpu_hour > 0):
+        raise ConfigError(f"--cost-per-gpu-hour must be a positive price, got {options.cost_per_gpu_hour}")
+    for flag, value in (("--train-samples", options.train_samples), ("--train-steps", options.train_steps)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be a positive number, got {value}")
+    if options.train_samples is not None and options.train_steps is not None:
+        raise ConfigError("give --train-samples or --train-steps, not both")
 
 
-def cpu_ops_to_build() -> list[str]:
-    """The CPU ops the first experiment will build, silent for minutes: those of DeepSpeed's CPU
-    accelerator that torch's extension folder (``TORCH_EXTENSIONS_DIR``, else its default, one
-    folder per Python and device) lacks. None off CPU."""
-    from deepspeed.accelerator import get_accelerator
-    from torch.utils.cpp_extension import get_default_build_root
-
-    accelerator = get_accelerator()
-    if accelerator.device_name() != "cpu":
-        return []
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    missing = []
-    for builder in _CPU_OPS:
-        name = accelerator.create_op_builder(builder).name
-        pattern = os.path.join(glob.escape(root), name, f"{name}.so") if root else \
-            os.path.join(glob.escape(get_default_build_root()), "*", name, f"{name}.so")
-        if not glob.glob(pattern):
-            missing.append(name)
-    return missing
+def _budget(options: TuneOptions, user: UserConfig, *, dp: int) -> Budget:
+    """The real training in samples: ``--train-steps`` at the user's own global batch size."""
+    batch = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * max(1, dp // user.autotuning.mp_size)
+    samples = options.train_samples if options.train_steps is None else options.train_steps * batch
+    return Budget(cost_per_gpu_hour=options.cost_per_gpu_hour, train_samples=samples, train_steps=options.train_steps)
 
 
 _PLAN_POLL_SECONDS = 0.2  # a waiting worker reads the plan this often: one small query
@@ -368,7 +389,7 @@ class WorkerOptions:
     launcher_options: LauncherOptions = LauncherOptions()
     deepspeed_bin: str | None = None
     seed: int | None = None
-    wait: float = 300.0  # seconds to wait for the tuning to be started
+    wait: float = 300.0  # seconds to wait for the tuning to be started, and then for its profile run
 
 
 def worker_seed(seed: int | None, *, host: str, pid: int) -> int | None:
@@ -463,10 +484,11 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
         if resources.multi_node and resources.nodes_per_experiment == 1:
             resources = resources.restricted_to(local_host_names())
         check_gpus(user, total_gpus=resources.total_gpus)
+        check_ports(first=launcher_options.base_port, slots=len(resources.slots()))
         runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
         observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
-                        seed=worker_seed(options.seed, host=socket.gethostname(), pid=os.getpid()), worker=True)
+                        seed=worker_seed(options.seed, host=socket.gethostname(), pid=os.getpid()), worker=True, wait=options.wait)
         try:
             with _sigterm_raises():
                 return tuning.run()
@@ -485,16 +507,17 @@ def _write_outputs(
     dp: int,
     url: str,
     scale_lr: bool,
+    budget: Budget,
 ) -> TuneOutcome:
     results_dir = plan.results_dir
     files = ResultsFiles(results_dir)
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
     config = optimal_config(result)
     scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if scale_lr and advice and config else None
-    summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice)
-    data = load_report(storage, plan.study_name, result=result, advice=scaled.note if scaled else advice)
+    summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice, budget=budget)
+    data = load_report(storage, plan.study_name, result=result, advice=scaled.note if scaled else advice, budget=budget)
     write_report(data, files.report)
-    register_with_dashboard(data, storage, note=summary_markdown(result, advice=scaled.note if scaled else advice))
+    register_with_dashboard(data, storage, note=summary_markdown(result, advice=scaled.note if scaled else advice, budget=budget))
     command: list[str] | None = None
     written = None
     if config is not None:
@@ -522,12 +545,13 @@ def _resume_advice(overwrite: bool | None, *, configured: bool) -> str:
     return "rerun the same command to resume"
 
 
-def _write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage, plan: TuningPlan, resume: str) -> str:
+def _write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage, plan: TuningPlan, resume: str,
+                   budget: Budget) -> str:
     """An interrupted tuning's summary, report and dashboard note, marked partial, and no
     optimal config: the search has not ended."""
     data = load_report(storage, plan.study_name, result=result)
     finished = sum(is_finished_experiment(t) for study in data.studies.values() for t in study.get_trials(deepcopy=False))
-    summary = partial_summary(result, finished=finished, resume=resume)
+    summary = partial_summary(result, finished=finished, resume=resume, budget=budget)
     files = ResultsFiles(plan.results_dir)
     with open(files.summary, "w", encoding="utf-8") as f:
         f.write(summary.text)
@@ -567,7 +591,8 @@ def run_training(command: Sequence[str]) -> int:
     128 + the signal number. It also ends with this process, however it dies.
     """
     mark = new_mark()
-    proc = subprocess.Popen(dies_with_this_process(command), start_new_session=True, env=dict(os.environ, **{MARK_VAR: mark}))
+    env = dict(os.environ, **ops_environment(), **{MARK_VAR: mark})
+    proc = subprocess.Popen(dies_with_this_process(command), start_new_session=True, env=env)
     try:
         with _sigterm_raises():
             return proc.wait()

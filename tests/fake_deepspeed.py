@@ -15,6 +15,7 @@ file for an experiment. The performance surface and the faults come from the JSO
     hang_at     micro-batch sizes that never finish   (with a child process, to test group kill)
     no_metrics_at  sizes that exit 0 without metrics
     profile_fail   the profile run crashes
+    profile_gate   a path: the profile run waits until it exists
     script_error   printed to stderr by every run but training, which exits 2 (the script's argparse refusing its arguments)
     num_params, activation_mem_per_gpu               the model info written by the profile run
     knob_gain   {knob: {value: factor}}              multiplies throughput
@@ -121,6 +122,8 @@ def main():
             if surface.get("profile_fail"):
                 print("Traceback (most recent call last):\nValueError: model has no parameters", file=sys.stderr)
                 return 1
+            while surface.get("profile_gate") and not os.path.exists(surface["profile_gate"]):
+                time.sleep(0.01)
             info = {"num_params": surface.get("num_params", 1_000_000), "trainable_num_params": surface.get("num_params", 1_000_000),
                     "activation_mem_per_gpu": surface.get("activation_mem_per_gpu", 1_000_000), "rank": 0}
             with open(auto["model_info_path"], "w") as f:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from optuna_ds._tune import cpu_ops_to_build
+from optuna_ds.launcher import cpu_ops_to_build
 from optuna_ds.cli import cli
 
 ROOT = Path(__file__).parent.parent

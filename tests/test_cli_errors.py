@@ -73,4 +73,15 @@ def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
     ws.config(GOOD)
     assert ws.tune().returncode == 0
     ws.config({**GOOD, "train_micro_batch_size_per_gpu": 3})
-    _assert_clean_error(ws.tune(), "already holds a tuning of a different", "--overwrite")
+    p = ws.tune()
+    _assert_clean_error(p, "already holds a tuning of ", "whose config differs in train_micro_batch_size_per_gpu", "--overwrite")
+    assert p.stdout.strip() == ""  # the refusal alone, no line of the tuning it refused before it
+
+
+@pytest.mark.parametrize("url, hint", [
+    ("postgres://user@127.0.0.1:1/db", "SQLAlchemy knows no database 'postgres'; use postgresql+psycopg://"),
+    ("mysql://user@127.0.0.1:1/db", "; use mysql+pymysql://"),
+])
+def test_a_storage_url_of_another_spelling_names_the_one_that_works(ws: Workspace, url: str, hint: str) -> None:
+    ws.config(GOOD)
+    _assert_clean_error(ws.tune("ds_config.json", "--storage", url), hint)

@@ -204,6 +204,17 @@ def test_deepspeed_checks_every_tuned_value_at_every_stage() -> None:
         _checked({"zero_optimization": {"stage": "all", "overlap_com": [True, False]}})
 
 
+def test_a_top_level_key_deepspeed_never_reads_is_refused() -> None:
+    # Read only because another section is there, or read through keys(): known.
+    _checked({"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupLR"}, "steps_per_print": 5,
+              "gradient_clipping": "auto", "data_efficiency": {"enabled": False}, "bfloat16": {"enabled": False}})
+    with pytest.raises(ConfigError, match=r"^ds.json: DeepSpeed does not know train_micro_batch_size_per_gp; "
+                                          r"did you mean 'train_micro_batch_size_per_gpu'\?$"):
+        _checked({"train_micro_batch_size_per_gp": 4})
+    with pytest.raises(ConfigError, match=r"does not know xyzzy \(it would ignore it\): remove it$"):
+        _checked({"xyzzy": "auto"})  # refused though the Trainer would fill it
+
+
 @pytest.mark.parametrize(("zero", "message"), [
     ({"stage": "all", "reduce_bucket_size": [5e8, "5e7"]}, "zero_optimization.reduce_bucket_size must be a non-negative number"),
     ({"stage": 3, "stage3_prefetch_bucket_size": ["big"]}, "zero_optimization.stage3_prefetch_bucket_size must be a non-negative number"),

@@ -88,7 +88,10 @@ def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig
     assert states == {2: (TrialState.COMPLETE, None), 4: (TrialState.FAIL, "interrupted")}
     # Interrupted is not done: a partial summary of what finished, no optimum and no verdicts.
     summary = (ws.results / "summary.txt").read_text()
-    assert summary.startswith("PARTIAL: interrupted after 1 experiment(s); rerun the same command to resume."), summary
+    # Its count agrees with the table's, which counts the experiment cut short (issue #35).
+    assert summary.startswith("PARTIAL: interrupted after 1 experiment(s) finished and 1 cut short, which run again; "
+                              "rerun the same command to resume."), summary
+    assert "| z1           |               2 |" in summary and "failed" not in summary, summary
     assert "z1_gas1_tmbspg2" in summary and summary in out  # what finished is reported, and shown
     assert "optimum" not in summary.lower() and "expected no gain" not in summary
     assert not (ws.results / "ds_config_optimal.json").exists() and not (ws.results / "cmd_optimal.txt").exists()
@@ -96,7 +99,12 @@ def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig
 
     p = ws.tune()  # no hang this time
     assert p.returncode == 0, p.stderr
-    assert not (ws.results / "summary.txt").read_text().startswith("PARTIAL")
+    summary = (ws.results / "summary.txt").read_text()
+    assert not summary.startswith("PARTIAL")
+    # The experiment cut short ran again: no failure left of it, in the summary or the report.
+    assert "interrupted" not in summary and "failed" not in summary, summary
+    table = (ws.results / "report.html").read_text().split('<table class="experiments')[1].split("</table>")[0]
+    assert "interrupted" not in table and "z1_gas1_tmbspg4" in table
     assert json.loads((ws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] in (2, 4, 8)
     runs = _first_runs(ws)
     assert runs.count(2) == 1, "a finished experiment ran again"
@@ -197,7 +205,7 @@ def test_a_tuner_killed_before_its_claim_resumes_with_nothing_lost_or_counted(ws
     import optuna_dashboard
 
     note = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds-z1", storage=ws.storage))
-    assert note.startswith("**Your config") and "failed" not in note
+    assert "\n**Your config" in note and "failed" not in note
     again = ws.cli("report", "--storage", ws.storage, "--study-name", "optuna-ds", "-o", str(ws.root / "again.html"))
     assert again.returncode == 0, again.stderr
     assert "| global " in again.stdout and "failed" not in again.stdout

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,22 +76,47 @@ def _launches(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
+def _gated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, behaviour: str) -> Path:
+    """Launches that wait, where ``behaviour`` waits, until the returned path exists: what a
+    test does to the server while its launcher runs is done before the launcher ends, however
+    late the tuner's thread gets to it on a loaded machine."""
+    monkeypatch.setenv("HOSTILE_DS_TABLE", json.dumps({"default": behaviour}))
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("HOSTILE_DS_GATE", str(gate))
+    return gate
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def test_a_measurement_outlives_the_server_killed_under_it(served: dict[str, Any], tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("HOSTILE_DS_TABLE", json.dumps({"default": "slow"}))
-    monkeypatch.setenv("HOSTILE_DS_SLOW", "1")
+    gate = _gated(monkeypatch, tmp_path, "slow")
     server = served["server"]
-    result = _run(served["runner"], _experiment(tmp_path), on_start=lambda pid: os.kill(server._proc.pid, signal.SIGKILL))
+
+    def kill_server(pid: int) -> None:
+        server._proc.kill()
+        server._proc.wait()
+        gate.touch()
+
+    result = _run(served["runner"], _experiment(tmp_path), on_start=kill_server)
     assert result.ok, result
     assert result.returncode is None and result.metrics["throughput"] == 20.0  # no status, but it measured
     assert len([e for e in _launches(served["log"]) if e["event"] == "start"]) == 1
 
 
 def test_a_run_lost_with_the_server_runs_again_at_once(served: dict[str, Any], tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("HOSTILE_DS_TABLE", json.dumps({"default": "fail_first"}))
-    monkeypatch.setenv("HOSTILE_DS_SLOW", "1")
+    gate = _gated(monkeypatch, tmp_path, "fail_first")
     server, told = served["server"], []
-    result = _run(served["runner"], _experiment(tmp_path), on_start=lambda pid: server._proc.poll() is None and server._proc.kill(),
-                  on_retry=told.append)
+
+    def kill_server(pid: int) -> None:  # on the first launch; the second starts without the server
+        if server._proc.poll() is None:
+            server._proc.kill()
+            server._proc.wait()
+        gate.touch()
+
+    result = _run(served["runner"], _experiment(tmp_path), on_start=kill_server, on_retry=told.append)
     assert result.ok, result  # the second run, started without the dead server
     assert len(told) == 1 and "exit status was lost" in told[0], told
     starts = [e for e in _launches(served["log"]) if e["event"] == "start"]
@@ -109,10 +135,20 @@ def test_a_server_that_never_gets_ready_costs_its_deadline(served: dict[str, Any
 
 def test_an_exit_status_the_stopped_server_never_sends_is_lost_not_waited_for(served: dict[str, Any], tmp_path: Path,
                                                                               monkeypatch) -> None:
-    monkeypatch.setenv("HOSTILE_DS_TABLE", json.dumps({"default": "ok"}))
+    # The launcher ends once the server is stopped: were it to end first, the server would
+    # send its status before the stop (a loaded machine ran the launcher to its end before the
+    # tuner's thread stopped the server, and the status came: 0, not lost).
+    gate = _gated(monkeypatch, tmp_path, "slow")
     monkeypatch.setattr(_launch_server, "_REPLY_SECONDS", 1.0, raising=False)
     server = served["server"]
-    result = _run(served["runner"], _experiment(tmp_path), on_start=lambda pid: os.kill(server._proc.pid, signal.SIGSTOP))
+
+    def stop_server(pid: int) -> None:
+        os.kill(server._proc.pid, signal.SIGSTOP)
+        while not _stopped(server._proc.pid):  # the run's limit bounds this
+            time.sleep(0.01)
+        gate.touch()
+
+    result = _run(served["runner"], _experiment(tmp_path), on_start=stop_server)
     assert result.ok and result.returncode is None, result
 
 

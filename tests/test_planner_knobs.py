@@ -70,10 +70,10 @@ def test_knob_settings_run_once_the_sizes_are_settled_and_the_one_that_pays_is_c
     knob_runs = [i for i, o in enumerate(observations) if o.knobs]
     assert knob_runs, "no knob setting ran"
     # The first knob setting ran once the size search had settled: at its best size, measured
-    # with the default knobs (twice: the noise), between sizes that ran out of memory above it.
+    # with the default knobs, between sizes that ran out of memory above it.
     first = observations[knob_runs[0]]
     before = [o for o in observations[: knob_runs[0]] if not o.knobs]
-    assert sum(o.mbs == first.mbs and o.status is Status.OK for o in before) >= 2
+    assert any(o.mbs == first.mbs and o.status is Status.OK for o in before)
     assert first.mbs == max(o.mbs for o in before if o.status is Status.OK)
     assert choice is not None and dict(choice.knobs)["overlap_comm"] is True
 
@@ -141,3 +141,36 @@ def test_arms_that_differ_only_in_buffers_are_seen_each_with_its_own_memory() ->
     lean = Arm(stage=2, free=60 * GB, cap=256, buffers=0.5 * GB, knobs=SPACE, knob_defaults=DEFAULTS)
     shares, _ = model._pressure([(problem.arms[0], 16, ()), (lean, 16, (("reduce_bucket_size", 5e7),))], np.array([16.0, 16.0]))
     assert shares[0] > shares[1]
+
+
+def test_whether_a_knob_setting_pays_on_one_gpu_turns_on_what_else_ran() -> None:
+    """test_parallel's tuning, at its end: on one GPU the planner expects little of a knob, so
+    whether the one setting is worth a launch at the best size is a close call on what ran. Run
+    sequentially, it launches the setting; after what slots free while others run add (the
+    offload variant's run out of memory, the best size measured again) it ends without it. The
+    parallel tuning's optimum is then the best size at the default knobs, and a legitimate one:
+    every process given that storage decides the same."""
+    knobs = (("allgather_bucket_size", (5e8, 1e9)),)
+    defaults = (("allgather_bucket_size", 5e8),)
+    arms = tuple(Arm(stage=1, offload=offload, free=25.26 * GB, cap=64, buffers=4 * GB, knobs=knobs, knob_defaults=defaults)
+                 for offload in ("", "offload-opt"))
+    problem = Problem(arms=arms, device_memory=25.28 * GB, sizes=(4, 8, 12, 16, 24, 32, 40, 48), per_sample=1e6, explicit=True,
+                      max_experiments=90, gpus=1, knob_sizes=2)
+    setting = (("allgather_bucket_size", 1e9),)
+    candidates = {(1, ""): [KnobSetting(setting, 6 * GB)],
+                  (1, "offload-opt"): [KnobSetting(defaults, 4 * GB), KnobSetting(setting, 6 * GB)]}
+
+    def run(mbs: int, *, offload: str = "", repeat: int = 0) -> Observation:
+        config = problem.config(arms[1] if offload else arms[0], mbs)
+        if mbs > 40:
+            return Observation(config=config, status=Status.OOM, seconds=0.6, repeat=repeat)
+        return Observation(config=config, status=Status.OK, score=126.0 * mbs / (1 + (mbs / 24) ** 2), seconds=0.6, repeat=repeat)
+
+    sequential = [run(m) for m in (4, 8, 12)] + [run(12, repeat=1)] + [run(m) for m in (16, 24, 32, 40, 48)]
+    decision = plan(problem, sequential, knob_candidates=candidates)
+    assert [(p.mbs, p.knobs) for p in decision.proposals] == [(24, setting)]
+    parallel = [*sequential, run(48, offload="offload-opt"), run(24, repeat=1)]
+    for _ in range(2):  # any process, any time
+        decision = plan(problem, parallel, knob_candidates=candidates)
+        assert decision.done and not decision.proposals
+        assert decision.choice is not None and (decision.choice.mbs, decision.choice.knobs) == (24, ())

@@ -134,9 +134,26 @@ def test_a_changed_estimate_is_said() -> None:
     progress.plan(37, metric=Metric.named("throughput"))
     progress.finished(stage=0, number=0, name="a", value=1.0, duration=1.0, outcome="ok")
     progress.plan(41, metric=Metric.named("throughput"))
-    assert "estimate: ~42 experiments in all (was ~38)" in out.getvalue()
+    assert "estimate: ~42 experiments in all (was ~38)" in out.getvalue()  # without a ceiling, no first line
     progress.plan(41, metric=Metric.named("throughput"))
     assert out.getvalue().count("estimate:") == 1
+
+
+def test_the_estimate_is_given_with_its_ceiling_and_every_rise_is_said() -> None:
+    """The planner guesses the experiments left; a total that grew in silence from ~7 to 33 read
+    as a promise broken: each rise is said, and the first line says it is a guess."""
+    out = io.StringIO()
+    progress = Progress(stream=out, tty=False)
+    progress.plan(5, metric=Metric.named("throughput"), ceiling=40)
+    assert out.getvalue() == ""  # said with the first experiment, which it counts
+    for i in range(3):  # the planner still expects 5 more after each: the total rises with each start
+        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
+        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=1.0, outcome="ok")
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("estimate:")]
+    assert lines[0].startswith("estimate: ~6 experiments in all, at most 40: a guess the planner revises")
+    assert lines[1:] == [f"estimate: ~{n} experiments in all (was ~{n - 1}), from what the results so far showed" for n in (7, 8)]
+    progress.plan(0, metric=Metric.named("throughput"), ceiling=40)  # the planner stopped: nothing more to say
+    assert out.getvalue().count("estimate:") == 3
 
 
 def test_a_terminal_gets_the_live_block_and_the_log_lines_above_it() -> None:
@@ -182,3 +199,13 @@ def test_a_resumed_tuning_starts_from_the_best_it_has() -> None:
     for name, value in (("a", 3.0), ("b", 2.0)):
         latency.resumed(stage=0, name=name, value=value, metric=Metric.named("latency"))
     assert " b " in latency.best_line() + " "
+
+
+def test_a_resumed_tunings_estimate_counts_what_ran_before() -> None:
+    out = io.StringIO()
+    progress = Progress(stream=out, tty=False)
+    for i in range(9):
+        progress.resumed(stage=0, name=f"a{i}", value=1.0, metric=Metric.named("throughput"))
+    progress.plan(3, metric=Metric.named("throughput"), ceiling=40)
+    progress.started(stage=0, number=9, name="a9", slot="localhost:0")
+    assert out.getvalue().splitlines()[-1].startswith("estimate: ~13 experiments in all, 9 of them measured before this run, at most 40")

@@ -187,7 +187,7 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
         assert not record.claimed and not record.launched and "exp_name" not in t.user_attrs
         assert observation_of(t, metric=metric, dead={}) is None
         assert not TunerEarlyStoppingPruner(1, max_trials=1)._counts(t)  # no trial of the knob search
-    assert ExperimentRecord.from_trial(trials[claimed.number]).detail == "its process died"
+    assert ExperimentRecord.from_trial(trials[claimed.number]).detail == "its process died before it launched its experiment"
     assert trials[alive.number].state == TrialState.RUNNING
     assert fail_orphaned_trials(study, metric=metric) == ([], [], [])  # settled once
     # Two losses before a claim are not an experiment that killed its worker twice.
@@ -196,10 +196,38 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
     result = stage_result(study, 1, metric=metric)
     assert (result.num_experiments, result.num_failed) == (2, 1)  # done, and the claimed one that was lost
     assert result.best is not None and result.best.name == _EXPERIMENT.name
-    assert result.last_failure == "z1_gas1_tmbspg8: interrupted: its process died"
+    assert result.last_failure == "z1_gas1_tmbspg8: interrupted: its process died before it launched its experiment"
     assert tuning_spend(trials, profile_seconds=None, gpus_per_experiment=1).experiments == 1
     rows = experiment_rows({1: study})
     assert [(r.number, r.name) for r in rows] == [(done.number, _EXPERIMENT.name), (claimed.number, "z1_gas1_tmbspg8")]
+
+
+def test_a_claim_lost_before_its_launch_ran_nothing_and_is_never_given_up(study: optuna.Study) -> None:
+    """A worker SIGKILLed between its claim and its launch (test_parallel's killed worker, once):
+    legal, and nothing ran. Its trial is lost with the claim, the planner sees the experiment as
+    not run (it decides afresh whether it runs: a knob setting it no longer wants never runs),
+    and two such losses are no experiment that killed its worker twice: it is not given up, as
+    one lost twice after its launch is."""
+    metric = Metric.named("throughput")
+    knob = dataclasses.replace(_EXPERIMENT, name="z1_gas2_tmbspg4_abs1e9", phase=Phase.KNOBS,
+                               config=Config(stage=1, micro_batch=4, accumulation=2, knobs={"allgather_bucket_size": 1e9}))
+    launched = dataclasses.replace(_EXPERIMENT, name="z1_gas1_tmbspg8", config=Config(stage=1, micro_batch=8))
+    for experiment, started in ((knob, False), (knob, False), (launched, True), (launched, True)):
+        trial = study.ask()
+        ExperimentRecord(worker=_dead_process()).write(trial.set_user_attr)
+        ExperimentRecord.claim(experiment, slot="localhost:0").write(trial.set_user_attr)
+        if started:
+            ExperimentRecord(experiment_process=_dead_process()).write(trial.set_user_attr)
+        assert fail_orphaned_trials(study, metric=metric) == ([], [trial.number], [])
+    trials = study.get_trials()
+    before_launch = [ExperimentRecord.from_trial(t) for t in trials[:2]]
+    assert all(r.lost and r.claimed and not r.launched and r.detail == "its process died before it launched its experiment"
+               for r in before_launch)
+    assert ExperimentRecord.from_trial(trials[2]).detail == "its process died"
+    dead = given_up(trials)
+    assert list(dead) == [launched.name]
+    assert [observation_of(t, metric=metric, dead=dead) for t in trials[:2]] == [None, None]  # not run: the planner decides
+    assert observation_of(trials[3], metric=metric, dead=dead).status is Status.FAILED
 
 
 @pytest.mark.parametrize(

@@ -193,7 +193,7 @@ def test_a_config_whose_runs_scatter_more_than_the_noise_is_flagged(tmp_path: Pa
     storage, plan = _store(tmp_path, runs, choice=(1, 5))
     result = _result(storage, plan)
     assert result.best is not None and result.best.spread > 0.2
-    warning = headline(result)[-1]
+    warning = next(line for line in headline(result) if line.startswith("Warning"))
     assert warning.startswith("Warning: the 2 runs of z1_gas1_tmbspg16 scatter by 26.9%, more than 2x the 0.9% run-to-run noise: its throughput is uncertain.")
     page = render_report(load_report(storage, "optuna-ds", result=result))
     assert f'<p class="warning">{markupsafe.escape(warning)}</p>' in page
@@ -244,10 +244,14 @@ def tuned(tmp_path_factory) -> Workspace:
 
 def _importance_shown(ws: Workspace, stage: int) -> bool:
     """Whether the stage's knob trials can carry an importance plot: 4 or more that completed,
-    with a knob that took two values among them."""
+    with a param that took two values among them, a knob or the micro-batch size (its bar sits
+    beside the knobs'). Which ran depends on the runs' durations, so on the machine's load: a
+    loaded run measured one knob setting at three sizes and again, and the plot showed the
+    micro-batch size alone."""
     knob = [t for t in optuna.load_study(study_name=f"optuna-ds-z{stage}", storage=ws.storage).get_trials()
             if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("phase") == "knobs"]
-    return len(knob) >= 4 and any(len({str(t.params.get(k)) for t in knob}) > 1 for k in ("overlap_comm", "reduce_bucket_size"))
+    params = ("overlap_comm", "reduce_bucket_size", MBS_KEY)
+    return len(knob) >= 4 and any(len({str(t.params.get(k)) for t in knob}) > 1 for k in params)
 
 
 def test_tune_writes_a_self_contained_escaped_report(tuned: Workspace) -> None:
@@ -323,7 +327,9 @@ def test_studies_carry_what_the_dashboard_shows(tuned: Workspace) -> None:
     study = optuna.load_study(study_name="optuna-ds-z1", storage=tuned.storage)
     assert study.metric_names == ["throughput"]
     note = optuna_dashboard.get_note(study)
-    assert "| global " in note and "```" not in note and note.startswith("**Your config")
+    assert "| global " in note and "```" not in note and "\n**Your config" in note
+    # What the dashboard's own figures get wrong comes first.
+    assert note.startswith("**Read first:** ") and "gradient_accumulation_steps was 1 in every experiment" in note.split("**Your config")[0]
     root = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds", storage=tuned.storage))
     assert root.startswith("This study holds the tuning's plan") and "`optuna-ds-z1`, `optuna-ds-z2`" in root
     from optuna_dashboard._custom_plot_data import get_plotly_graph_objects

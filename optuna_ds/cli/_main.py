@@ -122,6 +122,14 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
         _deepspeed_bin_option("The deepspeed executable (default: deepspeed on PATH)."),
         click.option("--seed", type=int, default=None, help="Seed of the samplers."),
         click.option("--scale-lr", "--scale_lr", "scale_lr", is_flag=True, help="Write the learning rate scaled to the best global batch size into the optimal config or command."),
+        click.option("--memory-margin", "--memory_margin", "memory_margin", type=float, default=0.05, show_default=True,
+                     help="Share of each device's memory the chosen config leaves free (a run above the rest counts as out of memory)."),
+        click.option("--cost-per-gpu-hour", "--cost_per_gpu_hour", "cost_per_gpu_hour", type=float, default=None,
+                     help="Price of one device-hour: the summary gives the tuning's cost and the training's in money."),
+        click.option("--train-samples", "--train_samples", "train_samples", type=int, default=None,
+                     help="Samples of the real training: the summary gives its time and cost with your config and with the optimum."),
+        click.option("--train-steps", "--train_steps", "train_steps", type=int, default=None,
+                     help="Or its optimizer steps at your config's global batch size."),
         click.option("-q", "--quiet", is_flag=True, help="Print only the summary."),
         click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr."),
     ]
@@ -201,7 +209,7 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 @click.option("--seed", type=int, default=None,
               help="Seed of the samplers, mixed with this worker's host and process: workers given one seed draw differently.")
 @click.option("--wait", type=float, default=300.0, show_default=True,
-              help="Seconds to wait for the tuning to be started before giving up.")
+              help="Seconds to wait for the tuning to be started, and then for its profile run, before giving up.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only warnings.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr.")
 def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int | None, wait: float, quiet: bool, verbose: bool,
@@ -344,7 +352,7 @@ def _crashed(e: BaseException, *, where: str = "") -> None:
 
 
 def _thread_failed(args: threading.ExceptHookArgs) -> None:
-    """A helper thread's failure (Optuna's heartbeat thread): a failure of the storage is left to
+    """A helper thread's failure (a trial's heartbeat): a failure of the storage is left to
     the main thread, which meets the same storage and says it once; anything else is one line."""
     from optuna_ds.storage import database_error
 

@@ -33,15 +33,72 @@ def check_with_deepspeed(user: UserConfig) -> None:
     from pydantic import ValidationError
 
     name = os.path.basename(user.path)
+    read: set[str] = set()
     with _quiet_deepspeed():
         for config, stage, value in _candidates(user):
             try:
-                DeepSpeedConfig(config)
+                DeepSpeedConfig(_Reads(config, read=read))
             except ValidationError as e:
                 # The message names the key and its value: the tuned value is in it.
                 raise ConfigError(f"{name}{stage}: {_describe(e, config)}") from None
             except Exception as e:  # noqa: BLE001 - DeepSpeed asserts and indexes: any error is its verdict
                 raise ConfigError(f"{name}{stage}{value}: DeepSpeed rejects the config: {type(e).__name__}: {e}") from None
+    _check_top_level(user, read=read, name=name)
+
+
+def _check_top_level(user: UserConfig, *, read: set[str], name: str) -> None:
+    """Refuse a top-level key DeepSpeed never looked up while parsing the config: DeepSpeed
+    ignores it without a word, so ``train_micro_batch_size_per_gp`` would spend a whole tuning
+    on its default instead of failing."""
+    known = read | {"autotuning"}
+    for key in user.raw:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else " (it would ignore it): remove it"
+            raise ConfigError(f"{name}: DeepSpeed does not know {key}{hint}")
+
+
+class _Reads(dict[str, Any]):
+    """A config that records the top-level keys looked up in it (``get``, ``[]``, ``in``, also
+    on ``keys()``), through the shallow copy ``DeepSpeedConfig`` parses."""
+
+    def __init__(self, items: dict[str, Any], *, read: set[str]) -> None:
+        super().__init__(items)
+        self.read = read
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
+
+    def keys(self) -> Any:
+        return _KeysRead(self)
+
+    def __copy__(self) -> _Reads:
+        return _Reads(self, read=self.read)
+
+
+class _KeysRead:
+    """``config.keys()`` whose ``in`` is recorded as a look-up."""
+
+    def __init__(self, config: _Reads) -> None:
+        self._config = config
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._config
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.keys(self._config))
+
+    def __len__(self) -> int:
+        return len(self._config)
 
 
 def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:

@@ -24,6 +24,7 @@ from optuna_ds.domain._record import ExperimentRecord
 from optuna_ds.domain._record import given_up
 from optuna_ds.domain._record import is_finished_experiment
 from optuna_ds.domain._record import launched
+from optuna_ds.domain._record import superseded
 from optuna_ds.domain._root import ChoiceRecord
 from optuna_ds.domain._root import RecordedResources
 from optuna_ds.domain._root import RootRecord
@@ -50,4 +51,5 @@ __all__ = [
     "given_up",
     "is_finished_experiment",
     "launched",
+    "superseded",
 ]

@@ -2,17 +2,21 @@
 
 from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
+from optuna_ds.launcher._classify import is_measurement
 from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
+from optuna_ds.launcher._ops import cpu_ops_to_build
+from optuna_ds.launcher._ops import ops_environment
 from optuna_ds.launcher._options import REFUSED_FLAGS
 from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import ResultsFiles
+from optuna_ds.launcher._ports import check_ports
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import device_kind
@@ -45,7 +49,9 @@ __all__ = [
     "Resources",
     "Slot",
     "SlotPool",
+    "check_ports",
     "classify",
+    "cpu_ops_to_build",
     "deferred_signals",
     "dies_with_this_process",
     "end_marked",
@@ -53,9 +59,11 @@ __all__ = [
     "device_kind",
     "discover_resources",
     "import_deepspeed",
+    "is_measurement",
     "kill_process_group",
     "local_host_names",
     "new_mark",
+    "ops_environment",
     "read_metrics",
     "telling_line",
 ]

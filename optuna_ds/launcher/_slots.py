@@ -40,8 +40,9 @@ class SlotPool:
     GPUs without any coordinator.
     """
 
-    def __init__(self, resources: Resources, *, lock_dir: str | None = None) -> None:
+    def __init__(self, resources: Resources, *, lock_dir: str | None = None, device: str = "GPU") -> None:
         self._slots = resources.slots()
+        self._device = device if device == "GPU" else f"{device} device"  # a CPU is no GPU
         self._lock_dir = lock_dir or default_lock_dir()
         os.makedirs(self._lock_dir, exist_ok=True)
         self._mutex = threading.Lock()
@@ -75,7 +76,7 @@ class SlotPool:
     def busy(self) -> str:
         """Who holds the GPUs the last failed lease wanted, for a waiting process to say."""
         held = ", ".join(f"{gpu} by pid {pid or '?'}" for gpu, pid in sorted(self._holders.items()))
-        return f"waiting for a free GPU slot: {held or 'all slots busy'} (locks in {self._lock_dir})"
+        return f"waiting for a free {self._device} slot: {held or 'all slots busy'} (locks in {self._lock_dir})"
 
     def try_acquire(self) -> Lease | None:
         """A free slot, leased, or ``None`` if every slot is busy."""

@@ -9,6 +9,7 @@ from optuna_ds.reporting._report import load_report
 from optuna_ds.reporting._report import register_with_dashboard
 from optuna_ds.reporting._report import render_report
 from optuna_ds.reporting._report import write_report
+from optuna_ds.reporting._summary import Budget
 from optuna_ds.reporting._summary import LearningRateAdvice
 from optuna_ds.reporting._summary import ScaledLearningRate
 from optuna_ds.reporting._summary import headline
@@ -23,6 +24,7 @@ from optuna_ds.reporting._summary import write_optimal
 from optuna_ds.reporting._summary import write_summary
 
 __all__ = [
+    "Budget",
     "LearningRateAdvice",
     "PartialSummary",
     "Progress",

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from optuna_ds.reporting._summary import Budget
+from optuna_ds.reporting._summary import budget_lines
 from optuna_ds.reporting._summary import stage_notes
 from optuna_ds.reporting._summary import summary_table
 from optuna_ds.studies import TuningResult
@@ -25,7 +27,7 @@ class PartialSummary:
         return "\n\n".join(self.head) + "\n\n" + "\n".join(self.body) + "\n"
 
 
-def partial_summary(result: TuningResult, *, finished: int, resume: str) -> PartialSummary:
+def partial_summary(result: TuningResult, *, finished: int, resume: str, budget: Budget | None = None) -> PartialSummary:
     """What an interrupted tuning leaves, marked partial at the top: the best measured so far,
     DeepSpeed's table, the stages' notes.
 
@@ -33,12 +35,15 @@ def partial_summary(result: TuningResult, *, finished: int, resume: str) -> Part
     search ends: an interrupted tuning claims none of them, and writes no optimal config.
     """
     metric, best, base, spend = result.metric, result.best, result.baseline, result.spend
-    head = [f"PARTIAL: interrupted after {finished} experiment(s); {resume}.",
+    cut = result.num_experiments - finished
+    done = f"{finished} experiment(s)" + (f" finished and {cut} cut short, which run again" if cut > 0 else "")
+    head = [f"PARTIAL: interrupted after {done}; {resume}.",
             "No optimal config yet: the planner chooses it when its search ends."]
     head.append(f"Best so far ({best.name}): {best.figure(metric)}." if best is not None
                 else "Best so far: none, no experiment finished successfully.")
     if base is not None and base.value is not None:
         head.append(f"Your config ({base.name}): {metric.with_unit(base.value)}.")
     head.append(f"Spent so far: {spend.hours}.")
+    head += budget_lines(result, budget)
     notes = stage_notes(result)
-    return PartialSummary(head=tuple(head), body=(summary_table(result), "", *notes), notes=tuple(notes))
+    return PartialSummary(head=tuple(head), body=(summary_table(result), *(("", *notes) if notes else ())), notes=tuple(notes))

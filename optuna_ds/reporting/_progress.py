@@ -21,6 +21,7 @@ from rich.text import Text
 
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
+from optuna_ds.studies import started_line
 
 
 # Rates are taken over this window: long enough to span several experiments, short enough to
@@ -105,6 +106,10 @@ class Progress:
         self._clock = clock
         self._lock = threading.RLock()
         self._to_start: int | None = None  # the planner's estimate of the experiments not yet started
+        self._said: int | None = None  # the total the last estimate line gave
+        self._starting = 0  # proposed, not yet started
+        self._earlier = 0  # experiments an earlier run of the tuning measured: in the estimate's words, not the bar
+        self._ceiling: int | None = None  # the most experiments a tuning launches
         self._done = 0
         self._durations = 0.0
         self._running: dict[tuple[int, int], tuple[str, str, float]] = {}
@@ -132,30 +137,52 @@ class Progress:
         if self._verbose:
             self._write(text)
 
-    def plan(self, remaining: int, *, metric: Metric) -> None:
-        """The planner's estimate of the experiments still to start; 0 once it stopped."""
+    def plan(self, remaining: int, *, metric: Metric, ceiling: int | None = None, starting: int = 0) -> None:
+        """The planner's estimate of the experiments still to start (0 once it stopped), beside
+        the ``starting`` ones it just proposed, which count until they start."""
         with self._lock:
-            old = self._total()
             self._to_start = remaining
+            self._starting = starting
             self._metric = metric
-            new = self._total()
+            self._ceiling = ceiling or self._ceiling
             self._update(sample=True)
-        if old is not None and new != old:
-            self.log(f"estimate: ~{new} experiments in all (was ~{old}), from what the stages so far showed")
+        self._tell_estimate(down=True)
         self._start_live()
+
+    def _tell_estimate(self, *, down: bool = False) -> None:
+        """Say the estimate each time it rises (an experiment finished and the planner still
+        expects as many more), and when the planner lowers it (``down``): a total that only
+        ever grew in silence read as a promise broken."""
+        with self._lock:
+            total, said, stopped = self._total(), self._said, self._to_start == 0
+            if total is None or total == said or (said is not None and total < said and not down) or stopped:
+                return
+            if said is None and not (self._running or self._done):
+                return  # first said with the first experiment, which it counts
+            self._said = total
+            earlier = self._earlier
+        if said is not None:
+            self.log(f"estimate: ~{total + earlier} experiments in all (was ~{said + earlier}), from what the results so far showed")
+        elif self._ceiling:
+            before = f", {earlier} of them measured before this run" if earlier else ""
+            self.log(f"estimate: ~{total + earlier} experiments in all{before}, at most {self._ceiling}: a guess the planner "
+                     f"revises as results come in (it stops once no experiment is expected to pay), each revision said")
 
     def decided(self, *, stage: int, number: int, name: str, seconds: float) -> None:
         pass
 
-    def started(self, *, stage: int, number: int, name: str, slot: str) -> None:
+    def started(self, *, stage: int, number: int, name: str, slot: str, why: str = "") -> None:
         with self._lock:
             self._running[(stage, number)] = (name, slot, self._clock())
+            self._starting = max(0, self._starting - 1)
             self._update(sample=True)
-        self.log(f"[z{stage}] trial {number}: running {name} on {slot}")
+        self.log(started_line(stage=stage, number=number, name=name, slot=slot, why=why))
+        self._tell_estimate()
 
     def resumed(self, *, stage: int, name: str, value: float, metric: Metric) -> None:
         with self._lock:
             self._metric = metric
+            self._earlier += 1
             self._keep_best(stage, name, value)
 
     def _keep_best(self, stage: int, name: str, value: float) -> None:
@@ -173,6 +200,7 @@ class Progress:
                 outcome = f"{self._metric.name} {self._with_unit(value)}"
             self._update(sample=True)
         self.log(f"[z{stage}] trial {number}: {name} {outcome} in {duration:.1f}s")
+        self._tell_estimate()
 
     def close(self) -> None:
         if self._live is not None:
@@ -184,7 +212,7 @@ class Progress:
     def _total(self) -> int | None:
         if self._to_start is None:
             return None
-        return self._done + len(self._running) + self._to_start
+        return self._done + len(self._running) + self._starting + self._to_start
 
     def _under_way(self, now: float) -> float:
         """The running experiments as a number of experiments: each its time so far over the

@@ -24,6 +24,8 @@ from optuna_ds.domain import ZERO_KEY
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import Phase
 from optuna_ds.domain import RootRecord
+from optuna_ds.reporting._summary import Budget
+from optuna_ds.domain import superseded
 from optuna_ds.reporting._summary import SUMMARY_HEAD
 from optuna_ds.reporting._summary import LearningRateAdvice
 from optuna_ds.reporting._summary import headline
@@ -163,9 +165,11 @@ def experiment_rows(studies: dict[int, optuna.Study], best: Optimum | None = Non
     stage and trial."""
     rows = []
     for stage, study in studies.items():
-        for t in study.get_trials(deepcopy=False):
+        trials = study.get_trials(deepcopy=False)
+        gone = superseded(trials)
+        for t in trials:
             record = ExperimentRecord.from_trial(t)
-            if record.exp_name is None or t.state == TrialState.WAITING:
+            if record.exp_name is None or t.state == TrialState.WAITING or t.number in gone:
                 continue
             rows.append(ExperimentRow(stage=stage, trial=t, record=record,
                                       chosen=best is not None and stage == best.stage and t.number in best.trials))
@@ -186,8 +190,10 @@ def format_value(value: Any) -> str:
 
 
 def _hide(rows: list[ExperimentRow]) -> list[ExperimentRow]:
-    """What the user paid for: internal duplicates (a claim that stood down) launched nothing."""
-    return [r for r in rows if r.status != "duplicate"]
+    """What the user paid for: internal duplicates (a claim that stood down) launched nothing,
+    and an experiment cut short that ran again since is that run's, not a failure."""
+    again = {(r.stage, r.name) for r in rows if r.status not in ("duplicate", "interrupted")}
+    return [r for r in rows if r.status != "duplicate" and not (r.status == "interrupted" and (r.stage, r.name) in again)]
 
 
 def _stage_name(stage: int) -> str:
@@ -426,13 +432,14 @@ def _profile(root: RootRecord, rows: list[ExperimentRow]) -> _Profile | None:
 
 
 def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result: TuningResult,
-                advice: LearningRateAdvice | str | None = None) -> ReportData:
+                advice: LearningRateAdvice | str | None = None, budget: Budget | None = None) -> ReportData:
     metric, best, spend = result.metric, result.best, result.spend
     studies = stage_studies(storage, study_name)
     rows = _hide(experiment_rows(studies, best))
     root = RootRecord.from_attrs(optuna.load_study(study_name=study_name, storage=storage).user_attrs)
     base = result.baseline
-    baseline = next((r for r in rows if base is not None and base.name and r.name == base.name and r.stage == base.stage), None)
+    baseline = next((r for r in sorted(rows, key=lambda r: r.status != "complete")
+                     if base is not None and base.name and r.name == base.name and r.stage == base.stage), None)
     ctx = _Context(metric=metric, baseline=baseline, best=best, device=spend.noun)
     figures = {
         "metric_vs_mbs": _metric_vs_mbs(rows, ctx),
@@ -452,7 +459,7 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
         memory_note = (f"Peak GPU memory per experiment: {(root.resources.gpu_memory if root.resources else '') or 'not reported'}."
                        if spend.device == "GPU" else f"Peak memory per experiment: not measured on this accelerator ({spend.noun}).")
     return ReportData(study_name=study_name, metric=metric, studies=studies, rows=rows, figures=figures, title=title,
-                      headline=tuple(headline(result)), memory_note=memory_note, baseline=baseline.name if baseline else "",
+                      headline=tuple(headline(result, budget)), memory_note=memory_note, baseline=baseline.name if baseline else "",
                       best=best, summary_rows=tuple(summary_rows(result)), notes=tuple(summary_notes(result, advice)))
 
 

@@ -75,14 +75,108 @@ def optimum_line(result: TuningResult) -> str:
     if factor is not None:
         base = result.baseline
         same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
-        line += f", {format_number(factor, 3)}x {'faster' if factor >= 1 else 'as fast'}{same}"
+        spread = speedup_uncertainty(result)
+        if spread is not None and spread >= _RANGE_FROM and not same:
+            low, high = factor * max(0.0, 1 - spread), factor * (1 + spread)
+            line += (f", {format_number(low, 2)}-{format_number(high, 2)}x {'faster' if factor >= 1 else 'as fast'} "
+                     f"({format_number(factor, 3)}x by the means of their runs, give or take twice the noise)")
+        else:
+            line += f", {format_number(factor, 3)}x {'faster' if factor >= 1 else 'as fast'}{same}"
     return f"{line}; {result.noise.phrase}."
 
 
-def headline(result: TuningResult) -> list[str]:
+# The speed-up is given as a range once twice its deviation reaches this share of it.
+_RANGE_FROM = 0.1
+
+
+def speedup_uncertainty(result: TuningResult) -> float | None:
+    """Twice the relative deviation of :func:`speedup`, from the measured run-to-run noise and
+    the runs each mean rests on; ``None`` where the noise was not measured."""
+    base, best, noise = result.baseline, result.best, result.noise.value
+    if noise is None or base is None or best is None:
+        return None
+    return 2 * noise * (1 / max(1, base.runs) + 1 / len(best.runs)) ** 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What a user budgets in: the price of a device-hour (``--cost-per-gpu-hour``) and the real
+    training's length in samples (``--train-samples``, or ``--train-steps`` at the user's own
+    global batch size)."""
+
+    cost_per_gpu_hour: float | None = None
+    train_samples: int | None = None
+    train_steps: int | None = None  # what the user gave, where the samples come from steps
+
+
+def _money(amount: float) -> str:
+    return f"{amount:,.2f}"
+
+
+def _duration(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:,.1f} GiB"
+
+
+def memory_line(result: TuningResult) -> str:
+    """The optimum's measured peak memory against the device's, and the margin kept free;
+    where the accelerator reports no peak, that the margin held the estimate only."""
+    best, spend = result.best, result.spend
+    if best is None or not result.device_memory:
+        return ""
+    margin = (f"the margin keeps {result.memory_margin:.0%} free (--memory-margin): a run above "
+              f"{_gib(result.device_memory * (1 - result.memory_margin))} counts as out of memory")
+    if best.peak_memory:
+        return (f"Memory: {best.name} peaks at {_gib(best.peak_memory)} of {_gib(result.device_memory)} per {spend.noun} "
+                f"({best.peak_memory / result.device_memory:.0%}); {margin}.")
+    why = " (NVML reports NVIDIA GPUs only)" if spend.device == "GPU" else ""
+    return (f"Memory: the peak is not measured on this {spend.noun}{why}; "
+            f"the margin of {result.memory_margin:.0%} (--memory-margin) could not be checked.")
+
+
+def budget_lines(result: TuningResult, budget: Budget | None) -> list[str]:
+    """The tuning's cost in money, and the real training's time and cost with the user's config
+    and with the optimum, each at its measured mean (on the GPUs of one experiment)."""
+    if budget is None:
+        return []
+    lines = []
+    spend, price = result.spend, budget.cost_per_gpu_hour
+    noun = "GPU-hour" if spend.device == "GPU" else "device-hour"
+    if price is not None:
+        lines.append(f"Cost of the tuning: {_money(spend.gpu_hours * price)} at {_money(price)} per {noun}.")
+    if budget.train_samples is None:
+        return lines
+    base, best = result.baseline, result.best
+    what = (f"{budget.train_steps:,} steps of your config ({budget.train_samples:,} samples)" if budget.train_steps
+            else f"{budget.train_samples:,} samples")
+    if result.metric.name != "throughput":
+        return [*lines, f"Training {what}: its time follows from the throughput metric only, not {result.metric.name}."]
+    gpus = spend.gpus_per_experiment
+
+    def cost(rate: float) -> str:
+        seconds = budget.train_samples / rate  # type: ignore[operator]
+        hours = seconds * gpus / 3600
+        money = f", {_money(hours * price)}" if price is not None else ""
+        return f"{_duration(seconds)} ({format_number(hours, 3)} {noun}s{money})"
+
+    parts = []
+    if base is not None and base.value:
+        parts.append(f"your config {cost(base.value)}")
+    if best is not None and best.value:
+        parts.append(f"the optimum {cost(best.value)}")
+    if parts:
+        lines.append(f"Training {what} on {gpus} {spend.noun}(s): " + ", ".join(parts) + ".")
+    return lines
+
+
+def headline(result: TuningResult, budget: Budget | None = None) -> list[str]:
     """What the user came for: their config, the optimum and how much faster (with the
     run-to-run noise and what it was measured from), what finding it cost, and a warning where
-    the optimum's own runs disagree more than the noise explains."""
+    the optimum's own runs disagree more than the noise explains; then its memory against the
+    device's, and, given a price and the training's length, what the training costs."""
     base, best, metric = result.baseline, result.best, result.metric
     lines = []
     if base is not None and base.stage is not None:
@@ -105,7 +199,9 @@ def headline(result: TuningResult) -> list[str]:
     warning = best.warning(metric, result.noise) if best is not None else ""
     if warning:
         lines.append(warning)
-    return lines
+    if memory := memory_line(result):
+        lines.append(memory)
+    return lines + budget_lines(result, budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,15 +294,30 @@ def scale_learning_rate(advice: LearningRateAdvice, *, config: dict[str, Any], s
                               f"--scale-lr: not applied, {where} and the script arguments pass no {flag}: {advice.text}", False)
 
 
-def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None) -> str:
+def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
     """The headline, DeepSpeed's summary table, then the notes."""
-    return "\n".join([*headline(result), "", summary_table(result), "", *summary_notes(result, advice)]) + "\n"
+    return "\n".join([*headline(result, budget), "", summary_table(result), "", *summary_notes(result, advice)]) + "\n"
 
 
-def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str | None) -> str:
-    """The summary as optuna-dashboard's note renders it: the headline, the table, the notes."""
-    head = "\n\n".join(f"**{line}**" if i == 0 else line for i, line in enumerate(headline(result)))
-    return "\n".join([head, "", summary_table(result), "", *(f"- {n}" for n in summary_notes(result, advice))]) + "\n"
+def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
+    """The summary as optuna-dashboard's note renders it: first what the dashboard's own figures
+    get wrong (its "Best Trial" is one run, unformatted; a parameter that never changed gets an
+    importance), then the headline, the table, the notes."""
+    first = [f"**Read first:** {line}" for line in dashboard_caveats(result)]
+    head = "\n\n".join(f"**{line}**" if i == 0 else line for i, line in enumerate(headline(result, budget)))
+    notes = [n for n in summary_notes(result, advice) if n != optuna_best_note(result)]
+    return "\n".join([*(f"{line}\n" for line in first), head, "", summary_table(result), "", *(f"- {n}" for n in notes)]) + "\n"
+
+
+def dashboard_caveats(result: TuningResult) -> list[str]:
+    """What optuna-dashboard shows that is not this tuning's answer: its best trial, where it is
+    not the optimum, and the importance of an accumulation that never changed."""
+    lines = [note] if (note := optuna_best_note(result)) else []
+    accumulations = {m.config.accumulation for m in result.measured}
+    if len(accumulations) == 1 and len(result.measured) > 1:
+        lines.append(f"gradient_accumulation_steps was {accumulations.pop()} in every experiment: its importance in the "
+                     f"dashboard (0) says nothing of it.")
+    return lines
 
 
 def optuna_best_note(result: TuningResult) -> str:
@@ -219,6 +330,51 @@ def optuna_best_note(result: TuningResult) -> str:
             f"{other.number}, {other.name}: one run at {result.metric.with_unit(other.value)}. The optimum is {best.name} "
             f"(trial {best.trial_number}; the study's user attr `optimum`): Optuna ranks single runs, the planner ranks "
             f"configs by all their runs, its estimate and the measured noise.")
+
+
+# Two means differing by less than this many deviations of their difference are equivalent: the
+# planner's own bound on a choice measured below another (PlannerSettings.plausible_z).
+_EQUIVALENT_Z = 2.0
+_NAMED = 4  # equivalent configs named, at most
+
+
+def choice_lines(result: TuningResult) -> list[str]:
+    """Why the optimum is the optimum, and which configs are as good within the noise: what a
+    DeepSpeed user, who can predict DeepSpeed's own search, asks of this one."""
+    best, metric, noise = result.best, result.metric, result.noise
+    if best is None or not best.chosen:
+        return []
+    others = [m for m in result.measured if m.config != best.config]
+    why = (f"Why {best.name}: of the {len(others) + 1} configs that ran, it is the best by the planner's estimate, which weighs "
+           f"every run of every size and stage (a curve per stage), not one run")
+    higher = metric.best([m for m in others if metric.better(m.value, best.value)], key=lambda m: m.value)
+    if higher is not None:
+        why += (f"; {higher.name} measured a higher mean ({metric.with_unit(higher.value)}, {_runs(len(higher.runs))}) "
+                f"that its curve and the noise do not bear out")
+    if noise.value is None:
+        return [why + ".", "Equivalent configs: none can be named, the run-to-run noise was not measured."]
+
+    def equivalent(m: Any) -> bool:
+        deviation = noise.value * (1 / len(m.runs) + 1 / len(best.runs)) ** 0.5
+        return abs(m.value - best.value) <= _EQUIVALENT_Z * deviation * best.value
+
+    ranked = sorted(others, key=lambda m: metric.oriented(m.value), reverse=True)
+    alike = [m for m in ranked if equivalent(m)]
+    if alike:
+        named = ", ".join(f"{m.name} ({metric.with_unit(m.value)}, {_runs(len(m.runs))})" for m in alike[:_NAMED])
+        more = f" and {len(alike) - _NAMED} more" if len(alike) > _NAMED else ""
+        equal = f"Equivalent within the noise ({noise.value:.1%} per run): {named}{more}; any of them would do as well."
+    elif ranked:
+        gap = abs(ranked[0].value - best.value) / best.value
+        equal = (f"Equivalent within the noise ({noise.value:.1%} per run): none; the next best, {ranked[0].name}, is "
+                 f"{gap:.1%} {'slower' if metric.better(best.value, ranked[0].value) else 'apart'}.")
+    else:
+        equal = "Equivalent configs: none, no other config ran."
+    return [why + ".", equal]
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' if n > 1 else ''}"
 
 
 def stage_notes(result: TuningResult) -> list[str]:
@@ -242,6 +398,7 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
                  f"Each best_metric_val is the mean of its config's runs.")
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
+    lines += choice_lines(result)
     if note := optuna_best_note(result):
         lines.append(note)
     lines += stage_notes(result)
@@ -250,9 +407,10 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     return lines
 
 
-def write_summary(result: TuningResult, *, results_dir: str, advice: LearningRateAdvice | str | None) -> str:
+def write_summary(result: TuningResult, *, results_dir: str, advice: LearningRateAdvice | str | None,
+                  budget: Budget | None = None) -> str:
     """Write ``summary.txt`` and return its text."""
-    text = summary_text(result, advice=advice)
+    text = summary_text(result, advice=advice, budget=budget)
     os.makedirs(results_dir, exist_ok=True)
     with open(ResultsFiles(results_dir).summary, "w", encoding="utf-8") as f:
         f.write(text)

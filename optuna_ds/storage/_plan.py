@@ -42,6 +42,8 @@ class TuningPlan:
     results_dir: str
     exps_dir: str
     trial_timeout: float | None
+    # The share of each device's memory the chosen config must leave free (``--memory-margin``).
+    memory_margin: float = 0.05
     version: int = PLAN_VERSION
 
     @property
@@ -151,11 +153,24 @@ def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, d
     previous = TuningPlan.from_dict(stored)
     if previous.fingerprint != plan.fingerprint:
         raise PlanMismatchError(
-            f"study '{plan.study_name}' already holds a tuning of a different script, arguments or config "
-            f"({previous.script} with {previous.config_path}): rerun that command to resume it, "
+            f"study '{plan.study_name}' already holds a tuning of {previous.script} with {previous.config_path} "
+            f"whose {_difference(previous, plan)}: rerun that command to resume it, "
             "pass --overwrite to start afresh, or choose another --study-name"
         )
     return study
+
+
+def _difference(stored: TuningPlan, plan: TuningPlan) -> str:
+    """What tells two plans apart, as the refusal names it: the script, its arguments, the
+    config's top-level keys that differ, or the launcher options."""
+    if stored.script != plan.script:
+        return "script differs"
+    if stored.script_args != plan.script_args:
+        return "script arguments differ"
+    keys = sorted(k for k in {*stored.user_config, *plan.user_config} if stored.user_config.get(k) != plan.user_config.get(k))
+    if keys:
+        return f"config differs in {', '.join(keys)}"
+    return "launcher options differ"
 
 
 def load_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage: int) -> optuna.Study | None:

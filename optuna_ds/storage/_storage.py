@@ -80,6 +80,7 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
         parsed = make_url(url)
     except (ArgumentError, ValueError):
         raise StorageError(f"invalid storage URL {redact_url(url)!s}: expected e.g. sqlite:///path.db or postgresql+psycopg://user@host/db") from None
+    _check_dialect(url, parsed)
     password = url_password(url)
     if password is not None and ("@" in password or "/" in password):
         # The URL parser would cut the password there and take its tail for the host.
@@ -98,7 +99,7 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
     try:
         if sqlite_path and create:
             os.makedirs(os.path.dirname(sqlite_path), exist_ok=True)
-        with _creation_lock(sqlite_path if create else None):
+        with _creation_lock(sqlite_path, create=create):
             if sqlite_path:
                 _sqlite_wal(sqlite_path)
             storage = _open(url, parsed, engine_kwargs)
@@ -107,6 +108,29 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
     if sqlite_path:
         _sqlite_sync_normal(storage)
     return storage
+
+
+# The URL schemes of the drivers optuna-ds's extras install, by the database's family.
+_SCHEMES = {"postgres": "postgresql+psycopg", "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql", "sqlite": "sqlite"}
+
+
+def _scheme_hint(drivername: str) -> str:
+    family = next((s for k, s in _SCHEMES.items() if drivername.lower().startswith(k)), None)
+    return f"; use {family}://..." if family else "; expected e.g. sqlite:///path.db or postgresql+psycopg://user@host/db"
+
+
+def _check_dialect(url: str, parsed: Any) -> None:
+    """A scheme SQLAlchemy has no dialect for (``postgres://``, as Heroku and many docs write
+    it) is told with the one that works, not as SQLAlchemy's "Can't load plugin"."""
+    from sqlalchemy.exc import NoSuchModuleError
+
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        raise StorageError(f"storage {redact_url(url)}: SQLAlchemy knows no database {parsed.drivername!r}"
+                           f"{_scheme_hint(parsed.drivername)}") from None
+    except ImportError:
+        pass  # a known dialect whose driver is missing: told when it opens (see _open)
 
 
 def _sqlite_sync_normal(storage: optuna.storages.RDBStorage) -> None:
@@ -122,13 +146,22 @@ def _sqlite_sync_normal(storage: optuna.storages.RDBStorage) -> None:
 
 
 @contextlib.contextmanager
-def _creation_lock(sqlite_path: str | None) -> Iterator[None]:
+def _creation_lock(sqlite_path: str | None, *, create: bool) -> Iterator[None]:
     """Local processes that open a new SQLite database together would race to create its
-    tables: they take turns."""
+    tables: they take turns. One that opens an existing database only (``create=False``) waits
+    for a creation under way, and makes no lock file: the file is there before its WAL mode and
+    its tables, and a worker that opened it then exited 2, "database is locked"."""
     if not sqlite_path:
         yield
         return
-    with open(f"{os.path.abspath(sqlite_path)}.lock", "a") as f:
+    try:
+        f = open(f"{os.path.abspath(sqlite_path)}.lock", "a" if create else "r")
+    except OSError:
+        if create:
+            raise
+        yield  # no creation of ours under way
+        return
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
@@ -291,7 +324,9 @@ def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStor
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
     except ImportError as e:
-        raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or optuna-ds[mysql]") from None
+        driver = "" if "+" in parsed.drivername else _scheme_hint(parsed.drivername)  # the default driver, not the extra's
+        raise StorageError(f"storage {redact_url(url)}: database driver missing ({e}); install optuna-ds[postgres] or "
+                           f"optuna-ds[mysql]{driver}") from None
     except Exception as e:  # noqa: BLE001 - whatever opening the storage fails with (driver, SQLAlchemy, Optuna) is told in one line
         denied = permission_denied(e)
         if denied is not None:

@@ -83,8 +83,9 @@ class Reaper:
         self._reaped = 0.0
 
     def reap(self, *, force: bool = False) -> None:
-        """Fail the trials of dead workers so that their experiments run again: at once for a
-        process of this host, after the heartbeat's grace period for one elsewhere."""
+        """Fail the trials of dead workers, their experiments not run (the planner decides whether
+        they run again): at once for a process of this host, after the heartbeat's grace period
+        for one elsewhere."""
         now = time.monotonic()
         if not force and now - self._reaped < _REAP_SECONDS:
             return
@@ -93,7 +94,7 @@ class Reaper:
         for number in completed:
             self._observer.log(f"[z{self._stage}] trial {number}: its process died, but its experiment finished: result kept")
         for number in failed:
-            self._observer.log(f"[z{self._stage}] trial {number}: its process died; its experiment will run again")
+            self._observer.log(f"[z{self._stage}] trial {number}: its process died; its experiment counts as not run")
         for number in unclaimed:
             self._observer.log(f"[z{self._stage}] trial {number}: its process died before it claimed an experiment; it launched nothing")
         optuna.storages.fail_stale_trials(self._study)

@@ -32,3 +32,6 @@ class StageContext:
     timeout: float | None
     observer: TuningObserver
     seed: int | None = None
+    # The device's memory less the user's margin (--memory-margin): a run measured above it
+    # counts as out of memory, so the chosen config keeps that headroom.
+    memory_limit: float | None = None

@@ -11,17 +11,20 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.config import Metric
+from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
 from optuna_ds.domain import given_up
 from optuna_ds.domain import is_finished_experiment
 from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import deferred_signals
+from optuna_ds.launcher import is_measurement
 from optuna_ds.planner import Decision
 from optuna_ds.planner import Observation
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Proposal
 from optuna_ds.planner import Status
+from optuna_ds.planner import measured_noise
 from optuna_ds.planner import plan
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._knob_search import KnobCandidates
@@ -33,9 +36,12 @@ _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
 _IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
 
 
-def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, FrozenTrial]) -> Observation | None:
+def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, FrozenTrial],
+                   memory_limit: float | None = None) -> Observation | None:
     """What a stage study's trial tells the planner; ``None`` for a trial that launched nothing or
-    whose experiment must run again (interrupted, its worker died)."""
+    whose experiment must run again (interrupted, its worker died). A run whose measured peak
+    memory exceeds ``memory_limit`` (the device's less the user's margin) counts as out of
+    memory: it ran, but without the headroom the chosen config must keep."""
     record = ExperimentRecord.from_trial(trial)
     config = record.config
     if not record.claimed or trial.state == TrialState.PRUNED or config is None:
@@ -46,13 +52,27 @@ def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, Frozen
         started = trial.datetime_start
         seconds = max(0.0, (datetime.datetime.now() - started).total_seconds()) if started is not None else None
         return Observation(config=config, status=Status.RUNNING, seconds=seconds, repeat=repeat)
-    if trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0:
+    # A value an earlier version stored unchecked (a latency of 5e-324: a rate of infinity) is a failed run.
+    if trial.state == TrialState.COMPLETE and is_measurement(trial.value):
+        if memory_limit is not None and record.peak_gpu_memory and record.peak_gpu_memory > memory_limit:
+            return Observation(config=config, status=Status.OOM, seconds=record.duration, repeat=repeat)
         return Observation(config=config, status=Status.OK, score=metric.rate(trial.value), seconds=record.duration, repeat=repeat,
                            memory=record.peak_gpu_memory or None)
     if is_finished_experiment(trial) or record.exp_name in dead:
         status = Status.OOM if record.reason is FailureReason.OOM else Status.FAILED
         return Observation(config=config, status=status, seconds=record.duration, repeat=repeat)
     return None
+
+
+def _noise(observations: list[Observation]) -> float | None:
+    """The noise of one run as the planner measures it from ``observations`` (``None`` before
+    one ran): the knob search's early stopping reads it, so it comes from the storage, as every
+    other input of the planner does, and every process given the same trials decides the same."""
+    runs: dict[Config, list[float]] = {}
+    for o in observations:
+        if o.status is Status.OK and o.score is not None and o.score > 0:
+            runs.setdefault(o.config, []).append(o.score)
+    return measured_noise(runs.values())[0] if runs else None
 
 
 class Coordinator:
@@ -77,7 +97,7 @@ class Coordinator:
         self._pool = ctx.pool
         self._stop = ctx.stop
         self._log = ctx.observer.log
-        self._remaining: int | None = None
+        self._remaining: tuple[int, int] | None = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._handed: list[Proposal] = []
@@ -92,23 +112,27 @@ class Coordinator:
         for tuner in self._tuners.values():
             trials = tuner.study.get_trials(deepcopy=False)
             dead = given_up(trials)
-            seen += [o for t in trials if (o := observation_of(t, metric=self._ctx.metric, dead=dead)) is not None]
+            seen += [o for t in trials if (o := observation_of(t, metric=self._ctx.metric, dead=dead,
+                                                               memory_limit=self._ctx.memory_limit)) is not None]
         return seen
 
     def _progress(self, decision: Decision, observations: list[Observation]) -> None:
         """The progress display's estimate of the experiments left: a few more while any arm is
         unexplored or anything is proposed, none once the planner is done."""
-        explored = {o.arm for o in observations}
+        # The arm of the experiment about to start is explored: counted among those under way,
+        # not again among the arms still to explore.
+        explored = {o.arm for o in observations} | {p.config.arm for p in decision.proposals}
         left = 0 if decision.done else _REFINEMENTS + sum(1 for a in self._problem.arms if a.key not in explored and not a.offload)
-        if left != self._remaining:
-            self._remaining = left
-            self._ctx.observer.plan(left, metric=self._ctx.metric)
+        starting = len(decision.proposals)
+        if (left, starting) != self._remaining:
+            self._remaining = (left, starting)
+            self._ctx.observer.plan(left, metric=self._ctx.metric, ceiling=self._problem.max_experiments, starting=starting)
 
     def _decide(self) -> Decision:
         observations = self.observations()
         running = {o.config for o in observations if o.status is Status.RUNNING}
         pending = [Observation(config=p.config, status=Status.RUNNING) for p in self._handed if p.config not in running]
-        noise = self.decision.noise if self.decision is not None else None
+        noise = _noise(observations)
         candidates = (self._knobs(self._problem.arms, {s: t.study for s, t in self._tuners.items()}, noise)
                       if self._knobs is not None else None)
         decision = plan(self._problem, observations + pending, free_slots=1, knob_candidates=candidates)
@@ -137,6 +161,12 @@ class Coordinator:
                 self._changed.notify_all()
             self._idle_until = time.monotonic() + _IDLE_SECONDS
             return None
+
+    def reopen(self) -> None:
+        """Ask the planner again after experiments it did not propose (the runs measured alike)."""
+        with self._lock:
+            self._phase_done = False
+            self._idle_until = 0.0
 
     # -- the slots --------------------------------------------------------------------------------
 
@@ -186,9 +216,27 @@ class Coordinator:
         if errors:
             raise errors[0]
 
+    def _nothing_to_start(self) -> bool:
+        """Whether the planner is done, asked before waiting for a slot another process holds:
+        a resumed tuning with nothing left to launch must not wait on someone else's experiment."""
+        with self._lock:
+            if not self._phase_done:
+                for tuner in self._tuners.values():
+                    tuner.reap()  # as _next does: a dead worker's running experiment must not pass for one under way
+                decision = self._decide()
+                if decision.done and not decision.proposals:
+                    self._phase_done = True
+                    self._log(f"the planner stopped: {decision.reason}")
+                    self._changed.notify_all()
+            return self._phase_done
+
     def _plan_slot(self) -> None:
         while not self._stop.is_set():
-            lease = self._pool.acquire(self._stop, on_wait=self._log)
+            lease = self._pool.try_acquire()
+            if lease is None:
+                if self._nothing_to_start():
+                    return
+                lease = self._pool.acquire(self._stop, on_wait=self._log)
             if lease is None:
                 return  # stopped
             proposal = None

@@ -7,8 +7,10 @@ import socket
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._optuna_compat import stale_trial_ids
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import trial_id
 from optuna_ds.config import Metric
@@ -38,7 +40,7 @@ def this_process() -> dict[str, Any]:
     return process_identity(os.getpid())
 
 
-def _dead(owner: dict[str, Any]) -> bool:
+def dead(owner: dict[str, Any]) -> bool:
     """Whether the process that ran a trial is known to be gone. Only a process on this host
     can be checked; elsewhere the storage's heartbeat decides."""
     if owner.get("host") != socket.gethostname():
@@ -54,6 +56,14 @@ def _dead(owner: dict[str, Any]) -> bool:
         return False
     started = owner.get("started")
     return started is not None and _start_time(pid) not in (None, started)
+
+
+def live_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The running trials of ``study`` whose process is alive: on this host by its pid,
+    elsewhere by a heartbeat within the grace period."""
+    stale = stale_trial_ids(study)
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if trial_id(t) not in stale
+            and not (isinstance(worker := ExperimentRecord.from_trial(t).worker, dict) and dead(worker))]
 
 
 def _folder_mark(record: ExperimentRecord) -> str | None:
@@ -91,22 +101,25 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
     An experiment that finished meanwhile and wrote its metrics completes its trial with them.
     An experiment such a process left running is ended first, by its process group; metrics it
     wrote before it ended still count. Otherwise the trial fails at once (not after the
-    heartbeat's grace period) so that its experiment runs again. A trial whose process died
+    heartbeat's grace period): its experiment counts as not run, and the planner decides afresh
+    whether it runs (a size you listed does; a knob setting or a re-measurement may no longer
+    pay). A trial whose process died between its claim and its launch is such a trial too, one
+    that launched nothing (:func:`given_up` does not count it). A trial whose process died
     after taking it but before claiming an experiment (no ``exp_name``) fails too, lost like the
     others but with no experiment: it launched nothing, cost no GPU time, and no one counts it
     as an experiment (the report, the summary, the planner and :func:`given_up` read claimed
-    trials only). Returns the numbers of the trials completed, of those failed whose experiment
-    runs again, and of those failed before their claim.
+    trials only). Returns the numbers of the trials completed, of those failed after their
+    claim, and of those failed before it.
     """
     completed: list[int] = []
     failed: list[int] = []
     unclaimed: list[int] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         record = ExperimentRecord.from_trial(t)
-        if not (isinstance(record.worker, dict) and _dead(record.worker)):
+        if not (isinstance(record.worker, dict) and dead(record.worker)):
             continue
         experiment = record.experiment_process
-        if isinstance(experiment, dict) and not _dead(experiment):
+        if isinstance(experiment, dict) and not dead(experiment):
             # End the orphan first, then read: metrics it wrote before it ended are a result,
             # even when written a moment before its exit.
             kill_process_group(int(experiment["pid"]))
@@ -124,7 +137,8 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
                 if mark:
                     end_marked(mark)  # what it left running outside its group
                 continue
-            detail = "its process died" if record.claimed else "its process died before it claimed an experiment"
+            detail = ("its process died" if record.launched else "its process died before it launched its experiment") \
+                if record.claimed else "its process died before it claimed an experiment"
             ExperimentRecord(reason=FailureReason.INTERRUPTED, detail=detail, lost=True).write(set_user_attr)
             storage.set_trial_state_values(trial_id(t), TrialState.FAIL)
         except RuntimeError:

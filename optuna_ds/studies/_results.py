@@ -61,6 +61,7 @@ class Optimum:
     trials: tuple[int, ...] = ()  # the stage study's trials that ran it
     estimate: float | None = None  # the planner's, where this is its choice
     chosen: bool = False  # the planner's final choice, not the best mean so far
+    peak_memory: int | None = None  # bytes per device, the highest of its runs, where the accelerator reports it
 
     @property
     def stage(self) -> int:
@@ -120,6 +121,7 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, chosen_trial: int |
     assert picked is not None
     first = picked[0]
     record = ExperimentRecord.from_trial(first)
+    peaks = [p for t in picked if (p := ExperimentRecord.from_trial(t).peak_gpu_memory)]
     assert record.exp_name is not None and record.config is not None
     return Optimum(
         name=record.exp_name,
@@ -132,7 +134,31 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, chosen_trial: int |
         trials=tuple(t.number for t in picked),
         estimate=estimate,
         chosen=final,
+        peak_memory=max(peaks) if peaks else None,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A config that ran, by its runs: what the choice is explained against."""
+
+    name: str  # its first run's
+    config: Config
+    runs: tuple[float, ...]
+
+    @property
+    def value(self) -> float:
+        return statistics.fmean(self.runs)
+
+
+def measured_configs(trials: Iterable[FrozenTrial]) -> list[Measured]:
+    """Every config with a completed run, named by its first run, with all its runs."""
+    names: dict[Config, str] = {}
+    for t in launched(trials):
+        record = ExperimentRecord.from_trial(t)
+        if t.state == TrialState.COMPLETE and record.config is not None and record.exp_name:
+            names.setdefault(record.config, record.exp_name)
+    return [Measured(name=names[c], config=c, runs=tuple(v)) for c, v in _runs_by_config(trials).items() if c in names]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +195,8 @@ def failure_text(record: ExperimentRecord) -> str:
 def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str = "tuned", reason: str = "",
                  chosen_trial: int | None = None, estimate: float | None = None, final: bool = False) -> StageResult:
     trials = launched(study.get_trials(deepcopy=False))
-    failed = [t for t in trials if t.state == TrialState.FAIL]
+    # An experiment the user (or a lost node) cut short is no failure of its config: it runs again.
+    failed = [t for t in trials if t.state == TrialState.FAIL and ExperimentRecord.from_trial(t).reason is not FailureReason.INTERRUPTED]
     last_failure = ""
     if failed:
         record = ExperimentRecord.from_trial(failed[-1])
@@ -210,6 +237,7 @@ class Spend:
     gpu_seconds: float = 0.0  # device-seconds, whatever the accelerator
     profiled: bool = False
     device: str = ""  # the accelerator's kind ("GPU", "CPU"); "" where the tuning did not record it
+    gpus_per_experiment: int = 1
 
     @property
     def gpu_hours(self) -> float:
@@ -248,7 +276,7 @@ def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None
     if profile_seconds is not None:
         seconds.append(profile_seconds)
     return Spend(experiments=len(seconds), gpu_seconds=sum(seconds) * gpus_per_experiment, profiled=profile_seconds is not None,
-                 device=device)
+                 device=device, gpus_per_experiment=gpus_per_experiment)
 
 
 def _runs_by_config(trials: Iterable[FrozenTrial]) -> dict[Config, list[float]]:
@@ -336,6 +364,9 @@ class TuningResult:
     noise: Noise = Noise()
     best: Optimum | None = None  # the planner's choice; before it chose, the best mean of runs so far
     optuna_best: OptunaBest | None = None
+    device_memory: float = 0.0  # bytes per device, as the first process recorded it
+    memory_margin: float = 0.0  # the share of it the choice leaves free
+    measured: tuple[Measured, ...] = ()  # every config that ran, for the choice's explanation
 
     @property
     def num_experiments(self) -> int:

@@ -13,8 +13,10 @@ from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
+from optuna_ds._optuna_compat import study_id
 from optuna_ds.config import UserConfig
 from optuna_ds.domain import ChoiceRecord
+from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
@@ -44,12 +46,15 @@ from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import TuningObserver
+from optuna_ds.studies._owner import dead
+from optuna_ds.studies._owner import this_process
 from optuna_ds.studies._results import Optimum
 from optuna_ds.studies._results import OptunaBest
 from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import find_baseline
+from optuna_ds.studies._results import measured_configs
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
@@ -60,7 +65,17 @@ _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
 _PROFILE_POLL_SECONDS = 0.2  # a worker waiting for the profile run reads the root study this often
+# The headline's configs run alternately until each ran this often, with at most this many launches.
+_ALIKE_RUNS = 2
+_ALIKE_LAUNCHES = 4
+_ALIKE_ROUNDS = 2  # choices measured so, at most (the planner may change its mind on their runs)
 _MAX_EXPERIMENTS = 40  # the planner's launches in fast mode, at most (its search ends long before, as a rule)
+
+
+class TuningDeleted(OptunaDSError):
+    """Another process deleted the tuning (``--overwrite``) while this one ran it."""
+
+    exit_code = 1
 
 
 class ProfileError(OptunaDSError):
@@ -97,6 +112,7 @@ class Tuning:
         observer: TuningObserver,
         seed: int | None = None,
         worker: bool = False,
+        wait: float | None = None,
     ) -> None:
         self._plan = plan
         self._user = user
@@ -107,11 +123,13 @@ class Tuning:
         self._log = observer.log
         self._seed = seed
         self._worker = worker
-        self._pool = SlotPool(resources)
+        self._wait = wait  # a worker's limit on its wait for the profile run, in seconds
+        self._pool = SlotPool(resources, device=device_kind())
         self._stop = threading.Event()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
         self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction)
         self._recorded_memory: float | None = None
+        self._measured_alike: set[Config] = set()  # the choices measured alike with the user's config
         self._check_resources()
 
     def _check_resources(self) -> None:
@@ -162,17 +180,25 @@ class Tuning:
         assert lease is not None
         self._log(f"profile run: measuring the model ({experiment.result_dir})")
         timeout = self._plan.trial_timeout or _TIMEOUT_WITHOUT_PROFILE
+        RootRecord(profile_run={"state": "running", **this_process()}).write(self._root.set_user_attr)
         try:
             result = self._runner.run(experiment, slot=lease.slot, slot_index=lease.index, timeout=timeout, pass_fds=lease.fds,
                                       on_retry=self._log)
+        except BaseException as e:  # noqa: BLE001 - re-raised: workers waiting for the profile are told it ended
+            RootRecord(profile_run={"state": "interrupted", "why": type(e).__name__}).write(self._root.set_user_attr)
+            raise
         finally:
             self._pool.release(lease)
         if not result.ok:
-            cause = telling_line(result.stderr_tail) or result.detail
-            raise ProfileError(
-                f"the profile run failed ({result.reason.value if result.reason else 'error'}: {result.detail}): "
-                f"{cause} -- see {experiment.result_dir}/stderr.log"
+            # The detail quotes the telling line where it has it (a script's failure): said once.
+            cause = telling_line(result.stderr_tail)
+            why = result.detail if not cause or cause[:200] in result.detail else f"{result.detail}: {cause}"
+            error = ProfileError(
+                f"the profile run failed ({result.reason.value if result.reason else 'error'}): {why} "
+                f"-- see {experiment.result_dir}/stderr.log"
             )
+            RootRecord(profile_run={"state": "failed", "why": str(error)}).write(self._root.set_user_attr)
+            raise error
         # What the user gave (hidden_size, num_layers) stays; the profile adds what it measured.
         info = {**{k: v for k, v in given.items() if k != "profile" and v is not None},
                 **{k: v for k, v in result.metrics.items() if k != "rank"}}
@@ -181,12 +207,26 @@ class Tuning:
         return info
 
     def _wait_for_model_info(self) -> dict[str, Any]:
-        """A worker started before the profile run finished waits for its result."""
-        self._log("waiting for the profile run of the tuning's first process")
+        """A worker started before the profile run finished waits for its result, at most
+        ``wait`` seconds; a profile run stored as failed or interrupted, or whose process died
+        on this host, ends the wait at once."""
+        assert self._wait is not None  # a worker's
+        self._log(f"waiting up to {self._wait:g} s for the profile run of the tuning's first process")
+        deadline = time.monotonic() + self._wait
         while True:
-            stored = RootRecord.from_attrs(optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs).model_info
-            if stored:
-                return dict(stored)
+            record = RootRecord.from_attrs(optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs)
+            if record.model_info:
+                return dict(record.model_info)
+            run, again = record.profile_run or {}, "run `optuna-ds tune` again, then this worker"
+            if run.get("state") == "failed":
+                raise ProfileError(f"tuning '{self._plan.study_name}': {run.get('why') or 'its profile run failed'}; {again}")
+            ended = ("was interrupted" if run.get("state") == "interrupted"
+                     else "was abandoned: its process died" if run.get("state") == "running" and dead(run) else None)
+            if ended is not None:
+                raise ProfileError(f"the profile run of tuning '{self._plan.study_name}' {ended}; {again}")
+            if time.monotonic() >= deadline:
+                raise ProfileError(f"the profile run of tuning '{self._plan.study_name}' has not ended after {self._wait:g} s: "
+                                   "start the worker again once it has, or give a longer --wait")
             time.sleep(_PROFILE_POLL_SECONDS)
 
     def _timeout(self) -> float:
@@ -226,6 +266,7 @@ class Tuning:
         bound = self._builder.max_batch_per_gpu() or 1
         mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
         return StageContext(
+            memory_limit=self._device_memory * (1.0 - self._plan.memory_margin),
             storage=self._storage,
             builder=self._builder,
             runner=self._runner,
@@ -260,14 +301,27 @@ class Tuning:
         spent, and the storage keeps every finished experiment."""
         start = time.monotonic()
         try:
-            info = self._model_info()
-            self._run_drivers(info)
-        finally:
-            if not self._worker:
-                # Wall time of the tuning across its resumed runs; workers only help within it.
-                elapsed = (self._recorded().elapsed or 0.0) + time.monotonic() - start
-                RootRecord(elapsed=round(elapsed, 3)).write(self._root.set_user_attr)
+            try:
+                info = self._model_info()
+                self._run_drivers(info)
+            finally:
+                if not self._worker:
+                    # Wall time of the tuning across its resumed runs; workers only help within it.
+                    elapsed = (self._recorded().elapsed or 0.0) + time.monotonic() - start
+                    RootRecord(elapsed=round(elapsed, 3)).write(self._root.set_user_attr)
+        except Exception:
+            if self._deleted():
+                raise TuningDeleted(f"tuning '{self._plan.study_name}' was deleted while this process ran it (`optuna-ds tune "
+                                    "--overwrite` elsewhere?)") from None
+            raise
         return self.result()
+
+    def _deleted(self) -> bool:
+        """Whether the tuning's root study is gone, or is another now (deleted, then started afresh)."""
+        try:
+            return self._storage.get_study_id_from_name(self._plan.study_name) != study_id(self._root)
+        except KeyError:
+            return True
 
     def _arms(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate], spaces: dict[int, KnobSpace]) -> list[Arm]:
         """What the planner may explore: every listed stage that fits one sample by the
@@ -361,9 +415,63 @@ class Tuning:
         ended = False
         try:
             coordinator.run()
+            # The planner sees the runs measured alike (a resumed tuning would): where they
+            # change its mind, its search goes on now, not at the next run of the command.
+            while self._measure_alike(coordinator, tuners):
+                coordinator.reopen()
+                coordinator.run()
             ended = True
         finally:
             self._record_outcome(coordinator, tuners, estimates, ended=ended)
+
+    def _measure_alike(self, coordinator: Coordinator, tuners: dict[int, StageTuner]) -> bool:
+        """Once the planner chose, the headline's two configs, the user's and the optimum, run
+        alternately, one at a time, until each ran at least twice: its figures must not rest on
+        one run of the user's config taken first (cold, or beside another slot's experiment)
+        against the optimum's repeats taken alone. Not the planner's decision: the choice stands;
+        a resumed tuning finds these runs in the storage like any other. Returns whether it
+        launched any."""
+        decision = coordinator.decision
+        if self._worker or decision is None or decision.choice is None or not decision.done or self._stop.is_set():
+            return False
+        base = self.result().baseline
+        if base is None or not base.name or base.stage is None or base.stage not in tuners or base.status != "complete":
+            return False
+        base_config = next((r.config for t in tuners[base.stage].study.get_trials(deepcopy=False)
+                            if (r := ExperimentRecord.from_trial(t)).exp_name == base.name), None)
+        chosen = decision.choice.config
+        if base_config is None or base_config == chosen:
+            return False
+
+        def runs(config: Config) -> tuple[int, int]:
+            """Its completed runs, and its launches (each names the next one's ``_r<n>``)."""
+            trials = [t for t in tuners[config.stage].study.get_trials(deepcopy=False)
+                      if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed and r.config == config]
+            return sum(t.state == TrialState.COMPLETE for t in trials), len(trials)
+
+        # Each round adds a launch of the user's config: the storage bounds the rounds, so a
+        # finished tuning run again launches nothing; a planner that changes its mind on these
+        # runs gets its new choice measured alike too, and a run that fails is not tried for ever.
+        if min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS or chosen in self._measured_alike \
+                or runs(base_config)[1] > _ALIKE_ROUNDS:
+            return False
+        self._measured_alike.add(chosen)
+        self._log(f"measuring your config and the optimum alike: alternately, one at a time, at least {_ALIKE_RUNS} runs "
+                  f"each, for the headline (2 to {_ALIKE_LAUNCHES} more experiments)")
+        for i, config in enumerate((base_config, chosen) * (_ALIKE_LAUNCHES // 2)):
+            # Pairs: the last runs of the two always alternate.
+            if (i % 2 == 0 and i and min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS) or self._stop.is_set():
+                break
+            launched = runs(config)[1]
+            lease = self._pool.acquire(self._stop, on_wait=self._log)
+            if lease is None:
+                break
+            try:
+                why = "your config, measured alike with the optimum" if config == base_config else "the optimum, measured alike with your config"
+                tuners[config.stage].run_config(config, lease, free_since=time.monotonic(), repeat=launched, why=why)
+            finally:
+                self._pool.release(lease)
+        return True
 
     def _record_outcome(self, coordinator: Coordinator, tuners: dict[int, StageTuner],
                         estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
@@ -443,6 +551,9 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         noise=measurement_noise(every),
         best=best,
         optuna_best=_optuna_best(storage, plan.study_name, best),
+        device_memory=resources.device_memory,
+        memory_margin=plan.memory_margin,
+        measured=tuple(measured_configs(every)),
     )
 
 

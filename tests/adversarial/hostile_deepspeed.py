@@ -11,6 +11,8 @@
     malformed       a metrics file that is not JSON
     inf, nan, negative, string    a metrics file with that throughput
     zero, huge      a metrics file with throughput 0, or 1e300
+    tiny, bigint    a metrics file whose throughput and latency are 5e-324 (a rate of 1/5e-324 is
+                    infinite), or an integer of 401 digits (no float)
     tie             good metrics with throughput 100, whatever the size
     ignore_sigterm  ignore SIGTERM and hang
     setsid          start a child in its own session (escaping the process group) that
@@ -23,6 +25,10 @@
                     (default 2), then good metrics; a port in use fails as torch does (EADDRINUSE)
     fail_first      the experiment's first launch: exit 1 without metrics after HOSTILE_DS_SLOW
                     seconds (default 2); later launches of it: good metrics
+
+With ``HOSTILE_DS_GATE`` set to a path, each wait of HOSTILE_DS_SLOW seconds above lasts
+instead until that path exists: a test opens the gate once what must happen during the run
+has happened, whatever the machine's load.
 
 Every launch is appended to ``FAKE_DS_LOG`` (JSON lines): the experiment's name (its result
 folder), the behaviour, the pids started, and whether metrics were written.
@@ -59,6 +65,16 @@ def launches_of(name):
 def write(path, text):
     with open(path, "w") as f:
         f.write(text)
+
+
+def pause(default):
+    """Wait HOSTILE_DS_SLOW seconds (``default`` if unset), or until HOSTILE_DS_GATE exists."""
+    gate = os.environ.get("HOSTILE_DS_GATE")
+    if not gate:
+        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", default)))
+        return
+    while not os.path.exists(gate):
+        time.sleep(0.01)
 
 
 def main():
@@ -115,7 +131,7 @@ def main():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
         entry["children"].append(child.pid)
         log(dict(entry, event="child"))
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "0")))
+        pause("0")
     if behaviour == "rendezvous":
         port = int(launcher.get("--master_port", 29500))
         store = socket.socket()
@@ -127,22 +143,23 @@ def main():
             print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
                   f"port: {port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use", file=sys.stderr)
             return done(1)
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        pause("2")
     if behaviour == "failed_first":
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        pause("2")
         return done(1)
     if behaviour == "slow":
-        time.sleep(float(os.environ.get("HOSTILE_DS_SLOW", "2")))
+        pause("2")
     if profile:
         info = {"num_params": 1_000_000, "trainable_num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000, "rank": 0}
         write(auto["model_info_path"], json.dumps(info))
         return done(0)
     value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"', "zero": "0", "huge": "1e300",
-             "tie": "100.0"}.get(behaviour, str(10.0 * mbs))
+             "tie": "100.0", "tiny": "5e-324", "bigint": "1" + "0" * 400}.get(behaviour, str(10.0 * mbs))
+    latency = value if behaviour in ("tiny", "bigint") else "1.0"
     if behaviour == "malformed":
         write(auto["metric_path"], '{"throughput": 12')
     else:
-        write(auto["metric_path"], f'{{"throughput": {value}, "latency": 1.0, "FLOPS_per_gpu": 1e9, "rank": 0}}')
+        write(auto["metric_path"], f'{{"throughput": {value}, "latency": {latency}, "FLOPS_per_gpu": 1e9, "rank": 0}}')
     entry["metrics"] = True
     if behaviour == "linger":
         log(dict(entry, event="metrics"))

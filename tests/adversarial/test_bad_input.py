@@ -32,6 +32,8 @@ def _zero(**zero: object) -> dict:
     (base_config(fp16={"enabled": True, "loss_scale_windw": 100}), ["fp16.loss_scale_windw", "'loss_scale_window'"]),
     (base_config(fp16={"enabled": True}, bf16={"enabled": True}), ["bfloat16 and fp16"]),
     (base_config(tensorboard={"enabled": True, "output_pth": "tb"}), ["tensorboard.output_pth"]),
+    # A top-level key DeepSpeed never reads: it would ignore it and every experiment run its default (issue #35).
+    (base_config(train_micro_batch_size_per_gp=4), ["train_micro_batch_size_per_gp", "did you mean 'train_micro_batch_size_per_gpu'"]),
 ])
 def test_bad_config_values(hws: Hostile, config: dict, words: list[str]) -> None:
     hws.config(config)
@@ -125,4 +127,14 @@ def test_worker_on_a_tuning_that_does_not_exist_names_those_there_and_creates_no
     proc = hws.main("worker", "--storage", hws.storage, "--study-name", "zz", "--wait", "0.3", config=None)
     assert_one_line_error(proc, "'zz'", "it holds 'optuna-ds'")
     assert files() == before
+    hws.assert_untouched()
+
+
+def test_a_master_port_whose_slots_pass_65535_is_refused(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two slots from 65535: the second's port would be 65536, which DeepSpeed fails on, and the
+    # tuning took those failures for its configs' (issue 34, row 10).
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    hws.config(base_config())
+    assert_one_line_error(hws.main("--num_gpus", "1", "--master_port", "65535"), "--master_port 65535", "65534")
+    assert hws.events() == []
     hws.assert_untouched()

@@ -87,8 +87,10 @@ def test_sighup_with_the_terminal_gone_ends_the_tuning_as_sigterm_does(hws: Host
     """ssh dropped: the terminal hangs up (writes to it fail) and the tuner gets SIGHUP. It ends
     its experiment, marks the trial interrupted, writes the partial summary, and exits 129."""
     import pty
+    import select
     import subprocess
     import sys
+    import threading
 
     hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
     master, slave = pty.openpty()
@@ -96,13 +98,31 @@ def test_sighup_with_the_terminal_gone_ends_the_tuning_as_sigterm_does(hws: Host
     tuner = subprocess.Popen([sys.executable, "-m", "optuna_ds", "tune", *hws.hostile_args()], cwd=hws.root, env=env,
                              stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True)
     os.close(slave)
+    # The terminal is read while it is there, as a terminal is: the progress display redraws
+    # twice a second, and a pty nobody reads takes about 20 KB (some 40 s of it) before the
+    # tuner's next write blocks, for good. On a loaded machine the second experiment started
+    # later than that, and never did.
+    gone = threading.Event()
+
+    def terminal() -> None:
+        while not gone.is_set():
+            if select.select([master], [], [], 0.05)[0] and not os.read(master, 65536):
+                return
+
+    reader = threading.Thread(target=terminal, daemon=True)
+    reader.start()
     try:
-        _wait_for(lambda: any(e["mbs"] == 4 and e["event"] == "start" for e in hws.events()))
+        # Deadlines against a hang only: on a loaded machine the tuner takes seconds to start.
+        _wait_for(lambda: any(e["mbs"] == 4 and e["event"] == "start" for e in hws.events()), timeout=300)
+        gone.set()
+        reader.join()
         os.close(master)  # the terminal is gone
         master = -1
         os.kill(tuner.pid, signal.SIGHUP)
-        assert tuner.wait(timeout=60) == 128 + signal.SIGHUP
+        assert tuner.wait(timeout=300) == 128 + signal.SIGHUP
     finally:
+        gone.set()
+        reader.join()
         if master != -1:
             os.close(master)
         if tuner.poll() is None:

@@ -1,0 +1,49 @@
+"""DeepSpeed's CPU ops are found where ``make venv`` built them, with the ninja that built them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from optuna_ds.launcher import ops_environment
+
+
+def _environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, folder: bool, ninja: bool) -> Path:
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    if folder:
+        (prefix / "torch_extensions").mkdir()
+    if ninja:
+        (prefix / "bin" / "ninja").write_text("#!/bin/sh\n")
+        (prefix / "bin" / "ninja").chmod(0o755)
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    monkeypatch.setattr(sys, "executable", str(prefix / "bin" / "python"))
+    return prefix
+
+
+def test_the_environments_own_extensions_folder_unless_one_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prefix = _environment(tmp_path, monkeypatch, folder=True, ninja=False)
+    assert ops_environment({"PATH": "/usr/bin"}) == {"TORCH_EXTENSIONS_DIR": str(prefix / "torch_extensions")}
+    assert ops_environment({"PATH": "/usr/bin", "TORCH_EXTENSIONS_DIR": "/mine"}) == {}
+
+
+def test_no_folder_of_its_own_leaves_torchs_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _environment(tmp_path, monkeypatch, folder=False, ninja=False)
+    assert ops_environment({"PATH": "/usr/bin"}) == {}
+
+
+def test_the_interpreters_ninja_comes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another ninja first on PATH (a system's 1.11 beside pip's 1.13) would read the build log
+    the other wrote as every command changed, and build every op again."""
+    prefix = _environment(tmp_path, monkeypatch, folder=False, ninja=True)
+    system = tmp_path / "usr" / "bin"
+    system.mkdir(parents=True)
+    (system / "ninja").write_text("#!/bin/sh\n")
+    (system / "ninja").chmod(0o755)
+    bin_ = str(prefix / "bin")
+    assert ops_environment({"PATH": str(system)}) == {"PATH": os.pathsep.join([bin_, str(system)])}
+    assert ops_environment({"PATH": os.pathsep.join([bin_, str(system)])}) == {}  # an activated environment
+    assert ops_environment({"PATH": "/nowhere"})["PATH"].startswith(bin_ + os.pathsep)
