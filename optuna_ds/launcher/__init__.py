@@ -6,6 +6,7 @@ from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import shell_line
+from optuna_ds.launcher._environment import child_environment
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._options import REFUSED_FLAGS
@@ -45,6 +46,7 @@ __all__ = [
     "Resources",
     "Slot",
     "SlotPool",
+    "child_environment",
     "classify",
     "deferred_signals",
     "dies_with_this_process",

@@ -21,6 +21,7 @@ from optuna_ds.reporting._summary import summary_table
 from optuna_ds.reporting._summary import summary_text
 from optuna_ds.reporting._summary import write_optimal
 from optuna_ds.reporting._summary import write_summary
+from optuna_ds.reporting._summary import save_summary
 
 __all__ = [
     "LearningRateAdvice",
@@ -43,5 +44,6 @@ __all__ = [
     "summary_text",
     "write_optimal",
     "write_report",
+    "save_summary",
     "write_summary",
 ]
