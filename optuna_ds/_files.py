@@ -92,7 +92,10 @@ def write_file(path: str, data: str | bytes, *, sync: bool = False) -> None:
     check_own_file(path)
     folder, name = os.path.split(path)
     temp = os.path.join(folder, f".{name[:200]}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:  # told as the file's, not its temp's
+        raise OSError(e.errno, e.strerror, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -353,7 +353,9 @@ def _open_files(paths: set[str]) -> set[str]:
 
 
 def check_build_locks() -> None:
-    """A stale build lock is one line now, not every experiment timed out waiting on it."""
+    """A stale build lock is one line now, not every experiment timed out waiting on it. Not in
+    a worker: its extension folder may be shared (NFS) with the node whose experiment is
+    building the op, a process this node cannot see."""
     stale = stale_build_locks()
     if stale:
         raise ConfigError(f"torch's extension build lock {stale[0]} was left by an interrupted build (no process holds it): every "
@@ -522,7 +524,6 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
         if resources.multi_node and resources.nodes_per_experiment == 1:
             resources = resources.restricted_to(local_host_names())
         check_gpus(user, total_gpus=resources.total_gpus)
-        check_build_locks()
         runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
         observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,

@@ -273,6 +273,8 @@ class ExperimentRunner:
             os.makedirs(self._exps_dir, exist_ok=True)
             # A stale metrics file from an earlier run must never be read as this run's result.
             rank_dir = self._commands.rank_log_dir(experiment.name)
+            if rank_dir:
+                own_folder(rank_dir)  # its stale logs are deleted: never those of a folder it links to
             for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
                 if os.path.lexists(stale):  # a link too, dangling or not: the engine would write through it
                     os.remove(stale)

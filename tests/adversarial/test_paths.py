@@ -163,3 +163,20 @@ def test_a_folder_no_path_or_storage_can_hold_is_one_line_before_anything_runs(h
     assert_one_line_error(proc, "NUL" if "\0" in bad else "UTF-8")
     assert hws.events() == []
     hws.assert_untouched()
+
+
+def test_a_rank_log_folder_that_is_a_link_loses_no_log_of_the_folder_it_points_to(hws: Hostile) -> None:
+    """Stale rank logs (``*_rank*.log``) of an experiment's folder under --enable_each_rank_log
+    are deleted before it runs: through a link, they were another folder's."""
+    logs = hws.base / "outside" / "logs"
+    logs.mkdir()
+    (logs / "train_rank0.log").write_text("the user's log\n")
+    (hws.root / "ranks").mkdir()
+    (hws.root / "ranks" / "z1_gas1_tmbspg2").symlink_to(logs)
+    hws.own.append(hws.root / "ranks")
+    hws._before = hws.snapshot()
+    hws.config(base_config())
+    assert_one_line_error(hws.main("--enable_each_rank_log", "ranks"), "z1_gas1_tmbspg2", "symbolic link")
+    assert (logs / "train_rank0.log").read_text() == "the user's log\n"
+    hws.assert_nothing_left()
+    hws.assert_untouched()
