@@ -11,8 +11,10 @@ Layers, by folder, each importing only those before it (``tests/test_layers.py``
 5. ``_tune``: :func:`tune`, the one call that runs a tuning;
 6. ``cli``.
 
-``_errors``, ``_redact`` and ``_optuna_compat`` serve any layer and import none. Every layer
-reaches Optuna beyond its public API through ``_optuna_compat`` only.
+``_text`` (the cleaner of what a terminal or a shell reads), ``_errors``, ``_redact``, ``_files``
+(the tuning's own files, never through a link) and ``_optuna_compat`` serve any layer and import
+none but ``_text`` and ``_errors``. Every layer reaches Optuna beyond its public API through
+``_optuna_compat`` only.
 """
 
 from optuna_ds._errors import ConfigError

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from optuna_ds._text import escaped
+
 
 class OptunaDSError(Exception):
     """A problem with the user's input or environment.
@@ -13,7 +15,7 @@ class OptunaDSError(Exception):
     def __init__(self, message: str = "", *args: object) -> None:
         # A message quotes the user's keys and values: a newline or control character in one
         # would break the promised single line, so such characters are shown escaped.
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)), *args)
+        super().__init__(escaped(str(message)), *args)
 
 
 class ConfigError(OptunaDSError):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import math
 import os
@@ -21,6 +22,7 @@ import optuna
 
 from optuna_ds._errors import ConfigError
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._files import check_own_file
 from optuna_ds.config import UserConfig
 from optuna_ds.config import check_gpus
 from optuna_ds.config import check_with_deepspeed
@@ -33,6 +35,7 @@ from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import check_ports
+from optuna_ds.launcher import child_environment
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import dies_with_this_process
 from optuna_ds.launcher import cpu_ops_to_build
@@ -50,6 +53,7 @@ from optuna_ds.reporting import optimal_config
 from optuna_ds.reporting import partial_summary
 from optuna_ds.reporting import scale_learning_rate
 from optuna_ds.reporting import register_with_dashboard
+from optuna_ds.reporting import save_summary
 from optuna_ds.reporting import write_optimal
 from optuna_ds.reporting import write_report
 from optuna_ds.reporting import summary_markdown
@@ -57,6 +61,7 @@ from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.samplers import check_tuner_type
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.storage import DB_FILENAME
 from optuna_ds.storage import GRACE_PERIOD
 from optuna_ds.storage import NoDatabase
 from optuna_ds.storage import TuningPlan
@@ -135,10 +140,22 @@ _PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096
 _ROOM = 256  # under a folder: an experiment's (a name of at most 200 bytes) and its files' names
 
 
+def check_path(path: str, *, what: str) -> None:
+    """Refuse a path no file can have (a NUL byte) or the storage cannot keep (not UTF-8: the plan
+    and every trial record paths as text), before anything runs."""
+    if "\0" in path:
+        raise ConfigError(f"{what} {path!r} holds a NUL byte, which no path can hold")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} {path!r} is not valid UTF-8: the storage keeps paths as text; rename it") from None
+
+
 def writable_folder(path: str, *, what: str) -> None:
     """Create ``path`` if needed and prove we can write there, before anything is launched:
     a folder we cannot write must be one line now, not a lost profile run. Its path must leave
     room for the experiments' folders and files under it, or they would fail one by one."""
+    check_path(path, what=what)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{what} {path} is a file, not a folder")
     size = len(os.fsencode(os.path.abspath(path)))
@@ -237,9 +254,12 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     """
     observer = observer or PrintObserver()
     log = observer.log
+    check_path(options.script, what="training script")
+    check_path(os.getcwd(), what="working directory")
     if not os.path.isfile(options.script):
         raise ConfigError(f"training script {options.script} not found")
     user = load_user_config(options.script_args)
+    check_path(user.path, what="DeepSpeed config")
     a = user.autotuning
     if not a.enabled:
         raise ConfigError(f'autotuning is not enabled in {user.path}: add "autotuning": {{"enabled": true}}')
@@ -256,10 +276,16 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     check_ports(first=options.launcher_options.base_port, slots=len(resources.slots()))
     check_with_deepspeed(user)
     check_tuner_type(a.tuner_type, fast=a.fast)
+    check_build_locks()
     for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
         writable_folder(folder, what=what)
+    files = ResultsFiles(results_dir)
+    for path in (*files.outputs(), files.report):
+        check_own_file(path)  # a link there is told now, not once the experiments have run
 
     url = options.storage or default_storage_url(results_dir)
+    if options.storage is None:
+        check_own_file(os.path.join(results_dir, DB_FILENAME))  # our database, in our folder: never through a link
     storage = create_storage(url)
     with storage_failures(url, advice=_RESUME):
         for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
@@ -320,6 +346,43 @@ def _budget(options: TuneOptions, user: UserConfig, *, dp: int) -> Budget:
     batch = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * max(1, dp // user.autotuning.mp_size)
     samples = options.train_samples if options.train_steps is None else options.train_steps * batch
     return Budget(cost_per_gpu_hour=options.cost_per_gpu_hour, train_samples=samples, train_steps=options.train_steps)
+
+
+def stale_build_locks() -> list[str]:
+    """torch's extension build locks (``<op>/lock`` in the extension folder an experiment uses:
+    :func:`ops_environment`'s, else torch's default) that no process of this node holds open. The process building an op holds
+    its lock open until it removes it; one interrupted (Ctrl-C during the first experiment's
+    build) leaves it behind, and every later experiment waits on it until its trial times out."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = ops_environment().get("TORCH_EXTENSIONS_DIR") or os.environ.get("TORCH_EXTENSIONS_DIR")
+    pattern = os.path.join(glob.escape(root), "*", "lock") if root else \
+        os.path.join(glob.escape(get_default_build_root()), "*", "*", "lock")
+    locks = {os.path.realpath(p) for p in glob.glob(pattern)}
+    # A lock seen, then released and removed by its build before the scan, was never stale.
+    return sorted(p for p in locks - _open_files(locks) if os.path.lexists(p)) if locks else []
+
+
+def _open_files(paths: set[str]) -> set[str]:
+    """Which of ``paths`` some process of this node has open (those we may look at: ours)."""
+    held = set()
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(os.path.join(fd_dir, fd))) in paths:
+                        held.add(target)
+    return held
+
+
+def check_build_locks() -> None:
+    """A stale build lock is one line now, not every experiment timed out waiting on it. Not in
+    a worker: its extension folder may be shared (NFS) with the node whose experiment is
+    building the op, a process this node cannot see."""
+    stale = stale_build_locks()
+    if stale:
+        raise ConfigError(f"torch's extension build lock {stale[0]} was left by an interrupted build (no process holds it): every "
+                          "experiment would wait on it until it times out; remove it and run again")
 
 
 _PLAN_POLL_SECONDS = 0.2  # a waiting worker reads the plan this often: one small query
@@ -552,13 +615,11 @@ def _write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage
     data = load_report(storage, plan.study_name, result=result)
     finished = sum(is_finished_experiment(t) for study in data.studies.values() for t in study.get_trials(deepcopy=False))
     summary = partial_summary(result, finished=finished, resume=resume, budget=budget)
-    files = ResultsFiles(plan.results_dir)
-    with open(files.summary, "w", encoding="utf-8") as f:
-        f.write(summary.text)
+    text = save_summary(summary.text, results_dir=plan.results_dir)
     data = dataclasses.replace(data, headline=summary.head, notes=summary.notes)
-    write_report(data, files.report)
+    write_report(data, ResultsFiles(plan.results_dir).report)
     register_with_dashboard(data, storage, note=summary.markdown)
-    return summary.text
+    return text
 
 
 def report(*, storage: str, study_name: str, output: str) -> str:
@@ -591,7 +652,7 @@ def run_training(command: Sequence[str]) -> int:
     128 + the signal number. It also ends with this process, however it dies.
     """
     mark = new_mark()
-    env = dict(os.environ, **ops_environment(), **{MARK_VAR: mark})
+    env = child_environment(**ops_environment(), **{MARK_VAR: mark})
     proc = subprocess.Popen(dies_with_this_process(command), start_new_session=True, env=env)
     try:
         with _sigterm_raises():

@@ -38,6 +38,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("FAKE_DS_LOG", str(tmp_path / "launches.jsonl"))
     monkeypatch.setenv("OPTUNA_DS_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("OPTUNA_STORAGE", "sqlite:///never-inherited.db")  # the tuner's, never the experiments'
     server = _launch_server.LaunchServer()
     monkeypatch.setattr(_runner, "launch_server", lambda: server)
     (tmp_path / "train.py").write_text("")
@@ -169,3 +170,13 @@ def test_the_server_ends_its_launchers_when_the_tuner_is_gone(served: dict[str, 
     ready = __import__("select").select([read], [], [], 20)[0]
     os.close(read)
     assert ready, "the launcher outlived its tuner"
+
+
+def test_neither_the_server_nor_its_launchers_carry_the_storage_url(served: dict[str, Any], tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    monkeypatch.setenv("HOSTILE_DS_TABLE", json.dumps({"default": "ok"}))
+    assert _run(served["runner"], _experiment(tmp_path)).ok
+    with open(f"/proc/{served['server']._proc.pid}/environ", "rb") as f:
+        assert b"OPTUNA_STORAGE=" not in f.read()
+    starts = [e for e in _launches(served["log"]) if e["event"] == "start"]
+    assert starts and [e["storage_env"] for e in starts] == [None] * len(starts)

@@ -9,7 +9,9 @@ from pathlib import Path
 import optuna_ds
 
 _ROOT = Path(optuna_ds.__file__).parent
-_HELPERS = {"_errors", "_redact", "_optuna_compat"}  # serve any layer, import none
+# Serve any layer and import none but the helpers below them: _errors quotes through _text's
+# cleaner, _files raises an _errors error.
+_HELPERS = {"_text": -3, "_errors": -2, "_redact": -1, "_optuna_compat": -1, "_files": -1}
 _TOP = {"_tune": 5, "__init__": 6, "__main__": 7}  # the root package's own modules
 
 
@@ -22,7 +24,7 @@ def _layer_of_package(name: str) -> int:
 
 def _layers() -> dict[str, int]:
     layers = {p.name: _layer_of_package(p.name) for p in _ROOT.iterdir() if (p / "__init__.py").exists()}
-    return {**layers, **_TOP, **{h: -1 for h in _HELPERS}}
+    return {**layers, **_TOP, **_HELPERS}
 
 
 def _imports(path: Path) -> set[str]:

@@ -13,6 +13,8 @@ from typing import Any
 import click
 
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._text import clean_text
+from optuna_ds._text import one_line
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 
@@ -152,9 +154,9 @@ def _tune_from_cli(kwargs: dict[str, Any], script: str, script_args: tuple[str, 
         outcome = tune(options, observer=progress)
     finally:
         progress.close()
-    click.echo(outcome.summary.rstrip())
+    _say(outcome.summary.rstrip())
     if outcome.optimal_config_path:
-        click.echo(f"Wrote {outcome.optimal_config_path} and {outcome.optimal_cmd_path}")
+        _say(f"Wrote {outcome.optimal_config_path} and {outcome.optimal_cmd_path}")
     return outcome
 
 
@@ -197,7 +199,7 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
         sys.exit(1)
     from optuna_ds.launcher import shell_line
 
-    click.echo("Training with the optimal config: " + shell_line(outcome.optimal_command))
+    _say("Training with the optimal config: " + shell_line(outcome.optimal_command))
     sys.exit(run_training(outcome.optimal_command))
 
 
@@ -233,7 +235,7 @@ def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int |
     finally:
         progress.close()
     best = result.best
-    click.echo(f"tuning '{study_name}' is done" + (f": optimum {best.name} {best.figure(result.metric)}" if best else ""))
+    _say(f"tuning '{study_name}' is done" + (f": optimum {best.name} {best.figure(result.metric)}" if best else ""))
 
 
 @cli.command()
@@ -246,8 +248,8 @@ def report(storage: str, study_name: str, output: str) -> None:
 
     _quiet_optuna()
     summary = write(storage=storage, study_name=study_name, output=output)
-    click.echo(summary.rstrip())
-    click.echo(f"Wrote {output}")
+    _say(summary.rstrip())
+    _say(f"Wrote {output}")
 
 
 @cli.command()
@@ -269,10 +271,10 @@ def dashboard(storage_url: str | None, storage: str | None, host: str, port: int
         raise click.UsageError("give the storage: optuna-ds dashboard STORAGE, --storage URL or OPTUNA_STORAGE")
     _check_bindable(host, port)
     store = create_storage(storage, create=False)
-    click.echo(f"optuna-dashboard on http://{host}:{port}/ for {redact_url(storage)} (Ctrl-C to stop)")
+    _say(f"optuna-dashboard on http://{host}:{port}/ for {redact_url(storage)} (Ctrl-C to stop)")
     best = best_stage_study(store)
     if best is not None:
-        click.echo(f"best experiments: http://{host}:{port}/dashboard/studies/{best[0]} ({best[1]})")
+        _say(f"best experiments: http://{host}:{port}/dashboard/studies/{best[0]} ({best[1]})")
     try:
         optuna_dashboard.run_server(store, host=host, port=port)
     except OSError as e:
@@ -310,10 +312,16 @@ def _interrupted(cause: BaseException | None) -> None:
     sys.exit(128 + signum)
 
 
+def _say(text: str, *, err: bool = False) -> None:
+    """Print ``text`` for the user: it quotes their paths, names and config, cleaned of what
+    would drive their terminal."""
+    click.echo(clean_text(text), err=err)
+
+
 def _error(message: str) -> None:
     from optuna_ds._redact import redact_text
 
-    click.echo(redact_text(message), err=True)
+    _say(one_line(redact_text(message)), err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

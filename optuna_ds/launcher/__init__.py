@@ -7,6 +7,7 @@ from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import shell_line
+from optuna_ds.launcher._environment import child_environment
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._ops import cpu_ops_to_build
@@ -50,6 +51,7 @@ __all__ = [
     "Slot",
     "SlotPool",
     "check_ports",
+    "child_environment",
     "classify",
     "cpu_ops_to_build",
     "deferred_signals",

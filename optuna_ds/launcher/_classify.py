@@ -2,12 +2,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import signal
 from typing import Any
 from typing import TypeGuard
 
+from optuna_ds._files import UnsafeFileError
+from optuna_ds._files import read_file
+from optuna_ds._files import read_tail_bytes
+from optuna_ds._text import clean_text
 from optuna_ds.domain import FailureReason
 
 # Explicit out-of-memory signatures of torch and the accelerators DeepSpeed supports. The word
@@ -25,6 +28,7 @@ OOM_PATTERNS = re.compile(
 # the node's state, not the config's fault.
 PORT_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 _TAIL_BYTES = 256 * 1024
+_METRICS_LIMIT = 1024 * 1024  # the engine writes a few hundred bytes
 # Failures that do not depend on the config: the script's command line (argparse's "PROG: error:
 # unrecognized arguments", a launcher flag put after the script), a module it imports or a file
 # it opens that is missing, the script itself missing or not valid Python. They happen before
@@ -45,27 +49,11 @@ _SCRIPT_FAILURES = re.compile(
 _OP_BUILD = re.compile(r"op_builder|cpp_extension|torch_extensions")
 
 
-# Terminal escape sequences, then any other control byte but newline and tab: a run's output
-# is shown on the user's terminal and stored, and must not drive either.
-_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-_])")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def clean_text(text: str) -> str:
-    """``text`` without terminal escapes and control characters (a lone CR ends a line)."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return _CONTROL.sub("", _ESCAPES.sub("", text))
-
-
 def read_tail(path: str, *, max_bytes: int = _TAIL_BYTES) -> str:
     """The end of a run's output file, as clean text."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            return clean_text(f.read().decode("utf-8", errors="replace"))
-    except OSError:
+        return clean_text(read_tail_bytes(path, limit=max_bytes).decode("utf-8", errors="replace"))
+    except (OSError, UnsafeFileError):
         return ""
 
 
@@ -104,15 +92,17 @@ class BadMetrics(ValueError):
 
 def read_metrics(path: str, metric_key: str | None) -> dict[str, Any] | None:
     """The engine's metrics file; ``None`` when there is none. Raises :class:`BadMetrics` when
-    it is not a JSON object or ``metric_key`` is not a measurement (:func:`is_measurement`): a throughput of
-    ``Infinity`` or ``-5`` is a broken run, never the best config."""
+    it is no regular file of at most ``_METRICS_LIMIT`` bytes (read without following a link or
+    blocking on a FIFO), not a JSON object or ``metric_key`` is not a measurement (:func:`is_measurement`):
+    a throughput of ``Infinity`` or ``-5`` is a broken run, never the best config."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_file(path, limit=_METRICS_LIMIT)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise BadMetrics(f"metrics file unreadable: {e.strerror or e}") from None
+    except UnsafeFileError as e:  # a FIFO, a link, a device, a flood: a broken run, never a hang
+        raise BadMetrics(f"metrics file unusable: {clean_text(str(e))[:200]}") from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:

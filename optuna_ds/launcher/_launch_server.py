@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TypedDict
 
+from optuna_ds.launcher._environment import child_environment
+
 _MAX_FDS = 64
 _MAX_MESSAGE = 1 << 20
 _READY = b"ready"
@@ -290,6 +292,7 @@ class LaunchServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=child_environment(),  # each launcher it forks gets its request's environment; the server none of the storage's
             start_new_session=True,
         )
         theirs.close()

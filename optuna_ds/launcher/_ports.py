@@ -20,6 +20,8 @@ import socket
 from collections.abc import Container
 
 from optuna_ds._errors import ResourceError
+from optuna_ds._files import open_lock
+from optuna_ds._files import private_folder
 
 _SEARCH = 256  # ports tried above the first
 _LAST = 65535
@@ -50,11 +52,11 @@ def lease_port(*, first: int, lock_dir: str, local: bool, skip: Container[int] =
     """The first port from ``first`` up that no experiment of ours holds and, for an experiment
     on this node (``local``), nothing listens on; ports in ``skip`` (found in use) are passed.
     With none free, ``first`` unleased (``fd`` ``None``): nothing is launched on it."""
-    os.makedirs(lock_dir, exist_ok=True)
+    private_folder(lock_dir)
     for port in range(first, min(first + _SEARCH, _LAST + 1)):
         if port in skip:
             continue
-        fd = os.open(os.path.join(lock_dir, f"port-{port}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_lock(os.path.join(lock_dir, f"port-{port}.lock"))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -15,6 +15,9 @@ from typing import IO
 from typing import Any
 
 from optuna_ds._errors import ResultsError
+from optuna_ds._files import create_file
+from optuna_ds._files import own_folder
+from optuna_ds._files import write_file
 from optuna_ds.domain import Experiment
 from optuna_ds.domain import ExperimentResult
 from optuna_ds.domain import FailureReason
@@ -27,6 +30,7 @@ from optuna_ds.launcher._classify import read_tail
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import local_launch_command
 from optuna_ds.launcher._commands import shell_line
+from optuna_ds.launcher._environment import child_environment
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
@@ -49,17 +53,7 @@ _ATTEMPTS = 3
 
 
 def _write_json(path: str, data: object) -> None:
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # noqa: BLE001 - re-raised: no half-written file is left
-        with contextlib.suppress(OSError):
-            os.remove(tmp)  # a disk that filled up keeps no half-written file
-        raise
+    write_file(path, json.dumps(data, indent=2, default=str), sync=True)
 
 
 @contextlib.contextmanager
@@ -280,12 +274,14 @@ class ExperimentRunner:
     ) -> ExperimentResult:
         try:
             files = ExperimentFiles(experiment.result_dir, self._exps_dir)
-            os.makedirs(files.result_dir, exist_ok=True)
+            own_folder(files.result_dir)
             os.makedirs(self._exps_dir, exist_ok=True)
             # A stale metrics file from an earlier run must never be read as this run's result.
             rank_dir = self._commands.rank_log_dir(experiment.name)
+            if rank_dir:
+                own_folder(rank_dir)  # its stale logs are deleted: never those of a folder it links to
             for stale in (files.metrics, files.model_info, *(rank_logs(rank_dir) if rank_dir else ())):
-                if os.path.exists(stale):
+                if os.path.lexists(stale):  # a link too, dangling or not: the engine would write through it
                     os.remove(stale)
             config_path = files.ds_config
             _write_json(config_path, experiment.ds_config)
@@ -299,17 +295,16 @@ class ExperimentRunner:
                 description["launched"] = launched
             _write_json(files.description, description)
             _write_json(files.exp, description)
-            with open(files.cmd, "w", encoding="utf-8") as f:
-                f.write(shell_line(cmd) + "\n")
+            write_file(files.cmd, shell_line(cmd) + "\n")
         except OSError as e:
             raise _unwritable(e) from None
         stdout_path, stderr_path = files.stdout, files.stderr
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **ops_environment(), **{MARK_VAR: mark})
+        env = child_environment(PYTHONUNBUFFERED="1", **ops_environment(), **{MARK_VAR: mark})
         start = time.monotonic()
         timed_out = False
         with contextlib.ExitStack() as logs:
             try:
-                out, err = (logs.enter_context(open(path, "wb")) for path in (stdout_path, stderr_path))
+                out, err = (logs.enter_context(os.fdopen(create_file(path), "wb")) for path in (stdout_path, stderr_path))
             except OSError as e:
                 raise _unwritable(e) from None
             memory = logs.enter_context(PeakGpuMemory(slot))

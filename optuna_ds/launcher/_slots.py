@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -9,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from optuna_ds._files import open_lock
+from optuna_ds._files import private_folder
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 
@@ -18,8 +21,17 @@ _TELL_AFTER = 2.0
 
 def default_lock_dir() -> str:
     """Where this node's GPU leases live: one lock file per GPU, shared by every optuna-ds
-    process of this user on the node (``OPTUNA_DS_LOCK_DIR`` overrides)."""
-    return os.environ.get("OPTUNA_DS_LOCK_DIR") or os.path.join(tempfile.gettempdir(), f"optuna-ds-gpus-{os.getuid()}")
+    process of this user on the node (``OPTUNA_DS_LOCK_DIR`` overrides). In the user's own
+    runtime folder (``XDG_RUNTIME_DIR``) where there is one, else in the temp folder, which
+    others can write too (see :func:`private_folder`)."""
+    given = os.environ.get("OPTUNA_DS_LOCK_DIR")
+    if given:
+        return given
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    with contextlib.suppress(OSError):
+        if runtime and os.path.isabs(runtime) and os.stat(runtime).st_uid == os.getuid():
+            return os.path.join(runtime, "optuna-ds-gpus")
+    return os.path.join(tempfile.gettempdir(), f"optuna-ds-gpus-{os.getuid()}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +56,7 @@ class SlotPool:
         self._slots = resources.slots()
         self._device = device if device == "GPU" else f"{device} device"  # a CPU is no GPU
         self._lock_dir = lock_dir or default_lock_dir()
-        os.makedirs(self._lock_dir, exist_ok=True)
+        private_folder(self._lock_dir)
         self._mutex = threading.Lock()
         self._holders: dict[str, str] = {}
 
@@ -59,7 +71,7 @@ class SlotPool:
         fds: list[int] = []
         for host, ids in slot.hosts.items():
             for gpu in ids:
-                fd = os.open(self._path(host, gpu), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fd = open_lock(self._path(host, gpu))
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:

@@ -22,6 +22,7 @@ from optuna_ds.reporting._summary import summary_table
 from optuna_ds.reporting._summary import summary_text
 from optuna_ds.reporting._summary import write_optimal
 from optuna_ds.reporting._summary import write_summary
+from optuna_ds.reporting._summary import save_summary
 
 __all__ = [
     "Budget",
@@ -45,5 +46,6 @@ __all__ = [
     "summary_text",
     "write_optimal",
     "write_report",
+    "save_summary",
     "write_summary",
 ]

@@ -19,6 +19,7 @@ from rich.progress import Task
 from rich.table import Column
 from rich.text import Text
 
+from optuna_ds._text import clean_text
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
 from optuna_ds.studies import started_line
@@ -297,6 +298,7 @@ class Progress:
         self._live.start()
 
     def _write(self, text: str) -> None:
+        text = clean_text(text)
         if self._live is not None:
             self._live.console.print(Text(text), soft_wrap=True)
         else:

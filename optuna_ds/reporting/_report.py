@@ -15,6 +15,7 @@ import plotly.io
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._files import write_file
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
 from optuna_ds.config import parse_user_config
@@ -598,8 +599,7 @@ def render_report(data: ReportData, *, base_dir: str = "") -> str:
 
 
 def write_report(data: ReportData, path: str) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render_report(data, base_dir=os.path.dirname(os.path.abspath(path))))
+    write_file(path, render_report(data, base_dir=os.path.dirname(os.path.abspath(path))))
     return path
 
 

@@ -8,6 +8,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from optuna_ds._files import write_file
+from optuna_ds._text import clean_text
+from optuna_ds._text import one_line
 from optuna_ds.config import UserConfig
 from optuna_ds.config import find_arg
 from optuna_ds.config import format_number
@@ -410,10 +413,14 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
 def write_summary(result: TuningResult, *, results_dir: str, advice: LearningRateAdvice | str | None,
                   budget: Budget | None = None) -> str:
     """Write ``summary.txt`` and return its text."""
-    text = summary_text(result, advice=advice, budget=budget)
+    return save_summary(summary_text(result, advice=advice, budget=budget), results_dir=results_dir)
+
+
+def save_summary(text: str, *, results_dir: str) -> str:
+    """Write ``text`` as ``summary.txt``, cleaned (a terminal shows it), and return what was written."""
+    text = clean_text(text)
     os.makedirs(results_dir, exist_ok=True)
-    with open(ResultsFiles(results_dir).summary, "w", encoding="utf-8") as f:
-        f.write(text)
+    write_file(ResultsFiles(results_dir).summary, text)
     return text
 
 
@@ -435,11 +442,7 @@ def write_optimal(result: TuningResult, *, results_dir: str, command: list[str],
     if config is None:
         return None
     files = ResultsFiles(results_dir)
-    with open(files.optimal_config, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
-        f.write("\n")
-    with open(files.optimal_cmd, "w", encoding="utf-8") as f:
-        if comment:
-            f.write(f"# {comment}\n")
-        f.write(shell_line(command) + "\n")
+    write_file(files.optimal_config, json.dumps(config, indent=2) + "\n")
+    # The comment quotes the config (its optimizer's type): one line, or its next line would be a command.
+    write_file(files.optimal_cmd, (f"# {one_line(comment)}\n" if comment else "") + shell_line(command) + "\n")
     return files.optimal_config, files.optimal_cmd

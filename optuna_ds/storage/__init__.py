@@ -15,6 +15,7 @@ from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
+from optuna_ds.storage._storage import DB_FILENAME
 from optuna_ds.storage._storage import GRACE_PERIOD
 from optuna_ds.storage._storage import NoDatabase
 from optuna_ds.storage._storage import StorageError
@@ -24,6 +25,7 @@ from optuna_ds.storage._storage import default_storage_url
 from optuna_ds.storage._storage import storage_failures
 
 __all__ = [
+    "DB_FILENAME",
     "GRACE_PERIOD",
     "NoDatabase",
     "StorageError",

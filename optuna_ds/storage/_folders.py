@@ -9,6 +9,10 @@ from typing import Any
 import optuna
 
 from optuna_ds._errors import PlanMismatchError
+from optuna_ds._files import UnsafeFileError
+from optuna_ds._files import check_own_file
+from optuna_ds._files import read_file
+from optuna_ds._files import write_file
 from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import stored_plan
 
@@ -29,9 +33,8 @@ def storage_identity(url: str) -> str:
 
 def _read(path: str) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            claim = json.load(f)
-    except (OSError, ValueError):
+        claim = json.loads(read_file(path))
+    except (OSError, ValueError, UnsafeFileError):
         return None
     return claim if isinstance(claim, dict) and isinstance(claim.get("study_name"), str) else None
 
@@ -39,8 +42,7 @@ def _read(path: str) -> dict[str, Any] | None:
 def _publish(path: str, claim: dict[str, Any]) -> bool:
     """Write ``claim`` to ``path`` whole, unless a claim is there already; whether it was written."""
     temp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(claim, f)
+    write_file(temp, json.dumps(claim))
     try:
         os.link(temp, path)  # atomic, and never over another's: others read it whole or not at all
         return True
@@ -76,6 +78,7 @@ def claim_folder(folder: str, *, what: str, study_name: str, url: str, storage: 
     and another is refused before it writes anything.
     """
     path = os.path.join(folder, CLAIM_FILE)
+    check_own_file(path)
     mine = {"study_name": study_name, "storage": storage_identity(url)}
     claim = _read(path)
     if claim is None and not os.path.lexists(path):

@@ -82,6 +82,22 @@ def check_study_name(study_name: str) -> None:
         )
 
 
+def _exact_id(storage: optuna.storages.BaseStorage, name: str) -> int:
+    """The id of the study named ``name`` exactly; ``KeyError`` if none. A MySQL or MariaDB
+    database finds names by its collation, blind to case and trailing spaces: asked for ``MY``,
+    it answers with study ``my``, another tuning's."""
+    study_id = storage.get_study_id_from_name(name)
+    if storage.get_study_name_from_id(study_id) != name:
+        raise KeyError(name)
+    return study_id
+
+
+def _not_exactly(storage: optuna.storages.BaseStorage, name: str) -> PlanMismatchError:
+    other = storage.get_study_name_from_id(storage.get_study_id_from_name(name))
+    return PlanMismatchError(f"study {name!r} is study {other!r} to this database (its names ignore case and trailing spaces): "
+                             f"optuna-ds neither uses nor deletes it; choose a --study-name no other study's name matches so")
+
+
 def stage_study_name(study_name: str, stage: int) -> str:
     return f"{study_name}-z{stage}"
 
@@ -130,8 +146,13 @@ def open_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
     """Create or load tuning ``tuning``'s study of ZeRO stage ``stage`` (see :func:`claim_stage_study`).
     Checked before anything reads its trials: a foreign study's running trials must not be
     taken for our orphans."""
-    study = optuna.create_study(storage=storage, study_name=stage_study_name(tuning, stage), direction=optuna.study.StudyDirection[direction.upper()],
+    name = stage_study_name(tuning, stage)
+    study = optuna.create_study(storage=storage, study_name=name, direction=optuna.study.StudyDirection[direction.upper()],
                                 load_if_exists=True)
+    try:
+        _exact_id(storage, name)
+    except KeyError:
+        raise _not_exactly(storage, name) from None
     claim_stage_study(study, tuning, direction=direction)
     return study
 
@@ -140,7 +161,10 @@ def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, d
     """Create the root study holding ``plan``, or load it and check it holds the same plan.
     A study of that name that holds no plan is ours only if blank (see :func:`claim_stage_study`)."""
     study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=optuna.study.StudyDirection[direction.upper()], load_if_exists=True)
-    study_id = storage.get_study_id_from_name(plan.study_name)
+    try:
+        study_id = _exact_id(storage, plan.study_name)
+    except KeyError:
+        raise _not_exactly(storage, plan.study_name) from None
     attrs, blank = _marks(study)
     stored = stored_plan(attrs, storage.get_study_system_attrs(study_id))
     if stored is None:
@@ -177,6 +201,7 @@ def load_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
     """Tuning ``tuning``'s study of ZeRO stage ``stage``, or ``None`` if it has none (a study of that
     name another tool created is not its)."""
     try:
+        _exact_id(storage, stage_study_name(tuning, stage))
         study = optuna.load_study(study_name=stage_study_name(tuning, stage), storage=storage)
     except KeyError:
         return None
@@ -186,7 +211,7 @@ def load_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
 def load_plan(storage: optuna.storages.BaseStorage, study_name: str) -> TuningPlan | None:
     """The plan stored under ``study_name``, or ``None`` if no tuning was started there yet."""
     try:
-        study_id = storage.get_study_id_from_name(study_name)
+        study_id = _exact_id(storage, study_name)
     except KeyError:
         return None
     stored = stored_plan(storage.get_study_user_attrs(study_id), storage.get_study_system_attrs(study_id))

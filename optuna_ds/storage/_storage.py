@@ -13,6 +13,8 @@ from typing import Any
 import optuna
 
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._files import check_own_file
+from optuna_ds._files import open_lock
 from optuna_ds._redact import redact_text
 from optuna_ds._redact import redact_url
 from optuna_ds._redact import url_password
@@ -46,7 +48,12 @@ class NoDatabase(StorageError):
 
 
 def default_storage_url(results_dir: str) -> str:
-    return f"sqlite:///{os.path.abspath(os.path.join(results_dir, DB_FILENAME))}"
+    """The SQLite database in ``results_dir``, as a URL SQLAlchemy reads back to that path: a
+    folder named ``res?mode=ro`` holds it, it does not become a query."""
+    from sqlalchemy.engine import URL
+
+    path = os.path.abspath(os.path.join(results_dir, DB_FILENAME))
+    return URL.create("sqlite", database=path).render_as_string(hide_password=False)
 
 
 def _sqlite_wal(path: str) -> None:
@@ -96,6 +103,9 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
     else:
         _connect_patience()  # a bad setting is told now, not when the server first refuses
         engine_kwargs.update(pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW, pool_timeout=_POOL_WAIT)
+    if sqlite_path and create:
+        for side in ("-wal", "-shm", "-journal", ".lock"):
+            check_own_file(sqlite_path + side)  # SQLite's and ours: written through a link, they would land elsewhere
     try:
         if sqlite_path and create:
             os.makedirs(os.path.dirname(sqlite_path), exist_ok=True)
@@ -155,15 +165,17 @@ def _creation_lock(sqlite_path: str | None, *, create: bool) -> Iterator[None]:
         yield
         return
     try:
-        f = open(f"{os.path.abspath(sqlite_path)}.lock", "a" if create else "r")
+        fd = open_lock(f"{os.path.abspath(sqlite_path)}.lock", create=create)
     except OSError:
         if create:
             raise
         yield  # no creation of ours under way
         return
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def _connect_patience() -> float:

@@ -33,6 +33,10 @@ from optuna_ds.studies._stage import StageTuner
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
 _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
+# An interrupted slot ends its experiment's process group (SIGKILL after 10 s) and marks its
+# trial; one still busy after this (stuck in I/O: a hung file system, a database that does not
+# answer) is left behind, a daemon thread, so that the process ends within seconds of a signal.
+_STOP_GRACE = 20.0
 _IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
 
 
@@ -73,6 +77,45 @@ def _noise(observations: list[Observation]) -> float | None:
         if o.status is Status.OK and o.score is not None and o.score > 0:
             runs.setdefault(o.config, []).append(o.score)
     return measured_noise(runs.values())[0] if runs else None
+
+
+def run_slots(size: int, target: Callable[[], None], *, halt: Callable[[], None]) -> None:
+    """Run ``target`` on ``size`` slot threads until each returns. A slot's error or an
+    interrupt of this thread calls ``halt`` (which stops every slot) and is raised once they
+    have ended, or after ``_STOP_GRACE`` seconds for a slot stuck in I/O: so a return says the
+    slots were not stopped, and a signal ends the process within seconds."""
+    errors: list[BaseException] = []
+    finished = [threading.Event() for _ in range(size)]
+
+    def slot(index: int) -> None:
+        try:
+            target()
+        except ExperimentInterrupted:
+            pass  # the stop, seen by a running experiment: this slot is done
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+            halt()
+        finally:
+            finished[index].set()
+
+    launched: list[threading.Event] = []
+    # Events, not Thread.join: an interrupted join marks a running thread as stopped.
+    try:
+        for i in range(size):
+            launched.append(finished[i])
+            threading.Thread(target=slot, args=(i,), name=f"optuna-ds-slot-{i}", daemon=True).start()
+        for done in finished:
+            while not done.wait(0.1):
+                pass
+    except BaseException:  # noqa: BLE001 - re-raised: an interrupt (Ctrl-C, SIGTERM) first stops every slot
+        halt()
+        deadline = time.monotonic() + _STOP_GRACE
+        with deferred_signals():
+            for done in launched:
+                done.wait(max(0.0, deadline - time.monotonic()))
+        raise
+    if errors:
+        raise errors[0]
 
 
 class Coordinator:
@@ -181,47 +224,15 @@ class Coordinator:
         """Run the planner's experiments on every slot of this process until it is done. Ctrl-C
         or SIGTERM stops every slot: each ends its running experiment by process group and
         marks its trial ``interrupted``."""
-        self._slots(self._plan_slot)
+        run_slots(self._pool.size, self._plan_slot, halt=self._halt)
         with self._lock:
             self._decide()
 
-    def _slots(self, target: Callable[[], None]) -> None:
-        """Run ``target`` on every slot of this process until each returns. A slot's error or an
-        interrupt of this thread sets the stop, which ends every slot, and is raised once they
-        have ended: so a return says the slots were not stopped."""
-        errors: list[BaseException] = []
-        finished = [threading.Event() for _ in range(self._pool.size)]
-
-        def slot(index: int) -> None:
-            try:
-                target()
-            except ExperimentInterrupted:
-                pass  # the stop, seen by a running experiment: this slot is done
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                errors.append(e)
-                self._stop.set()
-                with self._lock:
-                    self._changed.notify_all()
-            finally:
-                finished[index].set()
-
-        for i in range(self._pool.size):
-            threading.Thread(target=slot, args=(i,), name=f"optuna-ds-slot-{i}", daemon=True).start()
-        # Events, not Thread.join: an interrupted join marks a running thread as stopped.
-        try:
-            for done in finished:
-                while not done.wait(0.1):
-                    pass
-        except BaseException:  # noqa: BLE001 - re-raised: an interrupt (Ctrl-C, SIGTERM) first stops every slot
-            self._stop.set()
-            with self._lock:
-                self._changed.notify_all()
-            with deferred_signals():
-                for done in finished:
-                    done.wait()
-            raise
-        if errors:
-            raise errors[0]
+    def _halt(self) -> None:
+        """Stop every slot: a waiting one wakes at once."""
+        self._stop.set()
+        with self._lock:
+            self._changed.notify_all()
 
     def _nothing_to_start(self) -> bool:
         """Whether the planner is done, asked before waiting for a slot another process holds:

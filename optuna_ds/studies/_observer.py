@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from optuna_ds._text import clean_text
 from optuna_ds.config import Metric
 
 
@@ -41,7 +42,7 @@ class PrintObserver:
     """Plain lines on stdout: the default for API users."""
 
     def log(self, text: str) -> None:
-        print(text, flush=True)
+        print(clean_text(text), flush=True)
 
     def detail(self, text: str) -> None:
         pass

@@ -10,6 +10,8 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._files import UnsafeFileError
+from optuna_ds._files import read_file
 from optuna_ds._optuna_compat import stale_trial_ids
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import trial_id
@@ -69,9 +71,8 @@ def live_trials(study: optuna.Study) -> list[FrozenTrial]:
 def _folder_mark(record: ExperimentRecord) -> str | None:
     """The token of the launch that last wrote the trial's experiment folder (its exp.json)."""
     try:
-        with open(ExperimentFiles(str(record.result_dir)).exp, encoding="utf-8") as f:
-            mark = json.load(f).get("mark")
-    except (OSError, ValueError, AttributeError):  # AttributeError: exp.json holds no object
+        mark = json.loads(read_file(ExperimentFiles(str(record.result_dir)).exp)).get("mark")
+    except (OSError, ValueError, AttributeError, UnsafeFileError):  # AttributeError: exp.json holds no object
         return None
     return mark if isinstance(mark, str) and mark else None
 

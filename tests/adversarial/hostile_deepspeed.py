@@ -25,13 +25,17 @@
                     (default 2), then good metrics; a port in use fails as torch does (EADDRINUSE)
     fail_first      the experiment's first launch: exit 1 without metrics after HOSTILE_DS_SLOW
                     seconds (default 2); later launches of it: good metrics
+    fifo            a FIFO as the metrics file, no writer, exit 0
+    dev_zero        the metrics file a link to /dev/zero, exit 0
+    flood_metrics   a metrics file of 4 MiB, exit 0
 
 With ``HOSTILE_DS_GATE`` set to a path, each wait of HOSTILE_DS_SLOW seconds above lasts
 instead until that path exists: a test opens the gate once what must happen during the run
 has happened, whatever the machine's load.
 
 Every launch is appended to ``FAKE_DS_LOG`` (JSON lines): the experiment's name (its result
-folder), the behaviour, the pids started, and whether metrics were written.
+folder), the behaviour, the pids started, whether metrics were written, and the storage URL the
+launch found in its environment (``OPTUNA_STORAGE``), if any.
 """
 
 import json
@@ -90,7 +94,8 @@ def main():
     key = "profile" if profile else ("training" if training else str(mbs))
     behaviour = table.get(key, table.get("default", "ok")) if not training else table.get("training", "ok")
     entry = {"name": os.path.basename(os.path.dirname(os.path.abspath(cfg_path))), "mbs": mbs, "behaviour": behaviour,
-             "pid": os.getpid(), "children": [], "profile": profile, "training": training, "metrics": False}
+             "pid": os.getpid(), "children": [], "profile": profile, "training": training, "metrics": False,
+             "storage_env": os.environ.get("OPTUNA_STORAGE")}
     log(dict(entry, event="start"))
 
     def done(code):
@@ -156,6 +161,15 @@ def main():
     value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"', "zero": "0", "huge": "1e300",
              "tie": "100.0", "tiny": "5e-324", "bigint": "1" + "0" * 400}.get(behaviour, str(10.0 * mbs))
     latency = value if behaviour in ("tiny", "bigint") else "1.0"
+    if behaviour == "fifo":
+        os.mkfifo(auto["metric_path"])
+        return done(0)
+    if behaviour == "dev_zero":
+        os.symlink("/dev/zero", auto["metric_path"])
+        return done(0)
+    if behaviour == "flood_metrics":
+        write(auto["metric_path"], '{"throughput": 10, "pad": "' + "x" * (4 << 20) + '"}')
+        return done(0)
     if behaviour == "malformed":
         write(auto["metric_path"], '{"throughput": 12')
     else:

@@ -138,3 +138,30 @@ def test_a_master_port_whose_slots_pass_65535_is_refused(hws: Hostile, monkeypat
     assert_one_line_error(hws.main("--num_gpus", "1", "--master_port", "65535"), "--master_port 65535", "65534")
     assert hws.events() == []
     hws.assert_untouched()
+
+
+def test_a_build_lock_an_interrupted_build_left_is_one_line_and_a_held_one_is_not(hws: Hostile) -> None:
+    """An interrupted DeepSpeed CPU-op build (Ctrl-C during the first run) leaves torch's lock
+    file: every later experiment waited on it until its trial timed out."""
+    import subprocess
+
+    extensions = hws.base / "extensions"
+    lock = extensions / "fused_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    hws.own.append(extensions)
+    hws.config(base_config())
+    env = hws.env(TORCH_EXTENSIONS_DIR=str(extensions))
+    proc = hws.cli("tune", *hws.hostile_args(), env=env)
+    assert_one_line_error(proc, str(lock), "interrupted build", "remove it")
+    assert hws.events() == []
+    # A build under way holds its lock open: not refused (its experiment waits for it, as torch does).
+    holder = subprocess.Popen([sys.executable, "-c", f"import os, sys; fd = os.open({str(lock)!r}, os.O_RDONLY); print('held', flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        proc = hws.cli("tune", *hws.hostile_args(), env=env)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        holder.communicate("")
+    hws.assert_untouched()

@@ -128,22 +128,20 @@ def test_results_that_can_no_longer_be_written_stop_the_tuning_in_one_line(hws: 
     """The disk fills up, or the results folder turns read-only, in the middle of the tuning (the
     tuner's own writes fail, simulated in-process): one line, exit 2, the experiment that finished
     kept, the one about to run left to run again, and the resume runs nothing twice."""
-    import builtins
-
     hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
     monkeypatch.setenv("HOSTILE_DS_TABLE", "{}")
     for key, value in hws.env().items():
         monkeypatch.setenv(key, value)
-    real_open = builtins.open
+    real_open = os.open
 
-    def failing_open(file, mode="r", *args, **kwargs):
-        if any(c in mode for c in "wax+") and "tmbspg4" in str(file):
-            raise OSError(errno_, os.strerror(errno_), str(file))
-        return real_open(file, mode, *args, **kwargs)
+    def failing_open(path, flags, *args, **kwargs):  # the tuner's files are all opened here (optuna_ds._files)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and "tmbspg4" in str(path):
+            raise OSError(errno_, os.strerror(errno_), str(path))
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", failing_open)
+    monkeypatch.setattr(os, "open", failing_open)
     proc = hws.main()
-    monkeypatch.setattr(builtins, "open", real_open)
+    monkeypatch.setattr(os, "open", real_open)
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and os.strerror(errno_) in lines[0] and "tmbspg4" in lines[0], proc.stderr

@@ -182,3 +182,23 @@ def test_no_free_rendezvous_port_is_the_nodes_fault_never_the_configs(hws: Hosti
     assert {mbs: t.state.name for mbs, t in _trials(hws).items()} == {2: "COMPLETE", 4: "COMPLETE"}
     hws.assert_finished_once()
     hws.assert_untouched()
+
+
+def test_a_fifo_a_device_or_a_flood_as_metrics_is_a_bad_measurement_not_a_hang(hws: Hostile) -> None:
+    """Row 8 of issue 34: a FIFO left as the metrics file blocked the tuner in open() past its
+    trial timeout, deaf to SIGTERM; a link to /dev/zero would have been read without end."""
+    table = {"2": "fifo", "4": "ok", "6": "dev_zero", "8": "flood_metrics"}
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6, 8]))
+    proc = hws.hostile(table=table)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    trials = _trials(hws)
+    assert {mbs: t.user_attrs.get("reason") for mbs, t in trials.items()} == {
+        2: "bad-metrics", 4: None, 6: "bad-metrics", 8: "bad-metrics"}
+    assert "not a regular file" in trials[2].user_attrs["detail"]
+    assert "symbolic link" in trials[6].user_attrs["detail"]
+    assert "more than" in trials[8].user_attrs["detail"]
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    hws.assert_finished_once()
+    hws.assert_nothing_left()
+    hws.assert_untouched()

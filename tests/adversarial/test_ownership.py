@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import uuid
+from collections.abc import Iterator
 
 import optuna
 import pytest
@@ -161,4 +162,51 @@ def test_a_second_tuning_in_the_same_folder_is_refused(hws: Hostile, claimed: bo
     assert hws.main().returncode == 0
     assert len(hws.experiments()) == 2 * launched  # the same job, tuned once more in its own folders
     hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+@pytest.fixture
+def mariadb() -> Iterator[str]:
+    """A database of its own on the MariaDB server at 127.0.0.1:3306 (root, no password)."""
+    from conftest import reachable
+
+    if not reachable(3306):
+        if os.environ.get("CI") == "true":
+            pytest.fail("MariaDB is not reachable at 127.0.0.1:3306 in CI")
+        pytest.skip("MariaDB is not reachable at 127.0.0.1:3306")
+    import pymysql
+
+    name = f"optuna_ds_case_{uuid.uuid4().hex[:8]}"
+    admin = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    with admin.cursor() as c:
+        c.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"mysql+pymysql://root@127.0.0.1:3306/{name}"
+    finally:
+        with admin.cursor() as c:
+            c.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.close()
+
+
+def test_a_study_name_the_database_matches_by_case_or_trailing_space_is_another_tuning(hws: Hostile, mariadb: str) -> None:
+    """Row 13 of issue 34: MySQL and MariaDB compare names by a case-insensitive collation that
+    ignores trailing spaces: `--study-name MY` joined and wrote to tuning `my`."""
+    hws.config(base_config())
+    assert hws.main("--storage", mariadb, "--study-name", "my").returncode == 0
+    storage = optuna.storages.RDBStorage(mariadb)
+
+    def state() -> dict[str, tuple[dict, int]]:
+        return {s.study_name: (s.user_attrs, s.n_trials) for s in optuna.get_all_study_summaries(storage)}
+
+    before = state()
+    launched = len(hws.experiments())
+    for i, name in enumerate(("MY", "my ", "My ")):
+        proc = hws.main("--storage", mariadb, "--study-name", name, "--results-dir", f"r{i}", "--exps-dir", f"e{i}")
+        hws.own += [hws.root / f"r{i}", hws.root / f"e{i}"]
+        assert_one_line_error(proc, repr(name), "'my'")
+        worker = hws.main("worker", "--storage", mariadb, "--study-name", name, "--wait", "0", config=None)
+        assert_one_line_error(worker, "holds no tuning named", "'my'")
+    assert state() == before
+    assert len(hws.experiments()) == launched
+    storage.engine.dispose()
     hws.assert_untouched()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import optuna
@@ -92,5 +93,90 @@ def test_a_results_folder_that_is_a_link_loses_nothing_of_the_user_with_overwrit
     assert hws.results.is_symlink()
     assert {k: v for k, v in _digests(target).items() if k in users} == users
     assert (hws.base / "outside" / "precious.txt").read_text() == "a user's file\n"
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+# Row 7 of issue 34: a link at one of the tuning's own file names, planted before the first run
+# (or before --overwrite), once had the report written into an outside file.
+_OWN_FILES = ["summary.txt", "report.html", "ds_config_optimal.json", "cmd_optimal.txt", ".optuna-ds-tuning.json",
+              "optuna-ds.db", "optuna-ds.db-wal", "optuna-ds.db.lock", "z1_gas1_tmbspg2", "z1_gas1_tmbspg2/stdout.log",
+              "z1_gas1_tmbspg2/cmd.txt", "z1_gas1_tmbspg2/exp.json", "exps:z1_gas1_tmbspg2.json"]
+
+
+@pytest.mark.parametrize("name", _OWN_FILES)
+@pytest.mark.parametrize("overwrite", [False, True], ids=["first-run", "overwrite"])
+def test_a_link_at_a_file_of_the_tuning_is_one_line_and_nothing_is_written_through_it(
+        hws: Hostile, name: str, overwrite: bool) -> None:
+    hws.config(base_config())
+    if overwrite:
+        assert hws.main().returncode == 0
+    folder, _, name = name.rpartition(":")
+    place = (hws.root / "autotuning_exps" if folder else hws.results) / name
+    place.parent.mkdir(parents=True, exist_ok=True)
+    if place.is_dir():
+        shutil.rmtree(place)
+    elif place.exists():
+        place.unlink()
+    outside = hws.base / "outside"
+    place.symlink_to(outside if name == "z1_gas1_tmbspg2" else outside / "precious.txt")
+    proc = hws.main(*(["--overwrite"] if overwrite else []))
+    if overwrite and "/" in name:
+        # --overwrite deletes the experiment's folder, the link in it with it (not what it points to).
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert_one_line_error(proc, name.rsplit("/", 1)[-1], "symbolic link")
+        assert place.is_symlink()
+    assert (outside / "precious.txt").read_text() == "a user's file\n"
+    assert os.listdir(outside) == ["precious.txt"]
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_a_results_folder_named_like_a_url_query_holds_its_own_database(hws: Hostile) -> None:
+    """The default SQLite URL was built by formatting: 'res?mode=ro' put the database outside
+    the folder, and 'x?a' and 'x?b' shared one."""
+    hws.config(base_config())
+    for folder in ("res?mode=ro", "x?a", "x?b"):
+        proc = hws.main("--results-dir", folder, "--exps-dir", f"{folder}-exps")
+        assert proc.returncode == 0, proc.stderr
+        hws.own += [hws.root / folder, hws.root / f"{folder}-exps"]
+        assert (hws.root / folder / "optuna-ds.db").is_file()
+    assert not (hws.root / "res").exists() and not (hws.root / "x").exists()
+    launched = len(hws.experiments())
+    assert hws.main("--results-dir", "x?b", "--exps-dir", "x?b-exps").returncode == 0
+    assert len(hws.experiments()) == launched  # resumed from its own database: nothing launched again
+    hws.assert_untouched()
+
+
+@pytest.mark.parametrize("where", ["config", "--results-dir", "--exps-dir"])
+@pytest.mark.parametrize("bad", ["a\0b", "caf\udce9"], ids=["nul", "not-utf-8"])
+def test_a_folder_no_path_or_storage_can_hold_is_one_line_before_anything_runs(hws: Hostile, where: str, bad: str) -> None:
+    if where == "config":
+        if "\0" not in bad:
+            pytest.skip("JSON holds no byte that is not UTF-8")
+        hws.config(base_config(autotuning={"enabled": True, "model_info": {"num_params": 1000000}, "results_dir": bad}))
+        proc = hws.main()
+    else:
+        hws.config(base_config())
+        proc = hws.main(where, bad)
+    assert_one_line_error(proc, "NUL" if "\0" in bad else "UTF-8")
+    assert hws.events() == []
+    hws.assert_untouched()
+
+
+def test_a_rank_log_folder_that_is_a_link_loses_no_log_of_the_folder_it_points_to(hws: Hostile) -> None:
+    """Stale rank logs (``*_rank*.log``) of an experiment's folder under --enable_each_rank_log
+    are deleted before it runs: through a link, they were another folder's."""
+    logs = hws.base / "outside" / "logs"
+    logs.mkdir()
+    (logs / "train_rank0.log").write_text("the user's log\n")
+    (hws.root / "ranks").mkdir()
+    (hws.root / "ranks" / "z1_gas1_tmbspg2").symlink_to(logs)
+    hws.own.append(hws.root / "ranks")
+    hws._before = hws.snapshot()
+    hws.config(base_config())
+    assert_one_line_error(hws.main("--enable_each_rank_log", "ranks"), "z1_gas1_tmbspg2", "symbolic link")
+    assert (logs / "train_rank0.log").read_text() == "the user's log\n"
     hws.assert_nothing_left()
     hws.assert_untouched()

@@ -84,3 +84,37 @@ def test_an_unsearchable_folder_on_path_is_one_line(shared_tree: Path) -> None:
                       path=f"{locked}:/usr/bin:/bin")
     assert_one_line_error(proc, "accelerator")
     assert not (shared_tree / "writable" / "launches.jsonl").exists()
+
+
+@pytest.mark.parametrize("made", ["open-to-all", "another-user's", "link"])
+def test_a_lock_folder_another_user_made_first_is_refused_and_nothing_written_through_it(shared_tree: Path, made: str) -> None:
+    """Row 4 of issue 34: another local user created the default lock folder first and planted
+    `localhost-0.lock -> ~victim/file`: the tuner wrote its pid into the victim's file."""
+    _tree(shared_tree)
+    tmp = shared_tree / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    victim = shared_tree / "writable" / "victim.txt"
+    victim.write_text("the victim's\n")
+    victim.chmod(0o666)
+    folder = tmp / "optuna-ds-gpus-65534"  # nobody's, made by root before nobody's tuning
+    if made == "link":
+        elsewhere = shared_tree / "writable" / "elsewhere"
+        elsewhere.mkdir()
+        os.chown(elsewhere, 65534, 65534)
+        folder.symlink_to(elsewhere)
+    else:
+        folder.mkdir()
+        folder.chmod(0o777 if made == "open-to-all" else 0o755)
+        (folder / "localhost-0.lock").symlink_to(victim)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", HOME=str(shared_tree), PATH="/usr/bin:/bin", TMPDIR=str(tmp),
+               FAKE_DS_LOG=str(shared_tree / "writable" / "launches.jsonl"))
+    for name in ("OPTUNA_DS_LOCK_DIR", "XDG_RUNTIME_DIR"):
+        env.pop(name, None)
+    proc = subprocess.run([SETPRIV, "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m", "optuna_ds",
+                           "tune", LAUNCHER_OPTION, HOSTILE, "--results-dir", "../writable/r", "--exps-dir", "../writable/e",
+                           "train.py", "--deepspeed_config", "ds_config.json"],
+                          cwd=shared_tree / "ws", env=env, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc, "lock folder", str(folder))
+    assert victim.read_text() == "the victim's\n"
+    assert not (shared_tree / "writable" / "launches.jsonl").exists()

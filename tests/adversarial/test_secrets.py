@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import urllib.parse
 import uuid
@@ -134,3 +135,24 @@ def test_a_tuning_on_postgres_with_the_password_in_the_query_never_shows_it(hws:
         for summary in optuna.get_all_study_summaries(storage):
             if summary.study_name.startswith(name):
                 optuna.delete_study(study_name=summary.study_name, storage=storage)
+
+
+def test_experiments_and_the_training_never_see_the_storage_url(hws: Hostile) -> None:
+    """Row 6 of issue 34: OPTUNA_STORAGE, password included, was inherited by every experiment,
+    every rank and `run`'s training; a script that prints its environment wrote it to stdout.log."""
+    hws.config(base_config())
+    url = f"sqlite:///{hws.results / 'optuna-ds.db'}"
+    proc = hws.hostile(command="run", env=hws.env(HOSTILE_DS_TABLE="{}", OPTUNA_STORAGE=url))
+    assert proc.returncode == 0, proc.stderr
+    launches = [e for e in hws.events() if e["event"] == "start"]
+    assert any(e["training"] for e in launches) and any(not e["training"] for e in launches), launches
+    assert [e["storage_env"] for e in launches] == [None] * len(launches)
+
+
+def test_the_readme_keeps_passwords_off_the_command_line() -> None:
+    """`ps` shows every process's arguments to every user of the node."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    on_argv = re.findall(r"--storage[ =]\S*://[^\s/@]*:[^\s@]*@", readme)
+    assert not on_argv, on_argv
