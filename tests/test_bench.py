@@ -109,7 +109,7 @@ def test_the_planner_benchmark_prints_the_blind_group_beside_the_others(monkeypa
     assert re.search(r"^hand-made jobs 6 slots 1: mean", out, re.M) and "random jobs" not in out, out
     blind = out[out.index("blind jobs"):]
     assert re.match(r"blind jobs 2 slots 1: mean [01]\.\d+ p5 [01]\.\d+ worst [01]\.\d+ within 1% \d+\.\d%; "
-                    r"launches \d+\.\d/job .*= \d+\.\d\dx, GPU-h \d+\.\d\dx of DeepSpeed \(2 jobs\)", blind), blind
+                    r"launches \d+\.\d/job .*= \d+\.\d\dx, GPU-h \d+\.\d\dx of DeepSpeed on its 2 jobs", blind), blind
     assert re.search(r"^  noise reported within 0\.5x-2x of the true noise: \d+\.\d% of jobs", blind, re.M), blind
     assert re.search(r"^  ceiling within 1% .*: \d+\.\d% with these launches; .* with 0\.35x DeepSpeed's", blind, re.M), blind
 

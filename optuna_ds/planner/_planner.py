@@ -131,7 +131,7 @@ class _State:
             # The model is not the machine: an arm whose states fit is tried once; and while
             # nothing has run anywhere, each arm's smallest size is tried before the search gives up
             # (the profile's activation figure can be off by more than its belief allows).
-            if not keep.any() and (not any(o.arm == arm.key for o in self.finished) or not self.ok):
+            if not keep.any() and (not any(o.arm == arm.key for o in self.finished) or (not self.ok and sizes[0] == self.sizes(arm)[0])):
                 keep[0] = True
             rows += [(arm, int(m), ()) for m in sizes[keep]]
             p_run.append(p[keep])
