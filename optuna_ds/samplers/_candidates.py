@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._optuna_compat import contains
+from optuna_ds.domain import Knobs
 from optuna_ds.samplers._factory import create_sampler
 
 
@@ -36,7 +37,7 @@ def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials:
     distributions: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(v)) for k, v in sorted(tuned.items())}
     study = optuna.create_study(direction=direction, sampler=create_sampler(tuner_type, tuned, seed=_seed(seed, trials)))
     study.add_trials([c for t in trials if (c := _copy(t, distributions)) is not None])
-    seen = {_key(t.params) for t in trials}
+    seen = {Knobs(t.params) for t in trials}
     out: list[dict[str, Any]] = []
     size = 1
     for choices in tuned.values():
@@ -47,8 +48,8 @@ def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials:
         with _quiet():
             trial = study.ask(distributions)
         params = dict(trial.params)
-        if _key(params) not in seen:
-            seen.add(_key(params))
+        if Knobs(params) not in seen:
+            seen.add(Knobs(params))
             out.append(params)
     return out
 
@@ -56,10 +57,6 @@ def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials:
 def _seed(seed: int | None, trials: Sequence[FrozenTrial]) -> int:
     """A seed of the sampler's random choices that every process derives alike from the trials."""
     return ((seed or 0) * 1_000_003 + len(trials)) % 2**32
-
-
-def _key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 def _copy(trial: FrozenTrial, distributions: dict[str, BaseDistribution]) -> FrozenTrial | None:

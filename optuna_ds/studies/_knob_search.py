@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Knobs
 from optuna_ds.domain import Phase
 from optuna_ds.planner import Arm
 from optuna_ds.planner import KnobSetting
@@ -73,7 +74,7 @@ class KnobCandidates:
                                            seed=_seed(study.study_name, arm.offload), limit=limit)
                 # The settings already run stay candidates: the planner may run them at another size.
                 ran = [dict(_knobs(t)) for t in mine]
-                self._cache[key] = [KnobSetting(knobs=tuple(sorted(s.items())), buffers=self._buffers(arm.stage, arm.offload, s))
+                self._cache[key] = [KnobSetting(knobs=s, buffers=self._buffers(arm.stage, arm.offload, s.as_dict()))
                                     for s in _unique(ran + settings)]
             out[arm.key] = self._cache[key]
         return out
@@ -84,9 +85,9 @@ def _seed(*parts: str) -> int:
     return int.from_bytes(hashlib.sha256("|".join(parts).encode()).digest()[:4], "big")
 
 
-def _knobs(trial: FrozenTrial) -> tuple[tuple[str, Any], ...]:
+def _knobs(trial: FrozenTrial) -> Knobs:
     config = ExperimentRecord.from_trial(trial).config
-    return config.knobs if config is not None else ()
+    return config.knobs if config is not None else Knobs()
 
 
 def _knob_trial(trial: FrozenTrial, space: KnobSpace, offload: str) -> bool:
@@ -102,12 +103,5 @@ def _knob_trial(trial: FrozenTrial, space: KnobSpace, offload: str) -> bool:
     return knobs.keys() == space.tuned.keys() and all(v in space.tuned[k] for k, v in knobs.items())
 
 
-def _unique(settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    out = []
-    for s in settings:
-        key = tuple(sorted((k, repr(v)) for k, v in s.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(s)
-    return out
+def _unique(settings: list[dict[str, Any]]) -> list[Knobs]:
+    return list(dict.fromkeys(Knobs(s) for s in settings))

@@ -16,6 +16,7 @@ from optuna_ds._errors import ResourceError
 from optuna_ds.config import UserConfig
 from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Knobs
 from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import StageRecord
@@ -297,7 +298,7 @@ class Tuning:
             self._skip(stage, reason, e, self._log)
         return [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers,
                     knobs=tuple((k, tuple(v)) for k, v in sorted(spaces[stage].tuned.items())),
-                    knob_defaults=tuple(sorted(knob_defaults(spaces[stage]).items())))
+                    knob_defaults=Knobs(knob_defaults(spaces[stage])))
                 for stage, label, e in chosen]
 
     def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
