@@ -8,11 +8,9 @@ uses Optuna's public API only.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from collections.abc import Callable
-from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,17 +96,6 @@ class TrialCache(_CachedStorage):
 
     def thaw(self) -> None:
         self._frozen.on = False
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Serve this thread's reads from the cache as this process last read it: for a read
-        that follows one just made (the early-stopping check after a claim's check)."""
-        before = getattr(self._frozen, "on", False)
-        self._frozen.on = True
-        try:
-            yield
-        finally:
-            self._frozen.on = before
 
     def _read_trials_from_remote_storage(self, study_id: int) -> None:
         if getattr(self._frozen, "on", False):

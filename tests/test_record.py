@@ -24,7 +24,7 @@ from optuna_ds.domain import RootRecord
 from optuna_ds.domain import StageRecord
 from optuna_ds.domain import given_up
 from optuna_ds.planner import Status
-from optuna_ds.pruners import TunerEarlyStoppingPruner
+from optuna_ds.pruners import TunerEarlyStopping
 from optuna_ds.reporting._report import experiment_rows
 from optuna_ds.studies import observation_of
 from optuna_ds.studies._owner import fail_orphaned_trials
@@ -129,15 +129,14 @@ def test_a_trial_stored_with_literal_keys_reads_back(study: optuna.Study) -> Non
     trial.suggest_categorical("overlap_comm", [True, False])
     for key, value in {"phase": "knobs", "micro_batch_size": 2, "gradient_accumulation_steps": 1, "offload": "offload-opt",
                        "ds_config": {"zero_optimization": {"stage": 2}}, "exp_name": "z2_gas1_tmbspg2_ocT_offload-opt",
-                       "reason": "interrupted", "detail": "its process died", "lost": True, "duplicate_of": 0,
-                       "early_stopped": True}.items():
+                       "reason": "interrupted", "detail": "its process died", "lost": True, "duplicate_of": 0}.items():
         trial.set_user_attr(key, value)
     study.tell(trial, state=TrialState.FAIL)
     frozen = study.get_trials()[0]
     record = ExperimentRecord.from_trial(frozen)
     expected = Config(stage=2, micro_batch=2, offload="offload-opt", knobs={"overlap_comm": frozen.params["overlap_comm"]})
     assert (record.phase, record.config, record.exp_name) == (Phase.KNOBS, expected, "z2_gas1_tmbspg2_ocT_offload-opt")
-    assert (record.reason, record.lost, record.duplicate_of, record.early_stopped) == (FailureReason.INTERRUPTED, True, 0, True)
+    assert (record.reason, record.lost, record.duplicate_of) == (FailureReason.INTERRUPTED, True, 0)
     study.ask()
     assert ExperimentRecord.from_trial(study.get_trials()[1]) == ExperimentRecord()  # nothing claimed yet
 
@@ -186,7 +185,7 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
         assert record.detail == "its process died before it claimed an experiment"
         assert not record.claimed and not record.launched and "exp_name" not in t.user_attrs
         assert observation_of(t, metric=metric, dead={}) is None
-        assert not TunerEarlyStoppingPruner(1, max_trials=1)._counts(t)  # no trial of the knob search
+        assert not TunerEarlyStopping(1, max_trials=1)._counts(t)  # no trial of the knob search
     assert ExperimentRecord.from_trial(trials[claimed.number]).detail == "its process died"
     assert trials[alive.number].state == TrialState.RUNNING
     assert fail_orphaned_trials(study, metric=metric) == ([], [], [])  # settled once

@@ -64,9 +64,8 @@ class ExperimentRecord:
     reason: FailureReason | None = None
     detail: str | None = None
     stderr_tail: str | None = None
-    # The marks: a claim that stood down, a knob search that was over, a dead driver's trial.
+    # The marks: a claim that stood down, a dead driver's trial.
     duplicate_of: int | None = None  # the trial that has this experiment
-    early_stopped: bool = False
     # Failed because its process died, not for its config; a trial that died before its claim is
     # lost with no exp_name (it launched nothing: no experiment to run again or to report).
     lost: bool = False
@@ -176,5 +175,5 @@ def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
 
 
 def launched(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that ran an experiment (duplicates and early-stopped asks launch nothing)."""
+    """Trials that ran an experiment (a duplicate, pruned, launched nothing)."""
     return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed]

@@ -34,7 +34,6 @@ from optuna_ds.storage import TrialCache
 from optuna_ds.storage import database_error
 from optuna_ds.studies._claims import Reaper
 from optuna_ds.studies._claims import competitor
-from optuna_ds.studies._claims import should_prune
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
@@ -49,6 +48,7 @@ class Attempt:
     """One trial as its objective left it."""
 
     stood_down: bool = False
+    launched: bool = False
     competitor: FrozenTrial | None = None  # the trial it stood down to
     script_failed: ExperimentResult | None = None  # failed whatever its config: the tuning stops
 
@@ -111,8 +111,8 @@ class StageExperiments:
         ctx = self._ctx
         space = space or self._space
 
-        # A trial that stands down or ends the knob search is pruned: Optuna's optimize knows no
-        # other way than its objective raising TrialPruned.
+        # A trial that stands down is pruned: Optuna's optimize knows no other way than its
+        # objective raising TrialPruned.
         def objective(trial: optuna.Trial) -> float:
             ExperimentRecord(worker=this_process()).write(trial.set_user_attr)
             if phase is Phase.MICRO_BATCH:
@@ -135,11 +135,9 @@ class StageExperiments:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 attempt.stood_down, attempt.competitor = True, previous
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
-            if phase is Phase.KNOBS and should_prune(trial):  # tuner_early_stopping, tuner_num_trials
-                ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
-                raise optuna.TrialPruned("the knob search is over")
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot)
+            attempt.launched = True
             try:
                 result = ctx.runner.run(
                     experiment,
@@ -173,19 +171,18 @@ class StageExperiments:
 
         return objective
 
-    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "",
-                   pruner: optuna.pruners.BasePruner | None = None) -> None:
-        """Run the planner's experiment of ``config`` on ``lease``; ``repeat``: how many times it
-        ran before; ``free_since``: when the slot became free (``time.monotonic()``), the start
-        of the decision the observer is told the time of; ``pruner``: what a knob setting's
-        first run consults before it launches (``tuner_early_stopping``)."""
+    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> bool:
+        """Run the planner's experiment of ``config`` on ``lease``, and say whether it launched
+        (not where it stood down); ``repeat``: how many times it ran before; ``free_since``: when
+        the slot became free (``time.monotonic()``), the start of the decision the observer is
+        told the time of."""
         self._reaper.reap()
         space = self._space.with_offload(config.offload) if config.offload else self._space
         # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
         # is not atomic on SQLite, and any slot could pop another's.
         fixed = {**config.knob_dict, MBS_KEY: config.micro_batch, GAS_KEY: config.accumulation}
         sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler())
-        study = study_with(self._study, sampler=sampler, pruner=pruner or optuna.pruners.NopPruner())
+        study = study_with(self._study, sampler=sampler)
         if why:
             setting = f" {config.knob_dict}" if config.knobs else ""
             offload = f" {config.offload}" if config.offload else ""
@@ -193,6 +190,7 @@ class StageExperiments:
         attempt = self.run(study, Phase.KNOBS if config.knobs else Phase.MICRO_BATCH, [config.micro_batch], lease,
                            free_since=free_since, space=space, repeat=repeat)
         self._check_settled(attempt.competitor)
+        return attempt.launched
 
     def _check_settled(self, competitor: FrozenTrial | None) -> None:
         """The planner asks again only for an experiment it saw no result of: standing down twice

@@ -49,7 +49,7 @@ class StageTuner:
         """Fail the trials of dead workers so that their experiments run again (:meth:`Reaper.reap`)."""
         self._reaper.reap(force=force)
 
-    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "",
-                   pruner: optuna.pruners.BasePruner | None = None) -> None:
-        """Run the planner's experiment of ``config`` on ``lease`` (:meth:`StageExperiments.run_config`)."""
-        self._experiments.run_config(config, lease, free_since=free_since, repeat=repeat, why=why, pruner=pruner)
+    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> bool:
+        """Run the planner's experiment of ``config`` on ``lease`` (:meth:`StageExperiments.run_config`);
+        whether it launched."""
+        return self._experiments.run_config(config, lease, free_since=free_since, repeat=repeat, why=why)
