@@ -232,7 +232,7 @@ def test_knob_search_with_each_sampler(ws: Workspace, tuner: str) -> None:
     }
     ws.config(config)
     surface = {"knob_gain": {"overlap_comm": {"true": 1.2}, "reduce_bucket_size": {"500000000.0": 1.1}}}
-    p = ws.tune("ds_config.json", "--seed", "1", surface=surface)
+    p = ws.tune("ds_config.json", surface=surface)
     assert p.returncode == 0, p.stderr
     trials = _study(ws, "optuna-ds-z2").get_trials()
     knob = [t for t in trials if t.user_attrs.get("phase") == "knobs" and t.state != TrialState.PRUNED and not t.user_attrs.get("repeat")]
@@ -493,3 +493,11 @@ def test_full_mode_ends_whatever_notation_its_sizes_are_written_in(ws: Workspace
     assert ran == set(sizes), p.stdout
     assert not [t for s in (1, 2) for t in _study(ws, f"optuna-ds-z{s}").get_trials() if t.state == TrialState.PRUNED], p.stdout
     assert (ws.results / "ds_config_optimal.json").exists()
+    # Each trial records its config as params, one distribution per param for the whole study
+    # (the dashboard's importances group trials by distribution), the offload as a categorical.
+    for s in (1, 2):
+        trials = _study(ws, f"optuna-ds-z{s}").get_trials()
+        for name in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "offload", "reduce_bucket_size"):
+            assert len({repr(t.distributions[name]) for t in trials if name in t.distributions}) == 1, name
+        assert all(t.params["offload"] == (t.user_attrs.get("offload") or "none") for t in trials)
+        assert all(t.params["train_micro_batch_size_per_gpu"] == t.user_attrs["micro_batch_size"] for t in trials)

@@ -250,3 +250,8 @@ def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: op
     # An older tuning's resources, without the device: read with its default.
     assert RootRecord.from_attrs({"resources": {"gpus_per_experiment": 1, "device_memory": 1.0}}).resources.device == ""
     assert RootRecord.from_attrs({}) == RootRecord() and RootRecord().attrs() == {}
+    # The choice holds its config: the report finds it by value, not by scanning trials for a number.
+    config = Config(stage=2, micro_batch=16, offload="offload-opt", knobs={"reduce_bucket_size": 5e8})
+    choice = RootRecord(choice=ChoiceRecord(stage=2, trial=7, estimate=900.0, config=config))
+    study.set_user_attr("choice", choice.attrs()["choice"])
+    assert RootRecord.from_attrs(study.user_attrs).choice == choice.choice

@@ -200,12 +200,3 @@ def test_the_model_based_sampler_proposes_what_its_model_predicts_best_first() -
     ran = [_finished(p, _gain(p)) for p in _POINTS if not (p["overlap_comm"] and p["reduce_bucket_size"] == 1e9)]
     got = knob_candidates("model_based", KNOBS, ran, direction=StudyDirection.MAXIMIZE, seed=0, limit=1)
     assert got[0]["overlap_comm"] is True and got[0]["reduce_bucket_size"] == 1e9
-
-
-def test_workers_given_one_seed_draw_differently() -> None:
-    from optuna_ds._tune import worker_seed
-
-    assert worker_seed(None, host="node1", pid=10) is None
-    seeds = {worker_seed(7, host=host, pid=pid) for host in ("node1", "node2") for pid in (10, 11)}
-    assert len(seeds) == 4 and all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
-    assert worker_seed(7, host="node1", pid=10) == worker_seed(7, host="node1", pid=10)  # a function of its inputs

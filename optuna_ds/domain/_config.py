@@ -207,12 +207,13 @@ class Config:
         ``knobs``: the stage of its ``ds_config``, the knobs of its ``params``."""
         mbs = attrs.get(_MBS)
         stage = attrs.get(_STAGE)
+        knobs = attrs.get(_KNOBS, {})
         if stage is None:
             zero = (attrs.get("ds_config") or {}).get(ZERO_KEY)
             stage = zero.get("stage") if isinstance(zero, dict) else None
+            knobs = {k: v for k, v in (params or {}).items() if k not in (MBS_KEY, GAS_KEY)}
         if mbs is None or stage is None:
             return None
-        knobs = attrs[_KNOBS] if _KNOBS in attrs else {k: v for k, v in (params or {}).items() if k not in (MBS_KEY, GAS_KEY)}
         return cls(stage=int(stage), micro_batch=int(mbs), offload=attrs.get(_OFFLOAD),
                    accumulation=int(attrs.get(_GAS) or 1), knobs=knobs)
 

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+from optuna_ds.domain._config import Config
+
 _STAGE_PREFIX = "stage:"  # one attr per stage, "stage:z<stage>": several drivers write them, a shared dict would lose updates
 
 
@@ -35,12 +37,28 @@ class StageRecord:
 
 @dataclasses.dataclass(frozen=True)
 class ChoiceRecord:
-    """The planner's final choice: its stage, its first run's trial in that stage's study, and
-    the planner's estimate of its metric."""
+    """The planner's final choice: its config (stored as :meth:`Config.to_attrs` writes it), the
+    planner's estimate of its metric, and its stage and first run's trial in that stage's study
+    (all a choice an earlier version recorded holds: its config is ``None``, found by the trial)."""
 
     stage: int
     trial: int
     estimate: float | None = None
+    config: Config | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"stage": self.stage, "trial": self.trial}
+        if self.estimate is not None:
+            attrs["estimate"] = self.estimate
+        if self.config is not None:
+            attrs["config"] = self.config.to_attrs()
+        return attrs
+
+    @classmethod
+    def from_attrs(cls, stored: Mapping[str, Any]) -> ChoiceRecord:
+        config = stored.get("config")
+        return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), estimate=stored.get("estimate"),
+                   config=Config.from_attrs(config) if isinstance(config, dict) else None)
 
 
 def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:
@@ -80,8 +98,7 @@ class RootRecord:
             profile_end=attrs.get("profile_end"),
             elapsed=attrs.get("elapsed"),
             stages=dict(sorted(stages.items())),
-            choice=ChoiceRecord(stage=int(choice["stage"]), trial=int(choice["trial"]), estimate=choice.get("estimate"))
-            if isinstance(choice, dict) and choice else None,
+            choice=ChoiceRecord.from_attrs(choice) if isinstance(choice, dict) and choice else None,
         )
 
     def attrs(self) -> dict[str, Any]:
@@ -94,7 +111,7 @@ class RootRecord:
                 attrs[key] = getattr(self, key)
         attrs.update({f"{_STAGE_PREFIX}z{stage}": _plain(record) for stage, record in self.stages.items()})
         if self.choice is not None:
-            attrs["choice"] = _plain(self.choice)
+            attrs["choice"] = self.choice.attrs()
         return attrs
 
     def write(self, set_user_attr: Callable[[str, Any], None]) -> None:

@@ -329,12 +329,6 @@ class ThroughputModel:
         shape."""
         return float(self._w.sum(axis=1) @ np.array([f[0] for f in self._fits]))
 
-    @property
-    def knob_scale(self) -> float:
-        """The posterior mean of the knob effects' scale (0 where no knob is tuned)."""
-        scales = np.repeat([sd for sd, _, _ in self._priors], len(_AMPLITUDE))
-        return float(self._w.sum(axis=1) @ scales)
-
     def _cross(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray]:
         """The rows' unit residual correlation with the points ``(rows, n)`` and their own
         ``(rows, rows)``; the structural part depends on the knob scale (``z @ s0 @ x.T``)."""

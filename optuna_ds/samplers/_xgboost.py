@@ -127,7 +127,7 @@ class XGBoostSampler(BaseSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if not self._candidates or len(study.directions) > 1:
             return
-        if CANDIDATE_ATTR in trial.system_attrs or "fixed_params" in trial.system_attrs:
+        if CANDIDATE_ATTR in trial.system_attrs:
             return
         trials = study.get_trials(deepcopy=False)
         taken: set[int] = set()

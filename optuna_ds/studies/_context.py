@@ -24,11 +24,7 @@ class StageContext:
     metric: Metric
     tuner_type: str
     fast: bool
-    num_tuning: int
     early_stopping: int
     num_trials: int
-    mbs_high: int
-    gas_high: int
     timeout: float | None
     observer: TuningObserver
-    seed: int | None = None

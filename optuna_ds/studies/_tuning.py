@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
@@ -54,6 +55,7 @@ from optuna_ds.studies._results import find_baseline
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
+from optuna_ds.studies._experiments import stage_distributions
 from optuna_ds.studies._knob_search import KnobCandidates
 from optuna_ds.studies._stage import StageTuner
 
@@ -96,7 +98,6 @@ class Tuning:
         resources: Resources,
         runner: ExperimentRunner,
         observer: TuningObserver,
-        seed: int | None = None,
         worker: bool = False,
     ) -> None:
         self._plan = plan
@@ -106,7 +107,6 @@ class Tuning:
         self._runner = runner
         self._observer = observer
         self._log = observer.log
-        self._seed = seed
         self._worker = worker
         self._pool = SlotPool(resources)
         self._stop = threading.Event()
@@ -224,8 +224,6 @@ class Tuning:
 
     def _context(self, observer: TuningObserver) -> StageContext:
         a = self._user.autotuning
-        bound = self._builder.max_batch_per_gpu() or 1
-        mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
         return StageContext(
             storage=self._storage,
             builder=self._builder,
@@ -235,15 +233,22 @@ class Tuning:
             metric=a.tuned_metric,
             tuner_type=a.tuner_type,
             fast=a.fast,
-            num_tuning=a.num_tuning_micro_batch_sizes,
             early_stopping=a.tuner_early_stopping,
             num_trials=a.tuner_num_trials,
-            mbs_high=mbs_high,
-            gas_high=max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu()),
             timeout=self._timeout(),
             observer=observer,
-            seed=self._seed,
         )
+
+    def _distributions(self, stage: int, space: KnobSpace) -> dict[str, BaseDistribution]:
+        """The params of ``stage``'s study, one distribution each for the whole study: every size
+        and accumulation the tuning may run, every offload variant the stage may take."""
+        a = self._user.autotuning
+        bound = self._builder.max_batch_per_gpu() or 1
+        mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
+        gas_high = max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu())
+        offloads = [""] + ([label for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
+                           if stage >= 1 and not user_offloads(self._user.zero_section()) else [])
+        return stage_distributions(mbs_high=mbs_high, gas_high=gas_high, offloads=offloads, space=space)
 
     def _record_stage(self, stage: int, record: StageRecord) -> None:
         RootRecord(stages={stage: record}).write(self._root.set_user_attr)
@@ -339,7 +344,8 @@ class Tuning:
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = spaces[stage]
-            tuner = StageTuner(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space)
+            tuner = StageTuner(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space,
+                               distributions=self._distributions(stage, space))
             tuner.study.set_user_attr("memory", estimates[stage].to_dict())
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())
@@ -397,7 +403,7 @@ class Tuning:
         if not trials:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate)).write(self._root.set_user_attr)
+        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
@@ -419,8 +425,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
             results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
         elif study is not None:
             mine = choice if choice is not None and choice.stage == stage else None
-            result = stage_result(study, stage, metric=a.tuned_metric, chosen_trial=mine.trial if mine else None,
-                                  estimate=mine.estimate if mine else None, final=mine is not None)
+            result = stage_result(study, stage, metric=a.tuned_metric, choice=mine)
             if result.best is None:
                 result = dataclasses.replace(result, reason="no experiment ran successfully")
             results.append(result)
