@@ -14,6 +14,7 @@ from optuna_ds.config import Metric
 from optuna_ds.config import parse_autotuning_config
 from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
+from optuna_ds.domain import Offload
 from optuna_ds.domain import Experiment
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import ExperimentResult
@@ -243,10 +244,15 @@ def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: op
     assert (root.model_info, root.profile_duration, root.profile_end, root.elapsed) == ({"num_params": 1_000_000}, 12.5,
                                                                                        "2025-01-01T10:00:00", 300.0)
     assert root.stages == {0: StageRecord(status="skipped", reason="no gain", memory={"stage": 0}),
-                           1: StageRecord(status="tuned", memory={"stage": 1}, max_runnable_micro_batch_size=16, offload="")}
+                           1: StageRecord(status="tuned", memory={"stage": 1}, max_runnable_micro_batch_size=16, offload=())}
     assert root.choice == ChoiceRecord(stage=1, trial=3, estimate=1500.0)
     # The knob search's end, which earlier versions stored, is read by nothing now and not written.
-    assert root.attrs() == {k: v for k, v in stored.items() if k not in ("optuna_ds:plan", "knob_search")}
+    # The offload variants, stored comma-separated by earlier versions, are written as a list.
+    assert root.attrs() == {k: v for k, v in stored.items() if k not in ("optuna_ds:plan", "knob_search")} | {
+        "stage:z1": {**stored["stage:z1"], "offload": []}}
+    older = RootRecord.from_attrs({"stage:z3": {"status": "tuned", "offload": "offload-opt,offload-opt-param"}})
+    assert older.stages[3].offload == (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS)
+    assert older.attrs()["stage:z3"]["offload"] == ["offload-opt", "offload-opt-param"]
     # An older tuning's resources, without the device: read with its default.
     assert RootRecord.from_attrs({"resources": {"gpus_per_experiment": 1, "device_memory": 1.0}}).resources.device == ""
     assert RootRecord.from_attrs({}) == RootRecord() and RootRecord().attrs() == {}

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from optuna_ds.domain._config import Config
+from optuna_ds.domain._config import Offload
 
 _STAGE_PREFIX = "stage:"  # one attr per stage, "stage:z<stage>": several drivers write them, a shared dict would lose updates
 
@@ -26,13 +27,28 @@ class RecordedResources:
 class StageRecord:
     """A ZeRO stage's status: ``tuned``, ``skipped`` or ``pending``, with why, its memory
     estimate, and where tuned, its largest micro-batch size that ran and the offload variants
-    it explored (comma-separated)."""
+    it explored (stored as a list of labels; an earlier version stored them comma-separated)."""
 
     status: str
     reason: str = ""
     memory: dict[str, Any] | None = None
     max_runnable_micro_batch_size: int | None = None
-    offload: str | None = None
+    offload: tuple[Offload, ...] | None = None
+
+    @classmethod
+    def from_attrs(cls, stored: Mapping[str, Any]) -> StageRecord:
+        known = _known(cls, dict(stored))
+        offload = known.get("offload")
+        if offload is not None:
+            labels = offload.split(",") if isinstance(offload, str) else offload
+            known["offload"] = tuple(Offload(label) for label in labels if label)
+        return cls(**known)
+
+    def attrs(self) -> dict[str, Any]:
+        attrs = _plain(self)
+        if self.offload is not None:
+            attrs["offload"] = [label.value for label in self.offload]
+        return attrs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +104,7 @@ class RootRecord:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> RootRecord:
         n = len(_STAGE_PREFIX) + 1
-        stages = {int(k[n:]): StageRecord(**_known(StageRecord, v)) for k, v in attrs.items()
+        stages = {int(k[n:]): StageRecord.from_attrs(v) for k, v in attrs.items()
                   if k.startswith(f"{_STAGE_PREFIX}z") and k[n:].isdigit() and isinstance(v, dict)}
         resources, choice = attrs.get("resources"), attrs.get("choice")
         return cls(
@@ -109,7 +125,7 @@ class RootRecord:
         for key in ("model_info", "profile_duration", "profile_end", "elapsed"):
             if getattr(self, key) is not None:
                 attrs[key] = getattr(self, key)
-        attrs.update({f"{_STAGE_PREFIX}z{stage}": _plain(record) for stage, record in self.stages.items()})
+        attrs.update({f"{_STAGE_PREFIX}z{stage}": record.attrs() for stage, record in self.stages.items()})
         if self.choice is not None:
             attrs["choice"] = self.choice.attrs()
         return attrs

@@ -389,9 +389,9 @@ class Tuning:
                     self._record_stage(stage, StageRecord(status="pending", reason="not reached yet", memory=memory))
                 continue
             edge = max((o.mbs for o in mine if o.status is Status.OK and not o.knobs), default=0)
-            offloads = sorted({o.offload for o in mine if o.offload})
+            offloads = tuple(sorted({o.config.offload for o in mine if o.offload}))
             self._record_stage(stage, StageRecord(status="tuned", memory=memory, max_runnable_micro_batch_size=edge,
-                                                  offload=",".join(offloads)))
+                                                  offload=offloads))
         decision = coordinator.decision
         if not ended or decision is None or decision.choice is None or not decision.done:
             return
