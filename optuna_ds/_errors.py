@@ -21,7 +21,8 @@ class ConfigError(OptunaDSError):
 
 
 class ResourceError(OptunaDSError):
-    """Hostfile, ``--include``/``--exclude`` or GPU discovery cannot give the experiment GPUs."""
+    """Hostfile, ``--include``/``--exclude`` or GPU discovery cannot give the experiment GPUs, or
+    the node rendezvous ports."""
 
 
 class PlanMismatchError(OptunaDSError):

@@ -8,10 +8,13 @@ uses Optuna's public API only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
+import warnings
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,20 +76,67 @@ def contains(distribution: BaseDistribution, value: Any) -> bool:
         return False
 
 
-def optimize_once(study: optuna.Study, objective: Callable[[optuna.Trial], float], *,
-                  catch: tuple[type[Exception], ...], storage_failed: Callable[[BaseException], bool]) -> None:
-    """One trial of ``objective`` with Optuna's heartbeat (``study.optimize(n_trials=1)``).
+# After a beat the database failed, the next is tried this soon (seconds), not a whole interval later.
+_BEAT_RETRY = 1.0
+# Optuna warns at each ask outside ``study.optimize`` on a storage with heartbeats, where nothing
+# would beat: :func:`heartbeat` does.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
-    When the storage fails both to record the trial and to read it back, Optuna's ``_run_trial``
-    raises ``UnboundLocalError`` from its ``finally`` (optuna/optuna#5280): the storage's error
-    (the ``UnboundLocalError``'s context, when ``storage_failed`` says it is one) is raised
-    instead, so that the user is told the database failed, not shown a bug."""
+
+@contextlib.contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial, *, transient: Callable[[BaseException], bool]) -> Iterator[None]:
+    """``trial``'s heartbeat while the block runs, recorded as ``study.optimize`` records it,
+    but one that a failing database does not end: a beat that fails with an error ``transient``
+    accepts is tried again after ``_BEAT_RETRY`` seconds.
+
+    Optuna's own (``optuna.storages._heartbeat.HeartbeatThread``, started by ``_run_trial``)
+    has no ``try``: one beat lost to a database restart ends its thread for good, and after the
+    grace period another process fails the trial as stale while its experiment still runs. This
+    relies on ``is_heartbeat_enabled(storage)``, ``BaseHeartbeat`` and its ``record_heartbeat(trial_id)``
+    and ``get_heartbeat_interval()``, which that thread calls.
+    """
+    from optuna.storages._heartbeat import BaseHeartbeat
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    storage = storage_of(study)
+    if not (is_heartbeat_enabled(storage) and isinstance(storage, BaseHeartbeat)):
+        yield
+        return
+    interval = float(storage.get_heartbeat_interval() or 0)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                storage.record_heartbeat(trial_id(trial))
+                wait = interval
+            except Exception as e:  # noqa: BLE001 - re-raised unless ``transient`` accepts it, whichever driver raised it
+                if not transient(e):
+                    raise
+                wait = min(interval, _BEAT_RETRY)
+            if stop.wait(wait):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread.start()
     try:
-        study.optimize(objective, n_trials=1, catch=catch, gc_after_trial=False)
-    except UnboundLocalError as e:
-        if e.__context__ is None or not storage_failed(e.__context__):
-            raise
-        raise e.__context__  # noqa: B904 - with its own cause, the driver's error
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def stale_trial_ids(study: optuna.Study) -> set[int]:
+    """The ids of ``study``'s running trials whose heartbeat is older than the storage's grace
+    period: those ``optuna.storages.fail_stale_trials`` would fail now. A storage without
+    heartbeats has none. Optuna's ``_get_stale_trial_ids(study_id)``, which that function reads."""
+    from optuna.storages._heartbeat import BaseHeartbeat
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    storage = storage_of(study)
+    if not (is_heartbeat_enabled(storage) and isinstance(storage, BaseHeartbeat)):
+        return set()
+    return set(storage._get_stale_trial_ids(study_id(study)))
 
 
 class TrialCache(_CachedStorage):

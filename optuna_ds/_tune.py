@@ -31,6 +31,7 @@ from optuna_ds.launcher import MARK_VAR
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
+from optuna_ds.launcher import check_ports
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import dies_with_this_process
 from optuna_ds.launcher import discover_resources
@@ -52,6 +53,7 @@ from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_summary
 from optuna_ds.samplers import check_tuner_type
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.storage import GRACE_PERIOD
 from optuna_ds.storage import NoDatabase
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
@@ -68,6 +70,7 @@ from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
 from optuna_ds.studies import TuningObserver
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import live_trials
 from optuna_ds.domain import is_finished_experiment
 
 
@@ -179,10 +182,21 @@ def _child_of(folder: str, path: str) -> bool:
 
 
 def _remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: str, results_dir: str, exps_dir: str) -> None:
-    """``--overwrite``: delete the studies and the files of their experiments, nothing else."""
+    """``--overwrite``: delete the studies and the files of their experiments, nothing else.
+    Refused while another process runs experiments of the tuning: they would go on in a
+    tuning deleted under them."""
+    studies = [optuna.load_study(study_name=name, storage=storage) for name in tuning_study_names(storage, study_name)]
+    live = [(t, ExperimentRecord.from_trial(t)) for study in studies for t in live_trials(study)]
+    if live:
+        t, record = live[0]
+        owner = record.worker if isinstance(record.worker, dict) else {}
+        raise ConfigError(
+            f"--overwrite: tuning '{study_name}' has {len(live)} experiment(s) running, {record.exp_name or f'trial {t.number}'} in "
+            f"process {owner.get('pid', '?')} on {owner.get('host', '?')} (its heartbeat within {GRACE_PERIOD} s): stop its "
+            "processes first, or rerun without --overwrite to join it"
+        )
     dirs = set()
-    for name in tuning_study_names(storage, study_name):
-        study = optuna.load_study(study_name=name, storage=storage)
+    for study in studies:
         for t in study.get_trials(deepcopy=False):
             record = ExperimentRecord.from_trial(t)
             if record.result_dir is not None:
@@ -229,6 +243,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     overwrite = a.overwrite if options.overwrite is None else options.overwrite
     resources = discover_resources(options.launcher_options)
     check_gpus(user, total_gpus=resources.total_gpus)
+    check_ports(first=options.launcher_options.base_port, slots=len(resources.slots()))
     check_with_deepspeed(user)
     check_tuner_type(a.tuner_type, fast=a.fast)
     for folder, what in ((results_dir, "results_dir"), (exps_dir, "exps_dir")):
@@ -364,7 +379,7 @@ class WorkerOptions:
     study_name: str
     launcher_options: LauncherOptions = LauncherOptions()
     deepspeed_bin: str | None = None
-    wait: float = 300.0  # seconds to wait for the tuning to be started
+    wait: float = 300.0  # seconds to wait for the tuning to be started, and then for its profile run
 
 
 def _wait_for_plan(options: WorkerOptions, log: Callable[[str], None]) -> tuple[optuna.storages.RDBStorage, TuningPlan]:
@@ -450,9 +465,11 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
         if resources.multi_node and resources.nodes_per_experiment == 1:
             resources = resources.restricted_to(local_host_names())
         check_gpus(user, total_gpus=resources.total_gpus)
+        check_ports(first=launcher_options.base_port, slots=len(resources.slots()))
         runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
         observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
-        tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, worker=True)
+        tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
+                        worker=True, wait=options.wait)
         try:
             with _sigterm_raises():
                 return tuning.run()

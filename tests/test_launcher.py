@@ -20,7 +20,9 @@ from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import Slot
+from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import classify
+from optuna_ds.launcher import read_metrics
 
 HOSTILE = Path(__file__).parent / "adversarial" / "hostile_deepspeed.py"
 
@@ -72,6 +74,18 @@ def test_a_lost_exit_status_is_judged_by_the_measurement_never_made_up() -> None
     assert classify(returncode=None, timed_out=False, metrics=None, stdout_tail="", stderr_tail=oom)[0] is FailureReason.OOM
     reason, detail = classify(returncode=None, timed_out=False, metrics=None, stdout_tail="", stderr_tail="RuntimeError: x")
     assert reason is FailureReason.INTERRUPTED and "lost" in detail
+
+
+@pytest.mark.parametrize("text", ['{"latency": 5e-324}', '{"latency": 1%s}' % ("0" * 400), '{"latency": 1e-320}'])
+def test_a_metric_whose_rate_is_not_finite_is_a_bad_measurement(tmp_path: Path, text: str) -> None:
+    # 1 / 5e-324 is infinite, a 401-digit integer is no float: the planner's log rate would be
+    # NaN, and a resume would crash on the stored value.
+    path = tmp_path / "metrics.json"
+    path.write_text(text)
+    with pytest.raises(BadMetrics, match="finite"):
+        read_metrics(str(path), "latency")
+    path.write_text('{"latency": 1e-300}')
+    assert read_metrics(str(path), "latency") == {"latency": 1e-300}
 
 
 def test_timeout_wins() -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy.exc
 from optuna.distributions import CategoricalDistribution
 from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
@@ -17,8 +20,9 @@ from optuna.trial import TrialState
 
 from optuna_ds._optuna_compat import TrialCache
 from optuna_ds._optuna_compat import contains
+from optuna_ds._optuna_compat import heartbeat
 from optuna_ds._optuna_compat import hide_in_memory_studies
-from optuna_ds._optuna_compat import optimize_once
+from optuna_ds._optuna_compat import stale_trial_ids
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import study_id
 from optuna_ds._optuna_compat import trial_id
@@ -60,65 +64,95 @@ def test_contains_says_whether_a_distribution_admits_a_value(distribution, value
     assert contains(distribution, value) is expected
 
 
-class _Lost(Exception):
-    """The storage's database went away."""
+class _BeatsFailing(optuna.storages.RDBStorage):
+    """Fails its first ``failures`` heartbeats as a database away for a while does; sets
+    ``recovered`` at the first beat recorded after them."""
+
+    def __init__(self, url: str, failures: int) -> None:
+        super().__init__(url, heartbeat_interval=1, grace_period=60)
+        self.failures = failures
+        self.beats = 0
+        self.recovered = threading.Event()
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        self.beats += 1
+        if self.beats <= self.failures:
+            raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats", {}, Exception("server closed the connection"))
+        super().record_heartbeat(trial_id)
+        if self.beats > self.failures:
+            self.recovered.set()
 
 
-class _FailingStorage(optuna.storages.InMemoryStorage):
-    """Once the objective has run, fails to record the trial's end and then to read the trial
-    back, as a lost database does."""
+def test_optunas_heartbeat_thread_beats_through_the_storage_and_ends_at_a_failed_beat(url: str) -> None:
+    # Why heartbeat() is ours: Optuna's thread calls the storage's record_heartbeat with no try,
+    # so one beat lost to a database restart ends it. When this fails, Optuna's thread survives:
+    # heartbeat() could start Optuna's again.
+    from optuna.storages._heartbeat import HeartbeatThread
 
-    lost = False
-
-    def set_trial_state_values(self, trial_id, state, values=None):  # type: ignore[no-untyped-def]
-        if self.lost:
-            raise _Lost("cannot record")
-        return super().set_trial_state_values(trial_id, state, values)
-
-    def get_trial(self, trial_id):  # type: ignore[no-untyped-def]
-        if self.lost:
-            raise _Lost("cannot read")
-        return super().get_trial(trial_id)
-
-
-def _losing(storage: _FailingStorage):  # type: ignore[no-untyped-def]
-    def objective(trial: optuna.Trial) -> float:
-        storage.lost = True
-        return 1.0
-
-    return objective
+    storage = _BeatsFailing(url, failures=1)
+    trial = optuna.create_study(storage=storage, study_name="s").ask()
+    errors: list[BaseException] = []
+    hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
+    try:
+        beating = HeartbeatThread(trial_id(trial), storage)
+        beating.start()
+        assert beating._thread is not None
+        beating._thread.join(timeout=60)
+        assert not beating._thread.is_alive() and storage.beats == 1 and errors
+    finally:
+        threading.excepthook = hook
+        beating.join()
 
 
-def test_optuna_5280_a_storage_failing_at_a_trial_end_raises_unbound_local_error() -> None:
-    # optuna/optuna#5280. When this fails, Optuna raises the storage's error itself: drop the
-    # workaround in optimize_once.
-    storage = _FailingStorage()
-    study = optuna.create_study(storage=storage)
-    with pytest.raises(UnboundLocalError) as raised:
-        study.optimize(_losing(storage), n_trials=1)
-    assert isinstance(raised.value.__context__, _Lost)
+def test_heartbeat_beats_on_after_the_database_failed_beats(url: str) -> None:
+    storage = _BeatsFailing(url, failures=2)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    with heartbeat(study, trial, transient=lambda e: isinstance(e, sqlalchemy.exc.OperationalError)):
+        assert storage.recovered.wait(timeout=60), "no beat recorded after the failed ones"
+    assert trial_id(trial) not in storage._get_stale_trial_ids(study_id(study))
 
 
-@pytest.mark.parametrize("is_storage_error", [True, False])
-def test_optimize_once_raises_the_storage_error_instead(is_storage_error: bool) -> None:
-    storage = _FailingStorage()
-    study = optuna.create_study(storage=storage)
-    with pytest.raises(_Lost if is_storage_error else UnboundLocalError):  # another error: as Optuna raised it
-        optimize_once(study, _losing(storage), catch=(), storage_failed=lambda e: is_storage_error)
+def test_stale_trial_ids_are_the_running_trials_past_the_grace_period(url: str) -> None:
+    # live_trials (the --overwrite check) reads Optuna's _get_stale_trial_ids through stale_trial_ids.
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    beating, silent, _unbeaten = study.ask(), study.ask(), study.ask()
+    storage.record_heartbeat(trial_id(silent))
+    deadline = time.monotonic() + 60
+    while trial_id(silent) not in stale_trial_ids(study):
+        assert time.monotonic() < deadline, "a trial silent past the grace period is not stale"
+        storage.record_heartbeat(trial_id(beating))
+        time.sleep(0.2)
+    assert stale_trial_ids(study) == {trial_id(silent)}  # one that never beat is not stale either
+    assert stale_trial_ids(optuna.create_study()) == set()  # no heartbeats: none
 
 
-def test_an_objective_that_returns_nan_fails_its_trial_and_optimize_goes_on(url: str) -> None:
-    # A failed experiment's objective returns NaN (optuna_ds.studies._experiments): the trial is
-    # FAIL, with no value, its user attrs kept, and optimize returns as for any other trial.
-    study = optuna.create_study(storage=url)
+def test_a_trial_another_process_failed_is_not_told_again(url: str) -> None:
+    # run_trial tells with skip_if_finished: a trial failed as stale meanwhile stays failed, and
+    # the tell raises nothing (Optuna's optimize raised "Cannot tell a FAIL trial").
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    storage.set_trial_state_values(trial_id(trial), TrialState.FAIL)
+    study.tell(trial, 1.0, skip_if_finished=True)
+    assert study.get_trials()[0].state == TrialState.FAIL
 
-    def objective(trial: optuna.Trial) -> float:
-        trial.set_user_attr("reason", "oom")
-        return float("nan")
 
-    optimize_once(study, objective, catch=(), storage_failed=lambda e: False)
-    [trial] = study.get_trials()
-    assert (trial.state, trial.value, trial.user_attrs) == (TrialState.FAIL, None, {"reason": "oom"})
+def test_a_trial_added_whole_keeps_its_attrs_and_start(url: str) -> None:
+    # A stale trial's run is kept in a trial added with the record, start and params of the stale one.
+    study = optuna.create_study(storage=optuna.storages.RDBStorage(url), study_name="s")
+    stale = study.ask()
+    stale.suggest_int("mbs", 1, 8)
+    stale.set_user_attr("exp_name", "z1_mbs2")
+    frozen = study.get_trials()[0]
+    study.add_trial(optuna.trial.FrozenTrial(
+        number=-1, trial_id=-1, state=TrialState.COMPLETE, value=2.0, datetime_start=frozen.datetime_start,
+        datetime_complete=frozen.datetime_start, params=frozen.params, distributions=frozen.distributions,
+        user_attrs={"exp_name": "z1_mbs2", "recovered": "why"}, system_attrs={}, intermediate_values={}))
+    kept = study.get_trials()[1]
+    assert (kept.state, kept.value, kept.params, kept.user_attrs["recovered"]) == (TrialState.COMPLETE, 2.0, frozen.params, "why")
+    assert kept.datetime_start == frozen.datetime_start
 
 
 def test_cached_storage_reads_trials_through_read_trials_from_remote_storage(url: str) -> None:

@@ -198,7 +198,7 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="The tuning's name.")
 @_deepspeed_bin_option("The deepspeed executable (default: the tuning's, else deepspeed on PATH).")
 @click.option("--wait", type=float, default=300.0, show_default=True,
-              help="Seconds to wait for the tuning to be started before giving up.")
+              help="Seconds to wait for the tuning to be started, and then for its profile run, before giving up.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only warnings.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr.")
 def worker(storage: str, study_name: str, deepspeed_bin: str | None, wait: float, quiet: bool, verbose: bool,
@@ -341,7 +341,7 @@ def _crashed(e: BaseException, *, where: str = "") -> None:
 
 
 def _thread_failed(args: threading.ExceptHookArgs) -> None:
-    """A helper thread's failure (Optuna's heartbeat thread): a failure of the storage is left to
+    """A helper thread's failure (a trial's heartbeat): a failure of the storage is left to
     the main thread, which meets the same storage and says it once; anything else is one line."""
     from optuna_ds.storage import database_error
 

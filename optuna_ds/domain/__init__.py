@@ -27,6 +27,7 @@ from optuna_ds.domain._record import ExperimentRecord
 from optuna_ds.domain._record import given_up
 from optuna_ds.domain._record import is_finished_experiment
 from optuna_ds.domain._record import launched
+from optuna_ds.domain._record import superseded
 from optuna_ds.domain._root import ChoiceRecord
 from optuna_ds.domain._root import RecordedResources
 from optuna_ds.domain._root import RootRecord
@@ -56,4 +57,5 @@ __all__ = [
     "is_finished_experiment",
     "knob_value",
     "launched",
+    "superseded",
 ]

@@ -17,12 +17,13 @@ class FailureReason(str, enum.Enum):
     NO_METRICS = "no-metrics"
     BAD_METRICS = "bad-metrics"  # a metrics file that is not JSON, or a metric that is not a positive finite number
     INTERRUPTED = "interrupted"  # stopped by the user, a dead worker, or lost (its exit status with the launch server): runs again
+    PORT = "port"  # no rendezvous port free on the node, or its port taken at bind: the node's state; stops the tuning, runs again on resume
     SCRIPT = "script"  # failed whatever the config (the script's arguments, imports, files): stops the tuning, runs again on resume
 
     @property
     def judges_config(self) -> bool:
         """Whether the failure says something about the config: the experiment is not run again."""
-        return self not in (FailureReason.INTERRUPTED, FailureReason.SCRIPT)
+        return self not in (FailureReason.INTERRUPTED, FailureReason.SCRIPT, FailureReason.PORT)
 
 
 class Phase(str, enum.Enum):

@@ -160,13 +160,24 @@ def is_finished_experiment(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.FAIL and ExperimentRecord.from_trial(trial).reason in DEFINITIVE_FAILURES
 
 
+def superseded(trials: Iterable[FrozenTrial]) -> set[int]:
+    """The numbers of the failed trials whose launch (``mark``) another trial recovered: a trial
+    failed as stale while its experiment ran on, whose process then kept the result in a trial
+    of its own. The launch is that trial's; the stale one counts for nothing, not as a failure."""
+    records = [(t, ExperimentRecord.from_trial(t)) for t in trials]
+    recovered = {r.mark for _, r in records if r.recovered and r.mark}
+    return {t.number for t, r in records if t.state == TrialState.FAIL and not r.recovered and r.mark in recovered}
+
+
 def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
     """Experiments lost twice, by name: their worker died while running them (killed, or no
     heartbeat for the grace period), or the node lost their runs: retried once, then counted as
     failed so they cannot kill workers or use GPUs forever."""
+    trials = list(trials)
+    gone = superseded(trials)
     lost: dict[str, list[FrozenTrial]] = {}
     for t in trials:
-        if t.state != TrialState.FAIL:
+        if t.state != TrialState.FAIL or t.number in gone:
             continue
         record = ExperimentRecord.from_trial(t)
         if record.exp_name is not None and (record.lost or record.reason is None):
@@ -175,5 +186,8 @@ def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
 
 
 def launched(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that ran an experiment (a duplicate, pruned, launched nothing)."""
-    return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed]
+    """Trials that ran an experiment (a duplicate, pruned, launched nothing; a superseded trial's
+    launch is another's)."""
+    trials = list(trials)
+    gone = superseded(trials)
+    return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed and t.number not in gone]

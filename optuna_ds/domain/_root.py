@@ -97,6 +97,9 @@ class RootRecord:
     model_info: dict[str, Any] | None = None  # the user's and the profile run's
     profile_duration: float | None = None  # seconds
     profile_end: str | None = None  # ISO time, for the report's timeline
+    # The profile run while it has no model info: {"state": "running", "host", "pid", "started"} (its
+    # process), "failed" or "interrupted" with "why"; workers wait for it, or end saying why.
+    profile_run: dict[str, Any] | None = None
     elapsed: float | None = None  # the tuning's wall time across its resumed runs, seconds
     stages: Mapping[int, StageRecord] = dataclasses.field(default_factory=dict)
     choice: ChoiceRecord | None = None
@@ -112,6 +115,7 @@ class RootRecord:
             model_info=attrs.get("model_info"),
             profile_duration=attrs.get("profile_duration"),
             profile_end=attrs.get("profile_end"),
+            profile_run=attrs.get("profile_run") if isinstance(attrs.get("profile_run"), dict) else None,
             elapsed=attrs.get("elapsed"),
             stages=dict(sorted(stages.items())),
             choice=ChoiceRecord.from_attrs(choice) if isinstance(choice, dict) and choice else None,
@@ -122,7 +126,7 @@ class RootRecord:
         attrs: dict[str, Any] = {}
         if self.resources is not None:
             attrs["resources"] = dataclasses.asdict(self.resources)
-        for key in ("model_info", "profile_duration", "profile_end", "elapsed"):
+        for key in ("model_info", "profile_duration", "profile_end", "profile_run", "elapsed"):
             if getattr(self, key) is not None:
                 attrs[key] = getattr(self, key)
         attrs.update({f"{_STAGE_PREFIX}z{stage}": record.attrs() for stage, record in self.stages.items()})

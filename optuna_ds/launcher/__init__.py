@@ -2,6 +2,7 @@
 
 from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
+from optuna_ds.launcher._classify import is_measurement
 from optuna_ds.launcher._classify import read_metrics
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
@@ -13,6 +14,7 @@ from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import ResultsFiles
+from optuna_ds.launcher._ports import check_ports
 from optuna_ds.launcher._resources import Resources
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._resources import device_kind
@@ -45,6 +47,7 @@ __all__ = [
     "Resources",
     "Slot",
     "SlotPool",
+    "check_ports",
     "classify",
     "deferred_signals",
     "dies_with_this_process",
@@ -53,6 +56,7 @@ __all__ = [
     "device_kind",
     "discover_resources",
     "import_deepspeed",
+    "is_measurement",
     "kill_process_group",
     "local_host_names",
     "new_mark",

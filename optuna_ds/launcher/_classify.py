@@ -6,6 +6,7 @@ import os
 import re
 import signal
 from typing import Any
+from typing import TypeGuard
 
 from optuna_ds.domain import FailureReason
 
@@ -103,8 +104,8 @@ class BadMetrics(ValueError):
 
 def read_metrics(path: str, metric_key: str | None) -> dict[str, Any] | None:
     """The engine's metrics file; ``None`` when there is none. Raises :class:`BadMetrics` when
-    it is not a JSON object or ``metric_key`` is not a positive finite number: a throughput
-    of ``Infinity`` or ``-5`` is a broken run, never the best config."""
+    it is not a JSON object or ``metric_key`` is not a measurement (:func:`is_measurement`): a throughput of
+    ``Infinity`` or ``-5`` is a broken run, never the best config."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -122,9 +123,23 @@ def read_metrics(path: str, metric_key: str | None) -> dict[str, Any] | None:
         value = data.get(metric_key)
         if value is None:
             raise BadMetrics(f"metrics file has no {metric_key!r}")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise BadMetrics(f"metrics file's {metric_key} is {clean_text(repr(value))[:60]}, not a positive finite number")
+        if not is_measurement(value):
+            raise BadMetrics(f"metrics file's {metric_key} is {clean_text(repr(value))[:60]}, not a positive finite number "
+                             "with a finite reciprocal")
     return data
+
+
+def is_measurement(value: Any) -> TypeGuard[float]:
+    """Whether ``value`` is a metric a tuning can use: a positive finite number whose rate is
+    finite too, as the planner models every metric (a throughput itself, a latency inverted): a
+    latency of 5e-324 is a rate of infinity, an integer of 400 digits no float at all."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(number) and number > 0 and math.isfinite(1.0 / number)
 
 
 def classify(
@@ -142,8 +157,8 @@ def classify(
 
     ``returncode`` ``None`` means the status was lost (the launch server died): only a
     measurement or an explicit out-of-memory error then judges the config; anything else is
-    :attr:`FailureReason.INTERRUPTED`, a run to make again. So is a failure to rendezvous
-    because the port was in use.
+    :attr:`FailureReason.INTERRUPTED`, a run to make again. A failure to rendezvous because the
+    port was in use is :attr:`FailureReason.PORT`, the node's.
     """
     if timed_out:
         return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
@@ -157,7 +172,7 @@ def classify(
         return FailureReason.INTERRUPTED, "its exit status was lost (the launch server died) and it wrote no metrics"
     match = PORT_IN_USE.search(stderr_tail) or PORT_IN_USE.search(stdout_tail)
     if returncode != 0 and match:
-        return FailureReason.INTERRUPTED, f"its rendezvous port was in use ({match.group(0)})"
+        return FailureReason.PORT, f"its rendezvous port was in use ({match.group(0)})"
     if returncode is not None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) or re.search(
         r"return code = -9\b", stdout_tail + stderr_tail
     ):

@@ -235,8 +235,10 @@ class ExperimentRunner:
         ``stop`` set from another thread ends the experiment and raises
         :class:`ExperimentInterrupted`. ``pass_fds`` (the slot's GPU locks) are inherited by the
         launcher, so its GPUs stay leased as long as it runs, even if this process dies. A run
-        lost to the node (:attr:`FailureReason.INTERRUPTED`: its status lost, its port taken) is
-        made again at once, on another port, up to ``_ATTEMPTS`` runs, each told to ``on_retry``.
+        lost to the node (:attr:`FailureReason.INTERRUPTED`: its status lost;
+        :attr:`FailureReason.PORT`: its port taken) is made again at once, on another port, up to
+        ``_ATTEMPTS`` runs, each told to ``on_retry``. With no port free, nothing is launched: the
+        result is :attr:`FailureReason.PORT`.
         ``on_command`` is given each run's ``deepspeed`` command line before it starts.
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
@@ -247,13 +249,15 @@ class ExperimentRunner:
         taken: set[int] = set()
         for attempt in range(1, _ATTEMPTS + 1):
             port = lease_port(first=self.port(slot_index), lock_dir=self._lock_dir, local=self._commands.is_local(slot), skip=taken)
+            if port.fd is None:
+                return ExperimentResult(name=experiment.name, returncode=None, duration=0.0, cmd=[], reason=FailureReason.PORT,
+                                        detail=f"no rendezvous port free on this node from {self.port(slot_index)} up")
             try:
                 result = self._run_once(experiment, slot=slot, port=port.port, timeout=timeout, on_start=on_start,
-                                        on_command=on_command, stop=stop, mark=mark,
-                                        pass_fds=(*pass_fds, *([port.fd] if port.fd is not None else [])))
+                                        on_command=on_command, stop=stop, mark=mark, pass_fds=(*pass_fds, port.fd))
             finally:
                 port.release()
-            if result.reason is not FailureReason.INTERRUPTED or attempt == _ATTEMPTS:
+            if result.reason not in (FailureReason.INTERRUPTED, FailureReason.PORT) or attempt == _ATTEMPTS:
                 return result
             taken.add(port.port)
             if on_retry is not None:

@@ -192,21 +192,20 @@ class _Ranked(NamedTuple):
 
 def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[_Ranked]]:
     """The best config that ran, by the model's estimate, among those not measured below
-    another by more than the measured noise can explain; with every measured config ranked."""
+    another by more than the measured noise can explain; with every measured config ranked.
+
+    Measured as every view shows a config beside the choice: the mean of all its runs. A
+    straggler's run is in it (the model's estimate discounts one; the figure shown does not), so
+    the choice never contradicts the figures shown beside it."""
     groups: dict[Config, list[float]] = {}
-    kept: dict[Config, list[float]] = {}
-    for o, straggler in zip(state.ok, model.straggler):
+    for o in state.ok:
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
-        if not straggler:
-            kept.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
     if not groups:
         return None, []
-    # A straggler's run says little of its config, unless it is all there is.
-    groups = {c: kept.get(c) or runs for c, runs in groups.items()}
     configs = list(groups)
     rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c in configs]
     means = model.mean(rows)
-    measured = np.array([np.mean(np.log(groups[c])) for c in configs])
+    measured = np.array([np.log(np.mean(groups[c])) for c in configs])
     counts = np.array([len(groups[c]) for c in configs])
     top = int(np.argmax(measured))
     # The model pools neighbouring runs, which beats one run's figure while the two agree within

@@ -24,6 +24,7 @@ from optuna_ds.domain import ZERO_KEY
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import Phase
 from optuna_ds.domain import RootRecord
+from optuna_ds.domain import superseded
 from optuna_ds.reporting._summary import SUMMARY_HEAD
 from optuna_ds.reporting._summary import LearningRateAdvice
 from optuna_ds.reporting._summary import headline
@@ -165,9 +166,11 @@ def experiment_rows(studies: dict[int, optuna.Study], best: Optimum | None = Non
     stage and trial."""
     rows = []
     for stage, study in studies.items():
-        for t in study.get_trials(deepcopy=False):
+        trials = study.get_trials(deepcopy=False)
+        gone = superseded(trials)
+        for t in trials:
             record = ExperimentRecord.from_trial(t)
-            if record.exp_name is None or t.state == TrialState.WAITING:
+            if record.exp_name is None or t.state == TrialState.WAITING or t.number in gone:
                 continue
             rows.append(ExperimentRow(stage=stage, trial=t, record=record,
                                       chosen=best is not None and stage == best.stage and t.number in best.trials))

@@ -15,6 +15,7 @@ from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
+from optuna_ds.storage._storage import GRACE_PERIOD
 from optuna_ds.storage._storage import NoDatabase
 from optuna_ds.storage._storage import StorageError
 from optuna_ds.storage._storage import create_storage
@@ -23,6 +24,7 @@ from optuna_ds.storage._storage import default_storage_url
 from optuna_ds.storage._storage import storage_failures
 
 __all__ = [
+    "GRACE_PERIOD",
     "NoDatabase",
     "StorageError",
     "TrialCache",

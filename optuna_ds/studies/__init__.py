@@ -4,6 +4,7 @@ from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
+from optuna_ds.studies._owner import live_trials
 from optuna_ds.studies._results import Baseline
 from optuna_ds.studies._results import Noise
 from optuna_ds.studies._results import Optimum
@@ -30,6 +31,7 @@ __all__ = [
     "TuningResult",
     "failure_text",
     "leader",
+    "live_trials",
     "load_result",
     "observation_of",
 ]

@@ -21,6 +21,7 @@ from optuna_ds.domain import given_up
 from optuna_ds.domain import is_finished_experiment
 from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import deferred_signals
+from optuna_ds.launcher import is_measurement
 from optuna_ds.planner import Decision
 from optuna_ds.planner import Observation
 from optuna_ds.planner import Problem
@@ -58,7 +59,8 @@ def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, Frozen
         started = trial.datetime_start
         seconds = max(0.0, (datetime.datetime.now() - started).total_seconds()) if started is not None else None
         return Observation(config=config, status=Status.RUNNING, seconds=seconds, repeat=repeat)
-    if trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0:
+    # A value an earlier version stored unchecked (a latency of 5e-324: a rate of infinity) is a failed run.
+    if trial.state == TrialState.COMPLETE and is_measurement(trial.value):
         return Observation(config=config, status=Status.OK, score=metric.rate(trial.value), seconds=record.duration, repeat=repeat,
                            memory=record.peak_gpu_memory or None)
     if is_finished_experiment(trial) or record.exp_name in dead:

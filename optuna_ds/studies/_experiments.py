@@ -2,7 +2,9 @@
 outcome stored on the trial; and the planner's experiments, one such trial each."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import math
 import os
 import shlex
@@ -20,8 +22,9 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
+from optuna_ds._errors import ResourceError
 from optuna_ds._errors import ScriptError
-from optuna_ds._optuna_compat import optimize_once
+from optuna_ds._optuna_compat import heartbeat
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import trial_id
 from optuna_ds.domain import GAS_KEY
@@ -35,6 +38,7 @@ from optuna_ds.launcher import Lease
 from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import shell_line
 from optuna_ds.space import KnobSpace
+from optuna_ds.storage import GRACE_PERIOD
 from optuna_ds.storage import TrialCache
 from optuna_ds.storage import database_error
 from optuna_ds.studies._claims import Reaper
@@ -55,7 +59,7 @@ class Attempt:
     stood_down: bool = False
     launched: bool = False
     competitor: FrozenTrial | None = None  # the trial it stood down to
-    script_failed: ExperimentResult | None = None  # failed whatever its config: the tuning stops
+    stops: ExperimentResult | None = None  # failed whatever its config (the script, the node's ports): the tuning stops
 
 
 def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
@@ -68,10 +72,49 @@ def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
         record.write(trial.set_user_attr)
 
 
-def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], *, catch: tuple[type[Exception], ...]) -> None:
-    """One trial of ``objective`` with Optuna's heartbeat; a failed database is raised as such
-    (see :func:`optimize_once`)."""
-    optimize_once(study, objective, catch=catch, storage_failed=lambda e: database_error(e) is not None)
+def _keep_stale(study: optuna.Study, trial: optuna.Trial, outcome: ExperimentRecord, *, value: float | None) -> int:
+    """Keep the run of ``trial``, which another process failed as stale while its experiment ran
+    (no heartbeat for the grace period: this process was stopped, or the database away), in a
+    trial of its own: its record, the outcome, and ``recovered`` saying why; the stale trial, of
+    the same launch (``mark``), then counts for nothing (:func:`superseded`). Returns its number.
+    Optuna never changes a finished trial, so the stale one cannot be given the result itself."""
+    stale = storage_of(study).get_trial(trial_id(trial))
+    why = (f"trial {stale.number} was failed as stale (no heartbeat for {GRACE_PERIOD} s) while its experiment ran; "
+           "the experiment finished: its result is kept here")
+    attrs = {**stale.user_attrs, **dataclasses.replace(outcome, recovered=why).attrs()}
+    attrs["exp_name"] = attrs.pop("exp_name")  # last, as in every record
+    kept = FrozenTrial(
+        number=-1, trial_id=-1, state=TrialState.COMPLETE if value is not None else TrialState.FAIL, value=value,
+        datetime_start=stale.datetime_start, datetime_complete=datetime.datetime.now(), params=stale.params,
+        distributions=stale.distributions, user_attrs=attrs, system_attrs={}, intermediate_values={},
+    )
+    study.add_trial(kept)
+    return max(t.number for t in study.get_trials(deepcopy=False) if ExperimentRecord.from_trial(t).recovered == why)
+
+
+def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float]) -> None:
+    """One trial of ``objective``, as ``study.optimize(n_trials=1)`` runs one, with a heartbeat
+    that a database away for a while does not end (:func:`heartbeat`). The trial ends as the
+    objective says (a value, NaN for a failure, :class:`optuna.TrialPruned`, an exception raised
+    on), unless another process failed it as stale meanwhile: that is not undone, and a trial
+    another process failed is never told again (Optuna's optimize raised "Cannot tell a FAIL trial")."""
+    trial = study.ask()
+    try:
+        with heartbeat(study, trial, transient=lambda e: database_error(e) is not None):
+            value = objective(trial)
+    except optuna.TrialPruned:
+        study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+        return
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return  # failed as stale by another process while it held it: its experiment runs again
+    except BaseException:
+        with contextlib.suppress(Exception):  # the objective's error is the one to tell (a failed database's, as it may be)
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        raise
+    if math.isfinite(value):
+        study.tell(trial, value, skip_if_finished=True)
+    else:
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
 OFFLOAD_PARAM = "offload"  # the param a stage study records the offload variant under
@@ -132,10 +175,13 @@ class StageExperiments:
             offload = f" {config.offload}" if config.offload else ""
             self._ctx.observer.detail(f"[z{self._stage}] next: micro-batch {config.micro_batch}{offload}{setting}: {why}")
         attempt = Attempt()
-        run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat), catch=())
-        failed = attempt.script_failed
+        run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat))
+        failed = attempt.stops
+        # Recorded (reason "port" or "script", run again on resume); the other slots are stopped.
+        if failed is not None and failed.reason is FailureReason.PORT:
+            raise ResourceError(f"{failed.name}: {failed.detail}: free ports there or pass another --master_port, then run "
+                                "the same command again; the experiment runs then")
         if failed is not None:
-            # Recorded (reason "script", run again on resume); the other slots are stopped.
             raise ScriptError(
                 f"{failed.name} failed whatever its config ({failed.detail}): every experiment would; "
                 f"fix the script, its arguments or its environment and run again -- see "
@@ -182,18 +228,30 @@ class StageExperiments:
                     pass_fds=lease.fds,
                     mark=mark,
                 )
+            except optuna.exceptions.UpdateFinishedTrialError:
+                raise  # failed as stale before its launch was recorded: the runner ended the launch
             except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
                 ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                 raise
-            _store(trial, ExperimentRecord.outcome(result))
+            outcome = ExperimentRecord.outcome(result)
+            try:
+                _store(trial, outcome)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                value = float(result.metrics[ctx.metric.key]) if result.ok else None
+                kept = _keep_stale(self._study, trial, outcome, value=value)
+                ctx.observer.log(f"[z{self._stage}] trial {trial.number}: failed as stale by another process while its experiment "
+                                 f"ran (no heartbeat for {GRACE_PERIOD} s); the experiment finished: result kept as trial {kept}")
+                ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
+                                      duration=result.duration, outcome=f"kept as trial {kept}")
+                raise
             if not result.ok:
                 assert result.reason is not None
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
                                       duration=result.duration, outcome=f"failed ({result.reason.value}: {result.detail})")
                 if result.stderr_tail:
                     ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
-                if result.reason is FailureReason.SCRIPT:
-                    attempt.script_failed = result
+                if result.reason in (FailureReason.SCRIPT, FailureReason.PORT):
+                    attempt.stops = result
                 return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
             value = float(result.metrics[ctx.metric.key])
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,

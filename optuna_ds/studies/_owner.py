@@ -7,8 +7,10 @@ import socket
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._optuna_compat import stale_trial_ids
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import trial_id
 from optuna_ds.config import Metric
@@ -38,7 +40,7 @@ def this_process() -> dict[str, Any]:
     return process_identity(os.getpid())
 
 
-def _dead(owner: dict[str, Any]) -> bool:
+def dead(owner: dict[str, Any]) -> bool:
     """Whether the process that ran a trial is known to be gone. Only a process on this host
     can be checked; elsewhere the storage's heartbeat decides."""
     if owner.get("host") != socket.gethostname():
@@ -54,6 +56,14 @@ def _dead(owner: dict[str, Any]) -> bool:
         return False
     started = owner.get("started")
     return started is not None and _start_time(pid) not in (None, started)
+
+
+def live_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The running trials of ``study`` whose process is alive: on this host by its pid,
+    elsewhere by a heartbeat within the grace period."""
+    stale = stale_trial_ids(study)
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if trial_id(t) not in stale
+            and not (isinstance(worker := ExperimentRecord.from_trial(t).worker, dict) and dead(worker))]
 
 
 def _folder_mark(record: ExperimentRecord) -> str | None:
@@ -103,10 +113,10 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
     unclaimed: list[int] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         record = ExperimentRecord.from_trial(t)
-        if not (isinstance(record.worker, dict) and _dead(record.worker)):
+        if not (isinstance(record.worker, dict) and dead(record.worker)):
             continue
         experiment = record.experiment_process
-        if isinstance(experiment, dict) and not _dead(experiment):
+        if isinstance(experiment, dict) and not dead(experiment):
             # End the orphan first, then read: metrics it wrote before it ended are a result,
             # even when written a moment before its exit.
             kill_process_group(int(experiment["pid"]))

@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
+from optuna_ds._optuna_compat import study_id
 from optuna_ds.config import UserConfig
 from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import ExperimentRecord
@@ -46,6 +47,8 @@ from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import TuningObserver
+from optuna_ds.studies._owner import dead
+from optuna_ds.studies._owner import this_process
 from optuna_ds.studies._results import Optimum
 from optuna_ds.studies._results import OptunaBest
 from optuna_ds.studies._results import Spend
@@ -64,6 +67,12 @@ _TIMEOUT_PER_PROFILE = 20.0
 _TIMEOUT_WITHOUT_PROFILE = 3600.0
 _PROFILE_POLL_SECONDS = 0.2  # a worker waiting for the profile run reads the root study this often
 _MAX_EXPERIMENTS = 40  # the planner's launches in fast mode, at most (its search ends long before, as a rule)
+
+
+class TuningDeleted(OptunaDSError):
+    """Another process deleted the tuning (``--overwrite``) while this one ran it."""
+
+    exit_code = 1
 
 
 class ProfileError(OptunaDSError):
@@ -99,6 +108,7 @@ class Tuning:
         runner: ExperimentRunner,
         observer: TuningObserver,
         worker: bool = False,
+        wait: float | None = None,
     ) -> None:
         self._plan = plan
         self._user = user
@@ -108,6 +118,7 @@ class Tuning:
         self._observer = observer
         self._log = observer.log
         self._worker = worker
+        self._wait = wait  # a worker's limit on its wait for the profile run, in seconds
         self._pool = SlotPool(resources)
         self._stop = threading.Event()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
@@ -163,17 +174,23 @@ class Tuning:
         assert lease is not None
         self._log(f"profile run: measuring the model ({experiment.result_dir})")
         timeout = self._plan.trial_timeout or _TIMEOUT_WITHOUT_PROFILE
+        RootRecord(profile_run={"state": "running", **this_process()}).write(self._root.set_user_attr)
         try:
             result = self._runner.run(experiment, slot=lease.slot, slot_index=lease.index, timeout=timeout, pass_fds=lease.fds,
                                       on_retry=self._log)
+        except BaseException as e:  # noqa: BLE001 - re-raised: workers waiting for the profile are told it ended
+            RootRecord(profile_run={"state": "interrupted", "why": type(e).__name__}).write(self._root.set_user_attr)
+            raise
         finally:
             self._pool.release(lease)
         if not result.ok:
             cause = telling_line(result.stderr_tail) or result.detail
-            raise ProfileError(
+            error = ProfileError(
                 f"the profile run failed ({result.reason.value if result.reason else 'error'}: {result.detail}): "
                 f"{cause} -- see {experiment.result_dir}/stderr.log"
             )
+            RootRecord(profile_run={"state": "failed", "why": str(error)}).write(self._root.set_user_attr)
+            raise error
         # What the user gave (hidden_size, num_layers) stays; the profile adds what it measured.
         info = {**{k: v for k, v in given.items() if k != "profile" and v is not None},
                 **{k: v for k, v in result.metrics.items() if k != "rank"}}
@@ -182,12 +199,26 @@ class Tuning:
         return info
 
     def _wait_for_model_info(self) -> dict[str, Any]:
-        """A worker started before the profile run finished waits for its result."""
-        self._log("waiting for the profile run of the tuning's first process")
+        """A worker started before the profile run finished waits for its result, at most
+        ``wait`` seconds; a profile run stored as failed or interrupted, or whose process died
+        on this host, ends the wait at once."""
+        assert self._wait is not None  # a worker's
+        self._log(f"waiting up to {self._wait:g} s for the profile run of the tuning's first process")
+        deadline = time.monotonic() + self._wait
         while True:
-            stored = RootRecord.from_attrs(optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs).model_info
-            if stored:
-                return dict(stored)
+            record = RootRecord.from_attrs(optuna.load_study(study_name=self._plan.study_name, storage=self._storage).user_attrs)
+            if record.model_info:
+                return dict(record.model_info)
+            run, again = record.profile_run or {}, "run `optuna-ds tune` again, then this worker"
+            if run.get("state") == "failed":
+                raise ProfileError(f"tuning '{self._plan.study_name}': {run.get('why') or 'its profile run failed'}; {again}")
+            ended = ("was interrupted" if run.get("state") == "interrupted"
+                     else "was abandoned: its process died" if run.get("state") == "running" and dead(run) else None)
+            if ended is not None:
+                raise ProfileError(f"the profile run of tuning '{self._plan.study_name}' {ended}; {again}")
+            if time.monotonic() >= deadline:
+                raise ProfileError(f"the profile run of tuning '{self._plan.study_name}' has not ended after {self._wait:g} s: "
+                                   "start the worker again once it has, or give a longer --wait")
             time.sleep(_PROFILE_POLL_SECONDS)
 
     def _timeout(self) -> float:
@@ -266,14 +297,27 @@ class Tuning:
         spent, and the storage keeps every finished experiment."""
         start = time.monotonic()
         try:
-            info = self._model_info()
-            self._run_drivers(info)
-        finally:
-            if not self._worker:
-                # Wall time of the tuning across its resumed runs; workers only help within it.
-                elapsed = (self._recorded().elapsed or 0.0) + time.monotonic() - start
-                RootRecord(elapsed=round(elapsed, 3)).write(self._root.set_user_attr)
+            try:
+                info = self._model_info()
+                self._run_drivers(info)
+            finally:
+                if not self._worker:
+                    # Wall time of the tuning across its resumed runs; workers only help within it.
+                    elapsed = (self._recorded().elapsed or 0.0) + time.monotonic() - start
+                    RootRecord(elapsed=round(elapsed, 3)).write(self._root.set_user_attr)
+        except Exception:
+            if self._deleted():
+                raise TuningDeleted(f"tuning '{self._plan.study_name}' was deleted while this process ran it (`optuna-ds tune "
+                                    "--overwrite` elsewhere?)") from None
+            raise
         return self.result()
+
+    def _deleted(self) -> bool:
+        """Whether the tuning's root study is gone, or is another now (deleted, then started afresh)."""
+        try:
+            return self._storage.get_study_id_from_name(self._plan.study_name) != study_id(self._root)
+        except KeyError:
+            return True
 
     def _arms(self, info: dict[str, Any], estimates: dict[int, MemoryEstimate], spaces: dict[int, KnobSpace]) -> list[Arm]:
         """What the planner may explore: every listed stage that fits one sample by the

@@ -11,6 +11,8 @@
     malformed       a metrics file that is not JSON
     inf, nan, negative, string    a metrics file with that throughput
     zero, huge      a metrics file with throughput 0, or 1e300
+    tiny, bigint    a metrics file whose throughput and latency are 5e-324 (a rate of 1/5e-324 is
+                    infinite), or an integer of 401 digits (no float)
     tie             good metrics with throughput 100, whatever the size
     ignore_sigterm  ignore SIGTERM and hang
     setsid          start a child in its own session (escaping the process group) that
@@ -138,11 +140,12 @@ def main():
         write(auto["model_info_path"], json.dumps(info))
         return done(0)
     value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"', "zero": "0", "huge": "1e300",
-             "tie": "100.0"}.get(behaviour, str(10.0 * mbs))
+             "tie": "100.0", "tiny": "5e-324", "bigint": "1" + "0" * 400}.get(behaviour, str(10.0 * mbs))
+    latency = value if behaviour in ("tiny", "bigint") else "1.0"
     if behaviour == "malformed":
         write(auto["metric_path"], '{"throughput": 12')
     else:
-        write(auto["metric_path"], f'{{"throughput": {value}, "latency": 1.0, "FLOPS_per_gpu": 1e9, "rank": 0}}')
+        write(auto["metric_path"], f'{{"throughput": {value}, "latency": {latency}, "FLOPS_per_gpu": 1e9, "rank": 0}}')
     entry["metrics"] = True
     if behaviour == "linger":
         log(dict(entry, event="metrics"))

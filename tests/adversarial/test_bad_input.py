@@ -126,3 +126,13 @@ def test_worker_on_a_tuning_that_does_not_exist_names_those_there_and_creates_no
     assert_one_line_error(proc, "'zz'", "it holds 'optuna-ds'")
     assert files() == before
     hws.assert_untouched()
+
+
+def test_a_master_port_whose_slots_pass_65535_is_refused(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two slots from 65535: the second's port would be 65536, which DeepSpeed fails on, and the
+    # tuning took those failures for its configs' (issue 34, row 10).
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    hws.config(base_config())
+    assert_one_line_error(hws.main("--num_gpus", "1", "--master_port", "65535"), "--master_port 65535", "65534")
+    assert hws.events() == []
+    hws.assert_untouched()

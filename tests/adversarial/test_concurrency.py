@@ -73,3 +73,98 @@ def _read_until(proc: subprocess.Popen[str], text: str, *, timeout: float) -> st
             raise AssertionError(f"no {text!r} in {timeout} s; stdout: {seen.decode(errors='replace')}")
         seen += chunk
     return seen.decode()
+
+
+def test_a_worker_never_waits_for_a_profile_run_that_failed_was_abandoned_or_outlasts_its_wait(hws: Hostile) -> None:
+    """A worker waiting for the tuning's profile run (issue 34, row 9): a profile run stored as
+    failed, or whose process died on this host, ends it at once in one line; one still running
+    ends it after --wait. Before, it printed "waiting for the profile run" for ever."""
+    import signal
+
+    hws.config(base_config(autotuning={"enabled": True}))  # no model_info: the tuning profiles first
+    failed = hws.hostile(table={"profile": "no_metrics"})
+    assert failed.returncode == 1 and "the profile run failed" in failed.stderr, failed.stderr
+    worker = hws.cli("worker", "--storage", hws.storage, "--wait", "600", process=True, timeout=120)
+    assert worker.returncode == 1 and "tuning 'optuna-ds': the profile run failed (no-metrics" in worker.stderr, worker.stderr
+    assert len(worker.stderr.strip().splitlines()) == 1, worker.stderr
+
+    tune = hws.popen("tune", *hws.hostile_args(), table={"profile": "hang"})
+    try:
+        deadline = time.monotonic() + 120
+        while sum(e["profile"] and e["event"] == "start" for e in hws.events()) < 2:  # the first tune's, then this one's
+            assert time.monotonic() < deadline and tune.poll() is None, tune.communicate()
+            time.sleep(0.1)
+        waiting = hws.cli("worker", "--storage", hws.storage, "--wait", "1", process=True, timeout=120)
+        assert waiting.returncode == 1 and "has not ended after 1 s" in waiting.stderr, waiting.stderr
+        os.killpg(tune.pid, signal.SIGKILL)
+        tune.wait()
+        abandoned = hws.cli("worker", "--storage", hws.storage, "--wait", "600", process=True, timeout=120)
+        assert abandoned.returncode == 1 and "was abandoned: its process died" in abandoned.stderr, abandoned.stderr
+    finally:
+        if tune.poll() is None:
+            os.killpg(tune.pid, signal.SIGKILL)
+        tune.communicate()
+        for e in hws.events():  # the hanging profile run, in a session of its own, if it outlived its tuner
+            if e["profile"]:
+                try:
+                    os.kill(e["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    hws.assert_untouched()
+
+
+def test_overwrite_is_refused_while_another_process_runs_the_tuning(hws: Hostile) -> None:
+    """`tune --overwrite` while the same tuning runs elsewhere deleted its studies under it: the
+    first died with an internal error (issue 34, row 12). It is refused in one line while the
+    tuning has an experiment running whose process is alive; once that process has ended (here
+    by SIGTERM, its experiment marked to run again), --overwrite starts afresh."""
+    import signal
+
+    hws.config(base_config())
+    first = hws.popen("tune", *hws.hostile_args(), table={"default": "slow"}, HOSTILE_DS_SLOW="600")
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e["event"] == "start" for e in hws.events()):
+            assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+            time.sleep(0.1)
+        refused = hws.main("--overwrite")
+        assert_one_line_error(refused, "--overwrite", "1 experiment(s) running", "stop its processes first")
+        assert len(hws.experiments()) == 1
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143, err
+    assert_no_traceback(subprocess.CompletedProcess([], first.returncode, out, err))
+    again = hws.main("--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert len(hws.experiments()) > 1
+    hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_a_tuning_deleted_under_a_running_process_ends_it_in_one_line(hws: Hostile, monkeypatch) -> None:
+    """An --overwrite elsewhere that deletes the tuning between its check and this process's
+    next write (simulated: deleted while the first experiment runs) ends this process with one
+    line saying so, never an internal error (issue 34, row 12)."""
+    from optuna_ds.launcher import ExperimentRunner
+    from optuna_ds.storage import create_storage
+    from optuna_ds.storage import delete_tuning
+
+    real = ExperimentRunner.run
+
+    def deleted(self, experiment, **kwargs):  # type: ignore[no-untyped-def]
+        result = real(self, experiment, **kwargs)
+        delete_tuning(create_storage(hws.storage), "optuna-ds")
+        return result
+
+    monkeypatch.setattr(ExperimentRunner, "run", deleted)
+    hws.config(base_config())
+    proc = hws.main()
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "optuna-ds: error: tuning 'optuna-ds' was deleted while this process ran it (`optuna-ds tune --overwrite` elsewhere?)"]
+    assert_no_traceback(proc)
+    hws.assert_nothing_left()
+    hws.assert_untouched()

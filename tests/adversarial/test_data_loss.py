@@ -158,3 +158,48 @@ def test_results_that_can_no_longer_be_written_stop_the_tuning_in_one_line(hws: 
     hws.assert_finished_once()
     hws.assert_nothing_left()
     hws.assert_untouched()
+
+
+def test_a_trial_failed_as_stale_while_its_experiment_ran_keeps_its_result(hws: Hostile, monkeypatch) -> None:
+    """A process stopped, or cut from its database, past the heartbeat's grace period: another
+    process fails its running trial as stale (simulated here, as Optuna's fail_stale_trials
+    does, while the experiment of micro-batch 4 runs). When the experiment then finishes, its
+    result is kept (no "Cannot tell a FAIL trial" crash), counted once, never as a failure, and
+    never run again, nor on resume."""
+    from optuna_ds.launcher import ExperimentRunner
+
+    real = ExperimentRunner.run
+    reaps: list[str] = []
+
+    def reaped(self, experiment, **kwargs):  # type: ignore[no-untyped-def]
+        result = real(self, experiment, **kwargs)
+        if experiment.config.micro_batch == 4 and result.ok and not reaps:
+            reaps.append(experiment.name)
+            storage = optuna.storages.RDBStorage(hws.storage)
+            study = optuna.load_study(study_name="optuna-ds-z1", storage=storage)
+            for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):
+                if t.user_attrs.get("exp_name") == experiment.name:
+                    storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        return result
+
+    monkeypatch.setattr(ExperimentRunner, "run", reaped)
+    hws.config(base_config())
+    proc = hws.main()
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    assert "failed as stale by another process while its experiment ran" in proc.stdout, proc.stdout
+    again = hws.main()
+    assert again.returncode == 0 and "failed as stale" not in again.stdout, again.stdout + again.stderr
+    trials = [t for t in optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage).get_trials()
+              if t.user_attrs.get("exp_name") == reaps[0]]
+    states = sorted(t.state.name for t in trials)
+    assert states == ["COMPLETE", "FAIL"], states
+    kept = next(t for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+    stale = next(t for t in trials if t.state == optuna.trial.TrialState.FAIL)
+    assert kept.value == 40.0 and "stale" in kept.user_attrs["recovered"]
+    assert kept.user_attrs["mark"] == stale.user_attrs["mark"]
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    summary = (hws.results / "summary.txt").read_text()
+    assert "failed" not in summary, summary
+    hws.assert_finished_once()
+    hws.assert_untouched()

@@ -104,6 +104,23 @@ def test_extreme_and_tied_measurements_never_break_the_choice(hws: Hostile) -> N
     hws.assert_untouched()
 
 
+def test_a_metric_whose_rate_is_not_finite_is_a_bad_measurement_and_resumes(hws: Hostile) -> None:
+    """A latency of 5e-324 is a rate of infinity, an integer of 401 digits no float: each is a
+    bad measurement, the tuning ends with the run that measured, and its resume too."""
+    table = {"2": "tiny", "4": "ok", "6": "bigint"}
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4, 6],
+                           autotuning={"enabled": True, "metric": "latency", "model_info": {"num_params": 1000000}}))
+    for _ in range(2):
+        proc = hws.hostile(table=table)
+        assert proc.returncode == 0, proc.stderr
+        assert_no_traceback(proc)
+    reasons = {mbs: t.user_attrs.get("reason") for mbs, t in _trials(hws).items()}
+    assert reasons == {2: "bad-metrics", 4: None, 6: "bad-metrics"}, reasons
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
+    hws.assert_finished_once()
+    hws.assert_untouched()
+
+
 def test_a_proc_that_cannot_be_read_costs_no_result(hws: Hostile, monkeypatch) -> None:
     """/proc hidden (hidepid, a container): where the tool reads it (the runs' marks, process
     identities; simulated in-process, DeepSpeed's own reads left alone), escapees cannot be found
@@ -141,4 +158,27 @@ def test_a_proc_that_cannot_be_read_costs_no_result(hws: Hostile, monkeypatch) -
     assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
     hws.assert_finished_once()
     hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_no_free_rendezvous_port_is_the_nodes_fault_never_the_configs(hws: Hostile) -> None:
+    """Its only port taken by another program: nothing is launched on a port it cannot have, the
+    tuning stops in one line saying so, and once the port is free the same command measures
+    every size (a port is never held against a config)."""
+    import socket
+
+    hws.config(base_config())
+    with socket.socket() as squatter:
+        squatter.bind(("", 65535))
+        squatter.listen()
+        proc = hws.main("--master_port", "65535")
+        assert proc.returncode == 2 and "no rendezvous port free on this node from 65535" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert_no_traceback(proc)
+    assert hws.experiments() == []
+    assert {t.user_attrs.get("reason") for t in _trials(hws).values()} == {"port"}
+    proc = hws.main("--master_port", "65535")
+    assert proc.returncode == 0, proc.stderr
+    assert {mbs: t.state.name for mbs, t in _trials(hws).items()} == {2: "COMPLETE", 4: "COMPLETE"}
+    hws.assert_finished_once()
     hws.assert_untouched()
