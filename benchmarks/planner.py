@@ -230,7 +230,7 @@ def main() -> None:
                         help="full mode's tuner_type: where the knob settings come from")
     parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a field of optuna_ds.planner.PlannerSettings (min_gain, margin, bracket, ...) for a what-if")
+                        help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) for a what-if")
     parser.add_argument("--curve", action="store_true",
                         help="the share of the optimum after each number of launches (with --set MIN_GAIN=0: never stopping)")
     args = parser.parse_args()

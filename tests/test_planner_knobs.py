@@ -70,10 +70,10 @@ def test_knob_settings_run_once_the_sizes_are_settled_and_the_one_that_pays_is_c
     knob_runs = [i for i, o in enumerate(observations) if o.knobs]
     assert knob_runs, "no knob setting ran"
     # The first knob setting ran once the size search had settled: at its best size, measured
-    # with the default knobs (twice: the noise), between sizes that ran out of memory above it.
+    # with the default knobs, between sizes that ran out of memory above it.
     first = observations[knob_runs[0]]
     before = [o for o in observations[: knob_runs[0]] if not o.knobs]
-    assert sum(o.mbs == first.mbs and o.status is Status.OK for o in before) >= 2
+    assert any(o.mbs == first.mbs and o.status is Status.OK for o in before)
     assert first.mbs == max(o.mbs for o in before if o.status is Status.OK)
     assert choice is not None and dict(choice.knobs)["overlap_comm"] is True
 

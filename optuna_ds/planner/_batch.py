@@ -104,6 +104,10 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     def at(configs: list[Config]) -> list[Row]:
         return [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c in configs]
 
+    def incumbent(model: ThroughputModel) -> Row:
+        rows = at(measured)
+        return rows[int(np.argmax(model.mean(rows)))]
+
     def ready(rows: list[Row], p_run: np.ndarray) -> tuple[list[Row], np.ndarray, np.ndarray, np.ndarray]:
         """The rows not taken that may end in time, their chance to run, their gain and their
         rate (per second, in gain per run of the usual length: a run likely to fail ends sooner)."""
@@ -118,8 +122,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
         if not rows:
             return [], np.zeros(0), np.zeros(0), np.zeros(0)
-        incumbent = float(np.max(model.mean(at(measured))))
-        gain = np.asarray(p_run * model.expected_improvement(rows, incumbent + settings.margin))
+        gain = np.asarray(p_run * model.knowledge_gradient(rows, incumbent(model)))
         return rows, p_run, gain, state.seconds_ok / (p_run * seconds + (1.0 - p_run) * state.seconds_failed)
 
     rows, p_run, gain, rate = ready(*state.candidates)
@@ -130,8 +133,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         return []  # nothing would be worth a launch even with nothing under way
 
     def gains(idx: np.ndarray) -> np.ndarray:
-        incumbent = float(np.max(model.mean(at(measured))))
-        return np.asarray(p_run[idx] * model.expected_improvement([rows[i] for i in idx], incumbent + settings.margin))
+        return np.asarray(p_run[idx] * model.knowledge_gradient([rows[i] for i in idx], incumbent(model)))
 
     best = float(np.max(model.mean(at(measured))))
 
@@ -155,7 +157,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         model = ThroughputModel(problem, state.memory, fantasy)
 
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p.stage, p.offload) for p in proposals}
-    for arm in problem.arms:
+    for arm in state.arms:
         likely = np.array([i for i, (a, _, _) in enumerate(rows) if a.key == arm.key and p_run[i] >= 0.5], dtype=int)
         if len(added) < slots and not arm.offload and arm.key not in explored and len(likely):
             add(int(likely[np.argmax(p_run[likely] * np.exp(model.mean([rows[i] for i in likely])))]), "a stage not measured yet")
@@ -169,5 +171,5 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         j = int(top[np.argmax(bound[top])])
         rest = order[_CHUNK:]
         if bound[j] >= settings.batch_gain and not (len(rest) and bound[j] < bound[rest[0]]):
-            add(j, f"expected gain {gain[j]:.2%}")
+            add(j, f"may raise the choice {gain[j]:.1%}")
     return added

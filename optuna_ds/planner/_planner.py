@@ -4,7 +4,6 @@ import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +14,6 @@ import numpy as np
 from optuna_ds.domain import Config
 from optuna_ds.domain import KnobsLike
 from optuna_ds.planner._batch import remeasuring
-from optuna_ds.planner._batch import under_way
 from optuna_ds.planner._batch import widen
 from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
@@ -32,7 +30,8 @@ from optuna_ds.planner._surrogate import ThroughputModel
 
 _BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail at every size
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
-_KNOB_CAUSE_PRIOR = 0.05  # a knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB)
+_KNOB_CAUSE_PRIOR = 0.05
+_RIVALS = 1  # the measured configs the choice is likeliest to lose to, whose re-measurement is priced  # a knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB)
 
 
 def _known(problem: Problem, key: tuple[int, str]) -> Arm:
@@ -67,6 +66,12 @@ def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation]) -> np
     return np.full(len(sizes), broken + (1.0 - broken) * _SIZE_FAILS)
 
 
+def _partitions_nothing(problem: Problem, arm: Arm) -> bool:
+    """ZeRO-1..3 without offload on one data-parallel rank: there is nothing to partition, so
+    the arm holds what ZeRO-0 holds, plus its buckets and hooks, and cannot run faster."""
+    return problem.gpus == 1 and arm.stage >= 1 and not arm.offload and not problem.explicit
+
+
 def _median(values: list[float], default: float) -> float:
     return statistics.median(values) if values else default
 
@@ -98,6 +103,15 @@ class _State:
         buffers = self._buffers.get((key, Knobs(knobs))) if knobs else None
         return arm if buffers is None else dataclasses.replace(arm, buffers=buffers)
 
+    @functools.cached_property
+    def arms(self) -> tuple[Arm, ...]:
+        """The arms worth exploring: on one rank, the partitioning arms only as a fallback,
+        once every other arm failed for a reason other than memory."""
+        useful = [a for a in self.problem.arms if not _partitions_nothing(self.problem, a)]
+        broken = all(any(o.arm == a.key and o.status is Status.FAILED for o in self.finished)
+                     and not any(o.arm == a.key and o.status is Status.OK for o in self.finished) for a in useful)
+        return self.problem.arms if broken else tuple(useful)
+
     def sizes(self, arm: Arm) -> list[int]:
         return _candidate_sizes(self.problem, arm, self.settings.growth)
 
@@ -110,7 +124,7 @@ class _State:
         every proposal of a batch."""
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
-        for arm in self.problem.arms:
+        for arm in self.arms:
             sizes = np.array([m for m in self.sizes(arm) if self.problem.config(arm, int(m)) not in self.tried])
             if not len(sizes):
                 continue
@@ -219,6 +233,15 @@ def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[
     return Choice(config=c, estimate=float(np.exp(estimate)), measured=mean), ranked
 
 
+def _equivalent(model: ThroughputModel, ranked: list[_Ranked]) -> list[Config]:
+    """The choice and every measured config whose mean lies within one noise deviation of the
+    difference below (or above) the choice's."""
+    if not ranked:
+        return []
+    _, _, mean_c, n_c = ranked[0]
+    return [c for c, _, mean, n in ranked if math.log(mean / mean_c) >= -model.noise * math.sqrt(1.0 / n + 1.0 / n_c)]
+
+
 def _repeat(state: _State, config: Config, why: str) -> Proposal | None:
     if any(o.config == config for o in state.running):
         return None
@@ -227,57 +250,25 @@ def _repeat(state: _State, config: Config, why: str) -> Proposal | None:
     return Proposal(config=config, repeat=n, why=why)
 
 
-def _confirm(state: _State, ranked: list[_Ranked]) -> Proposal | None:
-    """The choice, when it rests on one run and another config could have been chosen: one
-    lucky run is not a result."""
-    if len(ranked) < 2 or ranked[0][3] > 1:
-        return None
-    return _repeat(state, ranked[0][0], "re-measure the choice: it ran once")
-
-
-def _contradicted(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> Proposal | None:
-    """A config measured better than the choice by more than one noise deviation of the
-    difference: whichever of the two ran fewer times runs again (the rival on a tie), so the
-    measurements, not the model's shape, settle it."""
-    if len(ranked) < 2:
-        return None
-    chosen, _, mean_c, n_c = ranked[0]
-    rivals = [r for r in ranked[1:]
-              if math.log(r[2] / mean_c) > model.noise * math.sqrt(1.0 / r[3] + 1.0 / n_c)]
-    if not rivals:
-        return None
-    config, _, _, n_r = max(rivals, key=lambda r: r[2])
-    return _repeat(state, config if n_r <= n_c else chosen, "re-measure: a config measured better than the choice")
-
-
-def _remeasure(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> Proposal | None:
-    """A finalist to measure again while that is expected to improve the choice by
-    ``min_gain``: the chosen config, or the measured config it is most likely to lose to,
-    whichever measurement is worth more."""
-    if len(ranked) < 2:
-        return None
-    rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
-    i = int(np.argmax(model.expected_loss(rows[1:], rows[0])))
-    of_rival, of_chosen = (float(v[0]) for v in model.remeasure_value([rows[i + 1]], rows[0]))
-    if max(of_rival, of_chosen) < state.settings.min_gain:
-        return None
-    return _repeat(state, (ranked[i + 1] if of_rival > of_chosen else ranked[0])[0], "re-measure a finalist")
-
-
 def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: int = 1,
          settings: PlannerSettings = PlannerSettings(),
          knob_candidates: Mapping[tuple[int, str], Sequence[KnobSetting]] | None = None) -> Decision:
     """The next experiments of a tuning, as a pure function of everything observed so far.
 
-    Candidates are the untried micro-batch sizes of every arm. The first experiment maximises the
-    expected throughput of the run itself (the model's prior shape times the chance it fits); from
-    then on each maximises the expected improvement on the best estimate, times the chance it
-    runs, per expected second. Experiments still running count as measured at the model's mean
-    (so a batch for several slots spreads out). Before the search ends, a config measured better
-    than the choice runs again, the chosen size gets a measured neighbour on each side, and a
-    finalist runs again while that is expected to pay. The choice is the best measured config by
-    the model's estimate, so one lucky measurement does not decide it, unless the measurements
-    disagree with the model by more than the measured noise.
+    A launch is the currency. Candidates are the untried micro-batch sizes of every arm worth
+    exploring (on one rank, no stage that partitions nothing), the knob settings once an arm's
+    sizes are settled, and re-measurements of the choice and its closest rival. The first
+    experiment is the run expected to measure fastest; from then on each is the one expected to
+    raise the *final choice* most (its knowledge gradient against the best measured config,
+    times the chance it runs: a launch that runs out of memory is a launch that raised nothing),
+    while that is at least ``min_gain``. Nothing is launched by ritual -- no bracket, no
+    confirmation -- save one re-measurement of the best so far that measures the noise every
+    later launch is priced against. Experiments still running count as measured at the model's
+    mean (so a batch for several slots spreads out), and a candidate is worth the lower of its
+    values with and without them. The choice is the best measured config by the model's
+    estimate, so one lucky measurement does not decide it, unless the measurements disagree with
+    the model by more than the measured noise; ``Decision.equivalent`` names the configs a run
+    cannot tell from it.
 
     ``knob_candidates`` are the knob settings worth scoring at each arm (a sampler's proposals,
     each a whole setting of the arm's tuned knobs): from an arm's first run on, each competes
@@ -290,8 +281,10 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     noise = model.noise if state.ok else None
     launched = len(state.finished) + len(state.running)
 
+    equivalent = tuple(_equivalent(model, ranked))
+
     def decision(proposals: Sequence[Proposal], done: bool, reason: str) -> Decision:
-        return Decision(tuple(proposals), done, choice, noise, reason, noise_runs=model.noise_dof)
+        return Decision(tuple(proposals), done, choice, noise, reason, noise_runs=model.noise_dof, equivalent=equivalent)
 
     if free_slots <= 0:
         return decision((), False, "no free slot")
@@ -302,11 +295,10 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     first = problem.arms[0] if problem.arms else None
     if baseline is not None and first is not None and problem.config(first, baseline) not in state.tried:
         proposals.append(Proposal(config=problem.config(first, baseline), why="your micro-batch size"))
-    repeats = len(state.finished) - len({o.config for o in state.finished})
-    if (model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None
-            and not remeasuring(state) and repeats < settings.max_remeasures):
-        # Every later decision weighs gains against the noise: measure it, on the best so far.
-        again = _repeat(state, choice.config, "re-measure the best so far: the noise")
+    if model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not remeasuring(state):
+        # The noise prices every later launch (a gain within it is none a run can show) and the
+        # summary reports it: measured once, on the best so far, not assumed.
+        again = _repeat(state, choice.config, "measure again: the run-to-run noise")
         if again is not None:
             proposals.append(again)
     fantasy = list(state.points()) + _fantasies(model, [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running])
@@ -316,66 +308,14 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
                                            proposals[-1].mbs, proposals[-1].knobs)])
         step_model = ThroughputModel(problem, state.memory, fantasy) if len(fantasy) > len(state.ok) else model
         taken = {p.config for p in proposals}
-        nxt = _next(problem, state, step_model, taken)
+        nxt = _next(problem, state, step_model, taken, ranked, model)
         if nxt is None:
             break
         proposals.append(nxt)
     if state.ok and (state.running or proposals) and len(proposals) < free_slots:
         proposals += widen(state, model, proposals, slots=min(free_slots, problem.max_experiments - launched) - len(proposals))
-    if not proposals and not state.running and choice is not None:
-        settling = state
-        while len(proposals) < min(free_slots, problem.max_experiments - launched):
-            steps: tuple[Callable[[], Proposal | None], ...] = (
-                lambda: _bracket(problem, settling, choice),
-                lambda: _confirm(settling, ranked) if repeats < settings.max_remeasures else None,
-                lambda: _contradicted(model, settling, ranked) if repeats < settings.max_remeasures else None,
-                lambda: _remeasure(model, settling, ranked) if repeats < settings.max_remeasures else None)
-            for step in steps:
-                again = step()
-                if again is not None and again.config not in {p.config for p in proposals}:
-                    proposals.append(again)
-                    repeats += again.repeat > 0
-                    break
-            else:
-                break
-            # Another free slot takes the next step, with those proposed under way (the other
-            # side of a bracket, a finalist's rival): each would otherwise wait a round.
-            settling = _State(problem, [*observations, *under_way(proposals)], settings, knob_candidates)
     done = not proposals and not state.running
     return decision(proposals, done, "no experiment left is expected to pay" if done else "")
-
-
-def _bracket(problem: Problem, state: _State, choice: Choice) -> Proposal | None:
-    """A size next to the chosen one on a side where none ran within ``bracket``: until the
-    optimum is bracketed, the curve on that side is the model's extrapolation, not a
-    measurement. A side is bracketed too where no candidate size that is likely to fit lies
-    within the factor (the floor, the cap, the memory edge). A chosen knob setting counts the
-    arm's sizes run with the default knobs too (the same curve, moved by the knobs' effect)."""
-    key = (choice.stage, choice.offload)
-    arm = state.arm(key, choice.knobs)
-    if problem.sizes:
-        return None
-    factor = state.settings.bracket
-    same = {(), choice.knobs}
-    ran = {o.mbs for o in state.finished if o.arm == key and o.knobs in same} | {o.mbs for o in state.running if o.arm == key}
-    if choice.knobs:
-        sizes = np.array([m for m in state.sizes(arm) if state.problem.config(key, int(m), choice.knobs) not in state.tried], dtype=float)
-        p_fit = (1.0 - state.memory.p_oom(arm, sizes, choice.knobs)) if len(sizes) else np.zeros(0)
-        fit = {int(m) for m, p in zip(sizes, p_fit) if p >= 0.5}
-    else:
-        rows, p_run = state.candidates
-        fit = {m for (a, m, k), p in zip(rows, p_run) if a.key == key and not k and p >= 0.5}
-    # The window holds the next size on each side at least: at small sizes a factor holds none.
-    for low, high in ((min(choice.mbs / factor, choice.mbs - 1), choice.mbs - 0.5),
-                      (choice.mbs + 0.5, max(choice.mbs * factor, choice.mbs + 1))):
-        if any(low <= m <= high for m in ran):
-            continue
-        window = [m for m in fit if low <= m <= high]
-        if window:
-            middle = math.sqrt(low * high)
-            mbs = min(window, key=lambda m: abs(math.log(m / middle)))
-            return Proposal(config=state.problem.config(key, mbs, choice.knobs), why="a neighbouring size, to bracket the optimum")
-    return None
 
 
 def _fantasies(model: ThroughputModel, rows: list[tuple[Arm, int, Knobs]]) -> list[tuple[Arm, int, Knobs, float]]:
@@ -386,13 +326,16 @@ def _fantasies(model: ThroughputModel, rows: list[tuple[Arm, int, Knobs]]) -> li
     return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]
 
 
-def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[Config]) -> Proposal | None:
-    settings = state.settings
+def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[Config],
+          ranked: list[_Ranked], measured_only: ThroughputModel) -> Proposal | None:
+    """The next experiment of one slot. ``model`` counts the experiments under way at its mean
+    (so a batch spreads out), ``measured_only`` the runs alone: a launch is worth the lower of
+    its two values, as results not in yet cannot make one worth more."""
     rows, p_run = state.candidates
     keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
     rows = [rows[i] for i in keep]
     p_run = p_run[keep] if len(keep) else np.zeros(0)
-    if not rows and (not state.knob_candidates or not state.ok):
+    if not rows and not state.ok:
         return None
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
     if problem.explicit:
@@ -426,33 +369,57 @@ def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[Co
     # the model's mean, as the model does: else every proposal of a batch would be measured
     # against the first results alone, and a batch for many slots would crowd one curve.
     # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
-    measured = list({o.config for o in state.ok} | {o.config for o in state.running} | taken)
-    incumbent = float(np.max(model.mean([(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c in measured])))
-    # A gain a run cannot show is none: under large measured noise the walk down a plateau stops.
-    threshold = incumbent + max(settings.margin, settings.noise_margin * model.noise)
-    best = _best_gain(model, state, rows, p_run, threshold)
+    measured = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs)
+                for c in {o.config for o in state.ok} | {o.config for o in state.running} | taken]
+    incumbent = measured[int(np.argmax(model.mean(measured)))]
+    best = _best_value((model, measured_only), state, rows, p_run, incumbent)
     if best is None:
         # Knob settings once the sizes are settled: they are tried at an arm's best sizes, which
         # the size search finds first, and their gain is measured against the best config there is.
         knob_rows, knob_p = state.knob_rows(model)
         fresh = [i for i, (a, m, k) in enumerate(knob_rows) if problem.config(a, m, k) not in taken]
-        best = _best_gain(model, state, [knob_rows[i] for i in fresh], knob_p[fresh], threshold)
+        best = _best_value((model, measured_only), state, [knob_rows[i] for i in fresh], knob_p[fresh], incumbent)
+    again = _replicate(model, state, ranked) if not taken and not state.running else None
+    if again is not None and (best is None or again[1] > best[1]):
+        return again[0]
     if best is None:
         return None
-    (a, m, k), gain = best
-    return Proposal(config=problem.config(a, m, k), why=f"expected gain {gain:.1%}")
+    (a, m, k), value = best
+    return Proposal(config=problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
 
 
-def _best_gain(model: ThroughputModel, state: _State, rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray,
-               threshold: float) -> tuple[tuple[Arm, int, Knobs], float] | None:
-    """Of ``rows``, the one of most expected gain over ``threshold`` per expected second, with
-    its gain; ``None`` where none is expected to gain ``min_gain``."""
+def _best_value(models: tuple[ThroughputModel, ThroughputModel], state: _State, rows: list[tuple[Arm, int, Knobs]],
+                p_run: np.ndarray, incumbent: tuple[Arm, int, Knobs]) -> tuple[tuple[Arm, int, Knobs], float] | None:
+    """Of ``rows``, the one whose launch is expected to raise the final choice most (its
+    knowledge gradient times the chance it runs: a launch that runs out of memory costs a launch
+    and raises nothing), with that value; ``None`` where none is worth ``min_gain``."""
     if not rows:
         return None
-    gain = p_run * model.expected_improvement(rows, threshold)
-    cost = p_run * state.seconds_ok + (1.0 - p_run) * state.seconds_failed
-    i = int(np.argmax(gain / cost))
-    return (rows[i], float(gain[i])) if gain[i] >= state.settings.min_gain else None
+    value = p_run * models[0].knowledge_gradient(rows, incumbent)
+    if models[1] is not models[0]:
+        value = np.minimum(value, p_run * models[1].knowledge_gradient(rows, incumbent))
+    i = int(np.argmax(value))
+    return (rows[i], float(value[i])) if value[i] >= state.settings.min_gain else None
+
+
+def _replicate(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> tuple[Proposal, float] | None:
+    """The measured config whose next run is expected to raise the final choice most: the
+    chosen one or a rival it may lose to (a knowledge gradient over the pair), with that value;
+    ``None`` where none is worth ``min_gain`` or the re-measurements are spent. A replicate is a
+    launch like any other: one that cannot change the choice is not made."""
+    repeats = len(state.finished) - len({o.config for o in state.finished})
+    if len(ranked) < 2 or repeats >= state.settings.max_remeasures:
+        return None
+    rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
+    rivals = np.argsort(-model.expected_loss(rows[1:], rows[0]))[:_RIVALS] + 1
+    of_rival, of_chosen = model.remeasure_value([rows[i] for i in rivals], rows[0])
+    j = int(np.argmax(np.maximum(of_rival, of_chosen)))
+    value = float(max(of_rival[j], of_chosen[j]))
+    if value < state.settings.min_gain:
+        return None
+    config = ranked[int(rivals[j])][0] if of_rival[j] > of_chosen[j] else ranked[0][0]
+    again = _repeat(state, config, f"measure again: may change the choice {value:.1%}")
+    return (again, value) if again is not None else None
 
 
 def _best_run(problem: Problem, rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str,

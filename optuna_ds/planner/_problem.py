@@ -166,3 +166,6 @@ class Decision:
     noise: float | None  # the relative noise of one measurement: measured where noise_runs > 0, else assumed
     reason: str = ""
     noise_runs: int = 0  # the repeated runs the noise was measured from (runs beyond each config's first)
+    # The measured configs a run cannot tell from the choice: their mean within one noise
+    # deviation of the difference from the choice's, the choice first. A plateau is an answer.
+    equivalent: tuple[Config, ...] = ()

@@ -11,23 +11,14 @@ class PlannerSettings:
 
     Args:
         min_gain:
-            An experiment is worth its launch while it is expected to beat the best by this
-            share (of throughput), and a finalist is measured again while that is expected to
-            improve the choice by as much.
-        margin:
-            Gains are counted only beyond this share: smaller ones are within what one
-            measurement can tell.
-        noise_margin:
-            ... or beyond this multiple of the measured noise of one run, where that is larger:
-            a gain well within one run's noise is not one a run can show, and without this
-            bound a tuning whose runs scatter by 10% walks a plateau size by size (41 launches
-            on one benchmark job, 16 with it).
+            A launch is made while it is expected to raise the final choice by this share of
+            throughput (its knowledge gradient times the chance it runs): a new size or stage, a
+            knob setting and a re-measurement alike. The search ends when none is; a launch that
+            runs out of memory counts as the launch it is. The knowledge gradient moves a
+            candidate by what one run of the measured noise can show, so under noisy runs a
+            plateau is not walked size by size.
         hopeless_oom:
             Sizes this likely to run out of memory are not candidates.
-        bracket:
-            Before the search ends, the chosen size has a measured neighbour on each side
-            within this factor (or that side is ruled out by memory, the user's bounds or the
-            sizes listed): an optimum between two measured sizes is then found.
         max_remeasures:
             Re-measurements of finalists in one tuning, at most.
         plausible_z:
@@ -37,8 +28,8 @@ class PlannerSettings:
             Candidate sizes above 64 step by this factor.
         noise_after:
             Once this many runs succeeded and no config ran twice, the best so far runs again:
-            the noise is measured, not inferred from how well the model fits, and every later
-            decision weighs gains against it.
+            the noise is measured, not inferred from how well the model fits; every later
+            launch is priced against it and the summary reports it.
         batch_gain:
             A slot free while other experiments run takes the candidate of highest expected
             gain per second while that gain (per run of the usual length) is at least this,
@@ -50,10 +41,7 @@ class PlannerSettings:
     """
 
     min_gain: float = 0.002
-    margin: float = 0.005
-    noise_margin: float = 0.25
     hopeless_oom: float = 0.98
-    bracket: float = 1.25
     max_remeasures: int = 3
     plausible_z: float = 2.0
     growth: float = 1.04

@@ -32,7 +32,7 @@ _FIRST_ARM_SD = 3.0
 # bucket feeds a reduce at ZeRO-1 and a reduce-scatter at ZeRO-2).
 _KNOB_SDS = np.array([0.005, 0.02, 0.05])
 _KNOB_SD_PRIOR = {False: np.array([0.5, 0.35, 0.15]), True: np.array([0.25, 0.45, 0.3])}  # by: more than one GPU
-_KNOB_OWN = 0.5  # a stage's own deviation, as a share of the shared effect's scale
+_KNOB_OWN = 1.0  # a stage's own deviation, as a share of the shared scale: the collective a bucket feeds differs by stage, so as large
 # How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 keeps
 # stage 0's all-reduce volume and steps the optimizer on a 1/n partition, so it may run either
 # side of stage 0; ZeRO-2 replaces the all-reduce by a reduce-scatter per bucket and an
@@ -438,6 +438,17 @@ class ThroughputModel:
     def mean(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> np.ndarray:
         w, means, _ = self.predict(rows)
         return np.asarray(w @ means)
+
+    def knowledge_gradient(self, rows: Sequence[tuple[Arm, int, Knobs]], incumbent: tuple[Arm, int, Knobs]) -> np.ndarray:
+        """What one run of each row is expected to raise the final choice by, in log throughput:
+        ``E[max(0, E[log y_row - log y_incumbent | the run])]``, the knowledge gradient of the
+        pair. The run moves the difference by ``(var_row - cov) / sqrt(var_row + sigma^2)``: a
+        size whose curve moves with the incumbent's (a plateau the runs pin together) is worth
+        little however uncertain the curve's level, and a gain within one run's noise is not one
+        the run can show."""
+        w, mean_r, mean_c, var_r, _, cov, noise = self._versus(rows, incumbent)
+        moved = np.maximum(var_r - cov, 0.0) / np.sqrt(var_r + noise[:, None] ** 2)
+        return np.asarray(w @ _gain(mean_r - mean_c, np.maximum(moved, 1e-9)))
 
     def expected_improvement(self, rows: Sequence[tuple[Arm, int, Knobs]], threshold: float) -> np.ndarray:
         """``E[max(0, log y - threshold)]``: the expected relative gain over ``threshold``."""
