@@ -27,7 +27,7 @@ PYTEST_WORKERS ?= 2
 BENCH_ARGS ?= --random 100
 # The planner alone, in-process, on the hand-made and 200 generated jobs of each generator, and
 # the jobs of recorded real runs.
-PLANNER_ARGS ?= --random 200 --physical 200 --replays
+PLANNER_ARGS ?= --random 200 --physical 200 --blind 200 --replays
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 

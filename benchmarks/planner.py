@@ -1,14 +1,15 @@
 """`make bench-planner`: the planner alone, on hundreds of simulated jobs, in seconds.
 
-Each job of benchmarks/surfaces.py and benchmarks/jobs.py is tuned by calling the planner
-(optuna_ds.planner.plan) and answering its proposals from the surface -- no launcher, no
-storage -- with ``--slots`` experiments at once (a finished one frees its slot in simulated
-time order). It prints the share of the optimum the chosen config reaches (mean, 5th
-percentile, worst, share of jobs within 1%), launches and GPU-hours against DeepSpeed's
-autotuner (its cached figures in benchmarks/deepspeed_figures.json, those whose fingerprint
-still matches the job), and the planner's decision time. ``--replays`` adds the jobs of
-recorded real runs (benchmarks/replays.py): each is judged by whether its choice is within the
-measured noise of the best recorded config. `make bench` measures the same through the real CLI.
+Each job of benchmarks/surfaces.py and the three generators (jobs.py, physical_jobs.py,
+blind_jobs.py) is tuned by calling the planner (optuna_ds.planner.plan) and answering its
+proposals from the surface -- no launcher, no storage -- with ``--slots`` experiments at once
+(a finished one frees its slot in simulated time order). It prints the share of the optimum
+the chosen config reaches (mean, 5th percentile, worst, share of jobs within 1%), launches and
+GPU-hours against DeepSpeed's autotuner (its cached figures in benchmarks/deepspeed_figures.json,
+those whose fingerprint still matches the job), and the planner's decision time. ``--replays``
+adds the jobs of recorded real runs (benchmarks/replays.py): each is judged by whether its
+choice is within the measured noise of the best recorded config. `make bench` measures the same
+through the real CLI.
 """
 from __future__ import annotations
 
@@ -55,12 +56,12 @@ PROFILE_STEPS_S = 10.0
 AUTOTUNING = AutotuningConfig()  # optuna-ds's defaults: tuner_early_stopping, tuner_num_trials, tuner_type
 
 
-def knob_space(stage: int) -> tuple[tuple[str, tuple], ...]:
-    return tuple((k, tuple(v)) for k, v in sorted(surfaces.SPACES[stage].items()))
+def knob_space(stage: int, *, spaces: dict = surfaces.SPACES) -> tuple[tuple[str, tuple], ...]:
+    return tuple((k, tuple(v)) for k, v in sorted(spaces[stage].items()))
 
 
-def knob_defaults(stage: int) -> tuple[tuple[str, object], ...]:
-    return tuple((k, True if stage == 3 and k == "overlap_comm" else surfaces.DEFAULTS[k]) for k, _ in knob_space(stage))
+def knob_defaults(stage: int, *, spaces: dict = surfaces.SPACES, defaults: dict = surfaces.DEFAULTS) -> tuple[tuple[str, object], ...]:
+    return tuple((k, True if stage == 3 and k == "overlap_comm" else defaults[k]) for k, _ in knob_space(stage, spaces=spaces))
 
 
 def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
@@ -75,11 +76,13 @@ def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
 
 def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
     """What optuna-ds would know of the job after its profile run; in full mode each arm with
-    its knob space. A replayed job (benchmarks/replays.py) has the arms it recorded, and its
-    batch cap bounds their sizes and sets their accumulation."""
+    its knob space (the job's generator's: surfaces.spaces_of). A replayed job
+    (benchmarks/replays.py) has the arms it recorded, and its batch cap bounds their sizes and
+    sets their accumulation."""
     device = surface.device_gb * GB
     cap = getattr(surface, "max_mbs", None)
     recorded = getattr(surface, "recorded_arms", None)
+    spaces, defaults = surfaces.spaces_of(surface)
     arms, states_fit = [], []
     variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
         (3, "offload-opt-param", {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
@@ -91,7 +94,8 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
                             activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
                             precision="fp16", adam_type=True, zero=zero)
         arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=cap or MAX_MBS, buffers=e.buffers,
-                  knobs=knob_space(stage) if full else (), knob_defaults=knob_defaults(stage) if full else ())
+                  knobs=knob_space(stage, spaces=spaces) if full else (),
+                  knob_defaults=knob_defaults(stage, spaces=spaces, defaults=defaults) if full else ())
         if e.fits:
             arms.append(arm)
         if e.states_fit:
@@ -231,6 +235,8 @@ def main() -> None:
     parser.add_argument("--physical", type=int, default=0, metavar="N",
                         help="also N jobs of the second, independent generator (benchmarks/physical_jobs.py), and its hand-made ones")
     parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
+    parser.add_argument("--blind", type=int, default=0, metavar="N",
+                        help="also N jobs of the third, blind generator (benchmarks/blind_jobs.py)")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -253,6 +259,7 @@ def main() -> None:
     names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
                           + [f"phys-{i}" for i in range(args.first, args.first + args.physical)]
+                          + [f"blind-{i}" for i in range(args.first, args.first + args.blind)]
                           + ([job.name for job in replays.replays()] if args.replays else []))
     mode = "full" if args.full else "fast"
     ds = deepspeed_figures(names, fast=not args.full)
@@ -285,7 +292,8 @@ def main() -> None:
     for label, group in (("hand-made", [r for r in rows if r[0] in hand]),
                          ("random", [r for r in rows if r[0].startswith("random-")]),
                          ("physical hand-made", [r for r in rows if r[0] in physical_hand]),
-                         ("physical", [r for r in rows if r[0].startswith("phys-") and r[0] not in physical_hand])):
+                         ("physical", [r for r in rows if r[0].startswith("phys-") and r[0] not in physical_hand]),
+                         ("blind", [r for r in rows if r[0].startswith("blind-")])):
         if group:
             _summary(label, group, ds, args.slots)
 

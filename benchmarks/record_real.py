@@ -75,8 +75,8 @@ class Job:
     cap: int  # max_train_batch_size
     # The micro-batch sizes of each arm (stage, offload) recorded. A launch takes 45-70 s on
     # this loaded machine (three interpreters import torch and DeepSpeed: the runner, launch.py,
-    # the script), so five runs of 16 configs fill the recording's budget: stage 0 at the cap
-    # and a smaller size, every other arm at the cap.
+    # the script), so 16 configs fill the recording's budget (five runs of each, about 80
+    # minutes): stage 0 at the cap and a smaller size, every other arm at the cap.
     arms: tuple[tuple[int, str, tuple[int, ...]], ...]
 
 

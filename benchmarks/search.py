@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
         optimal = work / "autotuning_results" / "ds_config_optimal.json"
         chosen = None
         if optimal.exists():
-            chosen = surfaces.Config.from_ds_config(json.loads(optimal.read_text()))
+            chosen = surfaces.Config.from_ds_config(json.loads(optimal.read_text()), keys=surfaces.spaces_of(surface)[1])
         if keep is not None:
             shutil.copytree(work, keep / f"{surface.name}-{'fast' if fast else 'full'}-{tool}-{tuner_type}", dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("bin", "locks"))
@@ -154,9 +155,17 @@ def fingerprint(surface: surfaces.Surface, *, fast: bool) -> str:
     fingerprint is stale."""
     import deepspeed
 
-    job = getattr(surface, "fingerprint", None) or repr(surface)
+    job = getattr(surface, "fingerprint", None) or _identity(surface)
     text = job + json.dumps(user_config(fast=fast, tuner_type="gridsearch", surface=surface), sort_keys=True) + deepspeed.__version__
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _identity(surface: surfaces.Surface) -> str:
+    """What a job's figures follow from, per generator: a dataclass job's fields; a blind job's
+    name and its generator's source (benchmarks/blind_jobs.py, a plain class)."""
+    if dataclasses.is_dataclass(surface):
+        return repr(surface)
+    return surface.name + Path(sys.modules[type(surface).__module__].__file__ or "").read_text()
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -229,6 +238,8 @@ def main() -> None:
     parser.add_argument("--physical", type=int, default=0, metavar="N",
                         help="also N jobs of the second generator (phys-0 .. phys-N-1, benchmarks/physical_jobs.py)")
     parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
+    parser.add_argument("--blind", type=int, default=0, metavar="N",
+                        help="also N jobs of the third, blind generator (blind-0 .. blind-N-1, benchmarks/blind_jobs.py)")
     parser.add_argument("--only-deepspeed", action="store_true", help="run DeepSpeed's autotuner alone (to fill its cache)")
     parser.add_argument("--modes", nargs="+", default=["fast", "full"], choices=["fast", "full"])
     parser.add_argument("--samplers", nargs="+", default=["model_based"], help="knob samplers of full mode")
@@ -246,7 +257,8 @@ def main() -> None:
     except ImportError:
         with_ds = False
     cache = json.loads(args.deepspeed_cache.read_text()) if with_ds and args.deepspeed_cache.exists() else {}
-    names = list(args.surfaces) + [f"random-{i}" for i in range(args.random)] + [f"phys-{i}" for i in range(args.physical)]
+    names = (list(args.surfaces) + [f"random-{i}" for i in range(args.random)] + [f"phys-{i}" for i in range(args.physical)]
+             + [f"blind-{i}" for i in range(args.blind)])
     if args.replays:
         import replays
 
@@ -261,6 +273,8 @@ def main() -> None:
             for sampler in [] if args.only_deepspeed else args.samplers[:1] if fast else args.samplers:
                 tasks.append((name, mode, "optuna-ds" if fast else f"optuna-ds {sampler}", sampler))
 
+    written = threading.Lock()
+
     def execute(task: tuple[str, str, str, str]) -> dict:
         name, mode, label, sampler = task
         surface = surfaces.by_name(name)
@@ -270,7 +284,11 @@ def main() -> None:
             if key in cache and not args.refresh_deepspeed:
                 return cache[key]
             figures = run_tool("deepspeed", surface, fast=fast, tuner_type=sampler, keep=args.keep)
-            cache[key] = figures
+            with written:  # as each comes, whole: a long run stopped half-way keeps what it computed
+                cache[key] = figures
+                partial = args.deepspeed_cache.with_name(args.deepspeed_cache.name + ".partial")
+                partial.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+                partial.replace(args.deepspeed_cache)
             return figures
         return run_tool("optuna-ds", surface, fast=fast, tuner_type=sampler, keep=args.keep)
 
@@ -296,10 +314,11 @@ def main() -> None:
                 print(f"| {name} | {mode} | optimum | | | | {describe(best)} | 1.000 |", flush=True)
     if with_ds:
         args.deepspeed_cache.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-    hand = [r for r in runs if not r.job.startswith(("random-", "phys-", "replay-"))]
+    hand = [r for r in runs if not r.job.startswith(("random-", "phys-", "blind-", "replay-"))]
     replayed = [r for r in runs if r.job.startswith("replay-")]
     generated = [r for r in runs if r.job.startswith("random-")]
     physical = [r for r in runs if r.job.startswith("phys-")]
+    blind = [r for r in runs if r.job.startswith("blind-")]
     if hand:
         _summarise(hand, "Hand-made surfaces")
     if generated:
@@ -308,6 +327,8 @@ def main() -> None:
         _summarise(physical, f"{args.physical} jobs of the second generator")
     if replayed:
         _summarise(replayed, f"{len({r.job for r in replayed})} jobs of recorded real runs")
+    if blind:
+        _summarise(blind, f"{args.blind} jobs of the third, blind generator")
     if hand and generated:
         _summarise(runs, "All jobs")
 

@@ -92,7 +92,7 @@ def main() -> int:
     if not autotuning.get("metric_path"):
         print("simulated training run: nothing to measure")
         return 0
-    config = surfaces.Config.from_ds_config(ds)
+    config = surfaces.Config.from_ds_config(ds, keys=surfaces.spaces_of(surface)[1])
     outcome = surface.evaluate(config)
     entry = {"stage": config.stage, "mbs": config.mbs, "gas": config.gas, "knobs": dict(config.knobs),
              "offload": [config.offload_optimizer, config.offload_param], "outcome": outcome.kind,

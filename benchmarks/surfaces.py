@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import math
 import random
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,7 +57,9 @@ class Config:
         return value
 
     @classmethod
-    def from_ds_config(cls, ds: dict[str, Any]) -> Config:
+    def from_ds_config(cls, ds: dict[str, Any], *, keys: Any = DEFAULTS) -> Config:
+        """The config of a DeepSpeed config, with the zero keys in ``keys`` as knobs (the job's
+        generator's DEFAULTS: benchmarks/blind_jobs.py reads stage 3's own keys too)."""
         zero = dict(ds.get("zero_optimization") or {})
         stage = int(zero.pop("stage", 0))
 
@@ -65,7 +68,7 @@ class Config:
             return isinstance(section, dict) and section.get("device", "none") not in ("none", None)
 
         off_opt, off_param = offloaded("offload_optimizer"), offloaded("offload_param")
-        knobs = tuple(sorted((k, v) for k, v in zero.items() if k in DEFAULTS))
+        knobs = tuple(sorted((k, v) for k, v in zero.items() if k in keys))
         return cls(stage=stage, mbs=int(ds["train_micro_batch_size_per_gpu"]), gas=int(ds.get("gradient_accumulation_steps") or 1),
                    knobs=knobs, offload_optimizer=off_opt, offload_param=off_param)
 
@@ -309,8 +312,9 @@ SURFACES = [
 
 def by_name(name: str) -> Surface:
     """A hand-made surface, ``random-<seed>``: the generated job of that seed, ``phys-...``:
-    a job of the second generator (benchmarks/physical_jobs.py), or ``replay-...``: a job of
-    recorded real runs (benchmarks/replays.py)."""
+    a job of the second generator (benchmarks/physical_jobs.py), ``blind-<seed>``: one of the
+    third (benchmarks/blind_jobs.py), or ``replay-...``: a job of recorded real runs
+    (benchmarks/replays.py)."""
     for s in SURFACES:
         if s.name == name:
             return s
@@ -322,11 +326,22 @@ def by_name(name: str) -> Surface:
         import physical_jobs  # the second, independent generator
 
         return physical_jobs.by_name(name)  # type: ignore[return-value]
+    if name.startswith("blind-"):
+        import blind_jobs  # the third, blind generator
+
+        return blind_jobs.by_name(name)  # type: ignore[return-value]
     if name.startswith("random-") and name[len("random-"):].isdigit():
         from jobs import random_job
 
         return random_job(int(name[len("random-"):]))
     raise KeyError(name)
+
+
+def spaces_of(surface: Surface) -> tuple[dict[int, dict[str, list[Any]]], dict[str, Any]]:
+    """The knob spaces and knob defaults of the job's generator: its own where it has them
+    (benchmarks/blind_jobs.py's stage 3 tunes keys of its own), else this module's."""
+    module = sys.modules[type(surface).__module__]
+    return getattr(module, "SPACES", SPACES), getattr(module, "DEFAULTS", DEFAULTS)
 
 
 def scale(surface: Surface, device_memory: float) -> float:

@@ -98,3 +98,40 @@ def test_the_planner_benchmark_prints_quality_against_the_noise_ceiling() -> Non
     assert re.search(r"physical jobs 1 slots 1: mean [01]\.\d+ p5 .* launches \d+\.\d/job", out), out
     assert re.search(r"noise reported within 0\.5x-2x of the true noise: \d+\.\d% of jobs", out), out
     assert re.search(r"ceiling within 1% .*: \d+\.\d% with these launches", out), out
+
+
+def test_the_planner_benchmark_prints_the_blind_group_beside_the_others(monkeypatch, capsys) -> None:
+    import planner
+
+    monkeypatch.setattr(sys, "argv", ["planner.py", "--random", "0", "--blind", "2", "--memory"])
+    planner.main()
+    out = capsys.readouterr().out
+    assert re.search(r"^hand-made jobs 6 slots 1: mean", out, re.M) and "random jobs" not in out, out
+    blind = out[out.index("blind jobs"):]
+    assert re.match(r"blind jobs 2 slots 1: mean [01]\.\d+ p5 [01]\.\d+ worst [01]\.\d+ within 1% \d+\.\d%; "
+                    r"launches \d+\.\d/job .*= \d+\.\d\dx, GPU-h \d+\.\d\dx of DeepSpeed \(2 jobs\)", blind), blind
+    assert re.search(r"^  noise reported within 0\.5x-2x of the true noise: \d+\.\d% of jobs", blind, re.M), blind
+    assert re.search(r"^  ceiling within 1% .*: \d+\.\d% with these launches; .* with 0\.35x DeepSpeed's", blind, re.M), blind
+
+
+def test_blind_jobs_bring_their_own_knob_space(tmp_path: Path) -> None:
+    import blind_jobs
+    import planner
+
+    assert surfaces.spaces_of(surfaces.by_name("phys-3")) == (surfaces.SPACES, surfaces.DEFAULTS)
+    job = surfaces.by_name("blind-2")
+    assert isinstance(job, blind_jobs.BlindJob) and surfaces.spaces_of(job) == (blind_jobs.SPACES, blind_jobs.DEFAULTS)
+    z3 = {a.stage: a for a in planner.problem_of(job, full=True).arms if not a.offload}[3]
+    assert dict(z3.knobs).keys() == blind_jobs.SPACES[3].keys()
+    assert dict(z3.knob_defaults)["stage3_prefetch_bucket_size"] == 5e7 and dict(z3.knob_defaults)["overlap_comm"] is True
+    # The simulated launcher hands stage 3's own keys to the job: at 6 samples a prefetch bucket
+    # of 5e8 runs out of memory where the default runs.
+    ledger = tmp_path / "ledger.jsonl"
+    env = {"SIM_SURFACE": job.name, "SIM_LEDGER": str(ledger), "PATH": "/usr/bin:/bin"}
+    for prefetch in (5e7, 5e8):
+        config = {"train_micro_batch_size_per_gpu": 6, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": prefetch},
+                  "autotuning": {"enabled": True, "metric_path": str(tmp_path / "metrics.json")}}
+        (tmp_path / "ds.json").write_text(json.dumps(config))
+        subprocess.run([sys.executable, str(BENCH / "simulated_deepspeed.py"), "--num_gpus", str(job.num_gpus), "train.py",
+                        "--deepspeed", str(tmp_path / "ds.json")], env=env, capture_output=True, text=True)
+    assert [e["outcome"] for e in map(json.loads, ledger.read_text().splitlines())] == ["ok", "oom"]

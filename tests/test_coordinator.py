@@ -20,6 +20,9 @@ from optuna_ds.studies._coordinator import PlannerLoop
 class _Pool:
     size = 1
 
+    def try_acquire(self) -> object | None:
+        return object()
+
     def acquire(self, stop: threading.Event, **_: Any) -> object | None:
         return None if stop.is_set() else object()
 

@@ -130,8 +130,11 @@ class _State:
                 continue
             p = (1.0 - self.memory.p_oom(arm, sizes)) * (1.0 - _p_crash(arm, sizes, self.finished))
             keep = p > 1.0 - self.settings.hopeless_oom
-            if not keep.any() and not any(o.arm == arm.key for o in self.finished):
-                keep[0] = True  # the model is not the machine: an arm whose states fit is tried once
+            # The model is not the machine: an arm whose states fit is tried once; and while
+            # nothing has run anywhere, each arm's smallest size is tried before the search gives up
+            # (the profile's activation figure can be off by more than its belief allows).
+            if not keep.any() and (not any(o.arm == arm.key for o in self.finished) or not self.ok):
+                keep[0] = True
             rows += [(arm, int(m), Knobs()) for m in sizes[keep]]
             p_run.append(p[keep])
         return rows, (np.concatenate(p_run) if p_run else np.zeros(0))

@@ -116,6 +116,7 @@ class Coordinator:
         # emptied by any launch of this process.
         self._unlaunched: set[tuple[Config, int, Hashable]] = set()
         self._seen: Hashable = None
+        self._stopped_said: str | None = None
         self._phase_done = False
         self._idle_until = 0.0
         self.decision: Decision | None = None
@@ -173,10 +174,16 @@ class Coordinator:
                 return proposal, self._seen
             if decision.done:
                 self._phase_done = True
-                self._log(f"the planner stopped: {decision.reason}")
+                self._say_stopped(decision.reason)
                 self._changed.notify_all()
             self._idle_until = time.monotonic() + _IDLE_SECONDS
             return None
+
+    def _say_stopped(self, reason: str) -> None:
+        """Once a reason: asked again after the runs measured alike, the same verdict is not news."""
+        if reason != self._stopped_said:
+            self._stopped_said = reason
+            self._log(f"the planner stopped: {reason}")
 
     def reopen(self) -> None:
         """Ask the planner again after experiments it did not propose (the runs measured alike)."""
@@ -242,7 +249,7 @@ class Coordinator:
                 decision = self._decide()
                 if decision.done and not decision.proposals:
                     self._phase_done = True
-                    self._log(f"the planner stopped: {decision.reason}")
+                    self._say_stopped(decision.reason)
                     self._changed.notify_all()
             return self._phase_done
 
