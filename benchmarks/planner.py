@@ -107,7 +107,10 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
 
 
 def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces.Config:
-    return surfaces.Config(stage=stage, mbs=mbs, knobs=tuple(knobs), offload_optimizer=bool(offload),
+    """The surface's config of a planner's: its sizes written as its spaces write them (``5e8``, a
+    float; the planner's are ints), since a surface seeds its noise with its config's text."""
+    knobs = tuple((k, float(v) if type(v) is int else v) for k, v in knobs)
+    return surfaces.Config(stage=stage, mbs=mbs, knobs=knobs, offload_optimizer=bool(offload),
                            offload_param=offload == "offload-opt-param")
 
 
@@ -208,7 +211,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
 
 
 def _knobs(knobs: tuple) -> str:
-    return ",".join(f"{''.join(w[0] for w in k.split('_'))}={v:g}" if isinstance(v, float) else f"{''.join(w[0] for w in k.split('_'))}={v}"
+    return ",".join(f"{''.join(w[0] for w in k.split('_'))}={v:g}" if type(v) in (int, float) else f"{''.join(w[0] for w in k.split('_'))}={v}"
                     for k, v in knobs)
 
 

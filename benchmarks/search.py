@@ -85,10 +85,9 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
         (work / "ds_config.json").write_text(json.dumps(user_config(fast=fast, tuner_type=tuner_type, surface=surface)))
         script = ["train.py", "--deepspeed_config", "ds_config.json"]
         if tool == "optuna-ds":
-            # A seed per job: the knob samplers draw the same on every run of the benchmark, so two
-            # versions compare job by job, and differently from one job to the next.
-            seed = int(hashlib.sha256(surface.name.encode()).hexdigest()[:8], 16)
-            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--seed", str(seed), "--deepspeed-bin", str(SIMULATOR),
+            # The knob samplers are seeded by the tuning's study (every process alike): they draw the
+            # same on every run of the benchmark, so two versions compare job by job.
+            cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--deepspeed-bin", str(SIMULATOR),
                    "--num_gpus", str(surface.num_gpus), *script]
         else:
             cmd = [sys.executable, "-c", _DS_RUNNER, "--autotuning", "tune", "--num_gpus", str(surface.num_gpus), *script]

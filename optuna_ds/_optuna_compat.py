@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import warnings
 from collections.abc import Callable
@@ -42,6 +43,26 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
     storage's per-trial methods take it, and a trial's public number does not name it without a
     query (``storage.get_trial_id_from_study_id_trial_number``)."""
     return trial._trial_id
+
+
+class _Unlogged(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self._prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self._prefix not in record.getMessage()
+
+
+def hide_in_memory_studies(prefix: str) -> None:
+    """Drop Optuna's log line of each in-memory study whose name starts with ``prefix`` (a
+    working copy, not the user's), for every thread, without touching Optuna's verbosity, which is
+    global: a slot thread that lowered and restored it raced the others.
+
+    Optuna logs the creation with the logger of ``optuna.storages._in_memory``, its module."""
+    logger = logging.getLogger("optuna.storages._in_memory")
+    if not any(isinstance(f, _Unlogged) and f._prefix == prefix for f in logger.filters):
+        logger.addFilter(_Unlogged(prefix))
 
 
 def contains(distribution: BaseDistribution, value: Any) -> bool:
@@ -146,17 +167,6 @@ class TrialCache(_CachedStorage):
 
     def thaw(self) -> None:
         self._frozen.on = False
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Serve this thread's reads from the cache as this process last read it: for a read
-        that follows one just made (the early-stopping check after a claim's check)."""
-        before = getattr(self._frozen, "on", False)
-        self._frozen.on = True
-        try:
-            yield
-        finally:
-            self._frozen.on = before
 
     def _read_trials_from_remote_storage(self, study_id: int) -> None:
         if getattr(self._frozen, "on", False):

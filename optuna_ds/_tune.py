@@ -3,12 +3,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import hashlib
 import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -97,7 +95,6 @@ class TuneOptions:
     overwrite: bool | None = None
     trial_timeout: float | None = None
     deepspeed_bin: str | None = None
-    seed: int | None = None
     scale_lr: bool = False
     memory_margin: float = 0.05
     cost_per_gpu_hour: float | None = None
@@ -307,7 +304,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
             memory_margin=options.memory_margin,
         )
         runner = _runner(plan, user, resources, deepspeed_bin, options.launcher_options)
-        tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer, seed=options.seed)
+        tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer)
         log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
         if missing := cpu_ops_to_build():
             log(f"the first experiment builds DeepSpeed's CPU ops {', '.join(missing)} once, for this environment "
@@ -451,17 +448,7 @@ class WorkerOptions:
     study_name: str
     launcher_options: LauncherOptions = LauncherOptions()
     deepspeed_bin: str | None = None
-    seed: int | None = None
     wait: float = 300.0  # seconds to wait for the tuning to be started, and then for its profile run
-
-
-def worker_seed(seed: int | None, *, host: str, pid: int) -> int | None:
-    """A worker's seed: the one it was given, mixed with its host and process. Users pass one
-    ``--seed`` to every worker; drawn alike, their samplers would propose the same configs at
-    the same moments and stand down on each other's claims."""
-    if seed is None:
-        return None
-    return int.from_bytes(hashlib.sha256(f"{seed}|{host}|{pid}".encode()).digest()[:4], "big")
 
 
 def _wait_for_plan(options: WorkerOptions, log: Callable[[str], None]) -> tuple[optuna.storages.RDBStorage, TuningPlan]:
@@ -551,7 +538,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
         runner = _runner(plan, user, resources, deepspeed_bin, launcher_options)
         observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
-                        seed=worker_seed(options.seed, host=socket.gethostname(), pid=os.getpid()), worker=True, wait=options.wait)
+                        worker=True, wait=options.wait)
         try:
             with _sigterm_raises():
                 return tuning.run()

@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 from optuna_ds._optuna_compat import TrialCache
 from optuna_ds._optuna_compat import contains
 from optuna_ds._optuna_compat import heartbeat
+from optuna_ds._optuna_compat import hide_in_memory_studies
 from optuna_ds._optuna_compat import stale_trial_ids
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import study_id
@@ -213,3 +214,17 @@ def test_a_trial_failed_in_the_storage_is_refused_its_end(url: str) -> None:
     storage.set_trial_state_values(trial_id(trial), TrialState.FAIL)
     with pytest.raises(RuntimeError):
         storage.set_trial_state_values(trial_id(trial), TrialState.COMPLETE, [1.0])
+
+
+def test_hide_in_memory_studies(caplog: pytest.LogCaptureFixture) -> None:
+    """Optuna logs an in-memory study's creation with its module's logger, the name in the message."""
+    optuna.logging.enable_propagation()
+    try:
+        with caplog.at_level("INFO", logger="optuna"):
+            hide_in_memory_studies("hidden-")
+            optuna.create_study(study_name="hidden-copy")
+            optuna.create_study(study_name="shown-study")
+    finally:
+        optuna.logging.disable_propagation()
+    messages = [r.getMessage() for r in caplog.records if r.name == "optuna.storages._in_memory"]
+    assert any("shown-study" in m for m in messages) and not any("hidden-copy" in m for m in messages)

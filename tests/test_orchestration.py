@@ -232,7 +232,7 @@ def test_knob_search_with_each_sampler(ws: Workspace, tuner: str) -> None:
     }
     ws.config(config)
     surface = {"knob_gain": {"overlap_comm": {"true": 1.2}, "reduce_bucket_size": {"500000000.0": 1.1}}}
-    p = ws.tune("ds_config.json", "--seed", "1", surface=surface)
+    p = ws.tune("ds_config.json", surface=surface)
     assert p.returncode == 0, p.stderr
     trials = _study(ws, "optuna-ds-z2").get_trials()
     knob = [t for t in trials if t.user_attrs.get("phase") == "knobs" and t.state != TrialState.PRUNED and not t.user_attrs.get("repeat")]
@@ -263,10 +263,11 @@ def test_early_stopping_ends_the_knob_search(ws: Workspace) -> None:
     ws.config(config)
     assert ws.tune().returncode == 0
     knob = [t for t in _study(ws, "optuna-ds-z1").get_trials() if t.user_attrs.get("phase") == "knobs"]
-    ran = [t for t in knob if t.state != TrialState.PRUNED and not t.user_attrs.get("repeat")]
+    ran = [t for t in knob if not t.user_attrs.get("repeat")]
     assert len(ran) == 2  # the surface ignores these knobs: no improvement over the micro-batch phase
-    # The pruner said so when the next trial asked (trial.should_prune()): it launched nothing.
-    assert all(t.user_attrs.get("early_stopped") for t in knob if t.state == TrialState.PRUNED)
+    # A budget the planner's candidates check before proposing: no trial was created for a setting
+    # that did not run (a pruned trial means one thing: a claim that stood down).
+    assert all(t.state == TrialState.COMPLETE for t in knob)
 
 
 def test_run_trains_with_the_optimal_config_and_returns_its_status(ws: Workspace) -> None:
@@ -473,3 +474,30 @@ def test_full_mode_measures_close_knob_settings_again_and_a_rerun_launches_nothi
     p = ws.tune(surface=surface, timeout=60)
     assert p.returncode == 0, p.stderr
     assert len(ws.launches()) == launched, "a finished experiment ran again"
+
+
+@pytest.mark.parametrize("sizes", [[500000000, 200000000], [1000000, 1048576]])
+def test_full_mode_ends_whatever_notation_its_sizes_are_written_in(ws: Workspace, sizes: list[int]) -> None:
+    """A knob listed as integers, as DeepSpeed's docs write sizes: ``500000000`` is DeepSpeed's
+    default ``5e8`` (the search proposed one experiment for ever), and 1000000 and 1048576 are
+    two configs (named alike, the second stood down as the first's duplicate), each measured."""
+    ws.config({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": [1, 2], "reduce_bucket_size": sizes},
+               "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch", "tuner_early_stopping": 1,
+                              "max_train_micro_batch_size_per_gpu": 256}})
+    surface = {"base": {"0": 100, "1": 101, "2": 102, "3": 60}, "peak": 130, "num_params": 1_000_000_000,
+               "activation_mem_per_gpu": 200_000_000, "knob_gain": {"reduce_bucket_size": {str(float(sizes[1])): 1.05}}}
+    p = ws.tune(surface=surface, env=ws.env(surface, LOCAL_SIZE="1"), process=True, timeout=240)
+    assert p.returncode == 0, p.stderr + p.stdout
+    knob = _knob_trials(ws, stages=(1, 2))
+    ran = {t.user_attrs["knobs"]["reduce_bucket_size"] for _, t in knob if t.state == TrialState.COMPLETE}
+    assert ran == set(sizes), p.stdout
+    assert not [t for s in (1, 2) for t in _study(ws, f"optuna-ds-z{s}").get_trials() if t.state == TrialState.PRUNED], p.stdout
+    assert (ws.results / "ds_config_optimal.json").exists()
+    # Each trial records its config as params, one distribution per param for the whole study
+    # (the dashboard's importances group trials by distribution), the offload as a categorical.
+    for s in (1, 2):
+        trials = _study(ws, f"optuna-ds-z{s}").get_trials()
+        for name in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "offload", "reduce_bucket_size"):
+            assert len({repr(t.distributions[name]) for t in trials if name in t.distributions}) == 1, name
+        assert all(t.params["offload"] == (t.user_attrs.get("offload") or "none") for t in trials)
+        assert all(t.params["train_micro_batch_size_per_gpu"] == t.user_attrs["micro_batch_size"] for t in trials)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from optuna_ds._errors import ConfigError
 from optuna_ds.config import parse_user_config
+from optuna_ds.domain import Config
 from optuna_ds.domain import Phase
 from optuna_ds.space import build_knob_space
 from optuna_ds.studies import ExperimentBuilder
@@ -74,7 +75,7 @@ def test_every_config_is_tuned_or_cleanly_refused(raw: dict, extra: list[str]) -
         for stage in user.stages:
             space = build_knob_space(stage, user.zero_section(), fast=user.autotuning.fast)
             mbs = user.min_micro_batch_size
-            config = builder.config(stage=stage, mbs=mbs, knobs={k: v[0] for k, v in space.tuned.items()})
+            config = Config(stage=stage, micro_batch=mbs, knobs={k: v[0] for k, v in space.tuned.items()})
             exp = builder.build(config, phase=Phase.KNOBS, space=space)
             json.dumps(exp.ds_config)
             assert exp.ds_config["zero_optimization"]["stage"] == stage

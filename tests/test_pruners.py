@@ -1,4 +1,4 @@
-"""`tuner_early_stopping` as an Optuna pruner: what counts as an improvement."""
+"""`tuner_early_stopping`, the knob search's budget: what counts as an improvement."""
 from __future__ import annotations
 
 import datetime
@@ -6,7 +6,7 @@ import datetime
 import optuna
 import pytest
 
-from optuna_ds.pruners import TunerEarlyStoppingPruner
+from optuna_ds.pruners import TunerEarlyStopping
 
 
 def _study(values: list[float], direction: str = "maximize") -> optuna.Study:
@@ -24,9 +24,9 @@ def _study(values: list[float], direction: str = "maximize") -> optuna.Study:
 def test_a_gain_within_the_noise_does_not_prolong_the_search(direction: str, values: list[float]) -> None:
     study = _study(values, direction)
     # Every trial beat the one before: by Deepspeed's rule the search goes on.
-    assert not TunerEarlyStoppingPruner(2).exhausted(study)
+    assert not TunerEarlyStopping(2).exhausted(study)
     # With 1% noise, gains of 0.5% are no evidence: two trials without an improvement end it.
-    assert TunerEarlyStoppingPruner(2, min_improvement=0.01).exhausted(study)
+    assert TunerEarlyStopping(2, min_improvement=0.01).exhausted(study)
     # A gain beyond the noise counts.
     larger = _study(values + [values[-1] * (1.02 if direction == "maximize" else 0.98)], direction)
-    assert not TunerEarlyStoppingPruner(2, min_improvement=0.01).exhausted(larger)
+    assert not TunerEarlyStopping(2, min_improvement=0.01).exhausted(larger)

@@ -14,6 +14,7 @@ from optuna_ds.config import Metric
 from optuna_ds.config import parse_autotuning_config
 from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
+from optuna_ds.domain import Offload
 from optuna_ds.domain import Experiment
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import ExperimentResult
@@ -24,7 +25,7 @@ from optuna_ds.domain import RootRecord
 from optuna_ds.domain import StageRecord
 from optuna_ds.domain import given_up
 from optuna_ds.planner import Status
-from optuna_ds.pruners import TunerEarlyStoppingPruner
+from optuna_ds.pruners import TunerEarlyStopping
 from optuna_ds.reporting._report import experiment_rows
 from optuna_ds.studies import observation_of
 from optuna_ds.studies._owner import fail_orphaned_trials
@@ -129,15 +130,14 @@ def test_a_trial_stored_with_literal_keys_reads_back(study: optuna.Study) -> Non
     trial.suggest_categorical("overlap_comm", [True, False])
     for key, value in {"phase": "knobs", "micro_batch_size": 2, "gradient_accumulation_steps": 1, "offload": "offload-opt",
                        "ds_config": {"zero_optimization": {"stage": 2}}, "exp_name": "z2_gas1_tmbspg2_ocT_offload-opt",
-                       "reason": "interrupted", "detail": "its process died", "lost": True, "duplicate_of": 0,
-                       "early_stopped": True}.items():
+                       "reason": "interrupted", "detail": "its process died", "lost": True, "duplicate_of": 0}.items():
         trial.set_user_attr(key, value)
     study.tell(trial, state=TrialState.FAIL)
     frozen = study.get_trials()[0]
     record = ExperimentRecord.from_trial(frozen)
     expected = Config(stage=2, micro_batch=2, offload="offload-opt", knobs={"overlap_comm": frozen.params["overlap_comm"]})
     assert (record.phase, record.config, record.exp_name) == (Phase.KNOBS, expected, "z2_gas1_tmbspg2_ocT_offload-opt")
-    assert (record.reason, record.lost, record.duplicate_of, record.early_stopped) == (FailureReason.INTERRUPTED, True, 0, True)
+    assert (record.reason, record.lost, record.duplicate_of) == (FailureReason.INTERRUPTED, True, 0)
     study.ask()
     assert ExperimentRecord.from_trial(study.get_trials()[1]) == ExperimentRecord()  # nothing claimed yet
 
@@ -186,7 +186,7 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
         assert record.detail == "its process died before it claimed an experiment"
         assert not record.claimed and not record.launched and "exp_name" not in t.user_attrs
         assert observation_of(t, metric=metric, dead={}) is None
-        assert not TunerEarlyStoppingPruner(1, max_trials=1)._counts(t)  # no trial of the knob search
+        assert not TunerEarlyStopping(1, max_trials=1)._counts(t)  # no trial of the knob search
     assert ExperimentRecord.from_trial(trials[claimed.number]).detail == "its process died before it launched its experiment"
     assert trials[alive.number].state == TrialState.RUNNING
     assert fail_orphaned_trials(study, metric=metric) == ([], [], [])  # settled once
@@ -194,10 +194,10 @@ def test_a_trial_killed_before_its_claim_is_lost_with_no_experiment(study: optun
     assert given_up(trials) == {}
     # What the summary, the headline, the report and `optuna-ds report` read: claimed trials only.
     result = stage_result(study, 1, metric=metric)
-    # Done, and the claimed one that was lost: interrupted before its launch, so no failure (issue 35 item 6).
+    # Done, and the claimed one that was lost: interrupted, so no failure of its config (it runs again).
     assert (result.num_experiments, result.num_failed) == (2, 0)
     assert result.best is not None and result.best.name == _EXPERIMENT.name
-    assert result.last_failure == ""  # an interruption is no failure to report
+    assert result.last_failure == ""
     assert tuning_spend(trials, profile_seconds=None, gpus_per_experiment=1).experiments == 1
     rows = experiment_rows({1: study})
     assert [(r.number, r.name) for r in rows] == [(done.number, _EXPERIMENT.name), (claimed.number, "z1_gas1_tmbspg8")]
@@ -273,10 +273,20 @@ def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: op
     assert (root.model_info, root.profile_duration, root.profile_end, root.elapsed) == ({"num_params": 1_000_000}, 12.5,
                                                                                        "2025-01-01T10:00:00", 300.0)
     assert root.stages == {0: StageRecord(status="skipped", reason="no gain", memory={"stage": 0}),
-                           1: StageRecord(status="tuned", memory={"stage": 1}, max_runnable_micro_batch_size=16, offload="")}
+                           1: StageRecord(status="tuned", memory={"stage": 1}, max_runnable_micro_batch_size=16, offload=())}
     assert root.choice == ChoiceRecord(stage=1, trial=3, estimate=1500.0)
     # The knob search's end, which earlier versions stored, is read by nothing now and not written.
-    assert root.attrs() == {k: v for k, v in stored.items() if k not in ("optuna_ds:plan", "knob_search")}
+    # The offload variants, stored comma-separated by earlier versions, are written as a list.
+    assert root.attrs() == {k: v for k, v in stored.items() if k not in ("optuna_ds:plan", "knob_search")} | {
+        "stage:z1": {**stored["stage:z1"], "offload": []}}
+    older = RootRecord.from_attrs({"stage:z3": {"status": "tuned", "offload": "offload-opt,offload-opt-param"}})
+    assert older.stages[3].offload == (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS)
+    assert older.attrs()["stage:z3"]["offload"] == ["offload-opt", "offload-opt-param"]
     # An older tuning's resources, without the device: read with its default.
     assert RootRecord.from_attrs({"resources": {"gpus_per_experiment": 1, "device_memory": 1.0}}).resources.device == ""
     assert RootRecord.from_attrs({}) == RootRecord() and RootRecord().attrs() == {}
+    # The choice holds its config: the report finds it by value, not by scanning trials for a number.
+    config = Config(stage=2, micro_batch=16, offload="offload-opt", knobs={"reduce_bucket_size": 5e8})
+    choice = RootRecord(choice=ChoiceRecord(stage=2, trial=7, estimate=900.0, config=config))
+    study.set_user_attr("choice", choice.attrs()["choice"])
+    assert RootRecord.from_attrs(study.user_attrs).choice == choice.choice

@@ -244,13 +244,11 @@ def tuned(tmp_path_factory) -> Workspace:
 
 def _importance_shown(ws: Workspace, stage: int) -> bool:
     """Whether the stage's knob trials can carry an importance plot: 4 or more that completed,
-    with a param that took two values among them, a knob or the micro-batch size (its bar sits
-    beside the knobs'). Which ran depends on the runs' durations, so on the machine's load: a
-    loaded run measured one knob setting at three sizes and again, and the plot showed the
-    micro-batch size alone."""
+    with a param (a knob, the micro-batch size, the offload variant) that took two values among
+    them. Each param has one distribution for the whole study, so PED-ANOVA reads them all."""
     knob = [t for t in optuna.load_study(study_name=f"optuna-ds-z{stage}", storage=ws.storage).get_trials()
             if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("phase") == "knobs"]
-    params = ("overlap_comm", "reduce_bucket_size", MBS_KEY)
+    params = {k for t in knob for k in t.params} - {"gradient_accumulation_steps"}
     return len(knob) >= 4 and any(len({str(t.params.get(k)) for t in knob}) > 1 for k in params)
 
 

@@ -14,7 +14,6 @@ from optuna.study import StudyDirection
 
 from optuna_ds.samplers import XGBoostSampler
 from optuna_ds.samplers import knob_candidates
-from optuna_ds.samplers._xgboost import CANDIDATE_ATTR
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -84,40 +83,6 @@ def test_out_of_memory_failures_steer_it_away() -> None:
     study.optimize(_objective, n_trials=4, catch=(RuntimeError,))
     later = [t.params for t in study.trials[4:]]
     assert all(p["train_micro_batch_size_per_gpu"] != 32 for p in later), later
-
-
-def test_running_candidates_of_other_workers_are_not_proposed() -> None:
-    """Two workers, one storage: a candidate published by a running trial is skipped."""
-    storage = optuna.storages.InMemoryStorage()
-    study = optuna.create_study(direction="maximize", storage=storage, study_name="s")
-    a = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(SPACE, seed=0))
-    b = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(SPACE, seed=0))
-    running = [a.ask(), b.ask(), a.ask(), b.ask()]  # the same seed: without the liar, the same picks
-    picked = [t.study._storage.get_trial(t._trial_id).system_attrs[CANDIDATE_ATTR] for t in running]
-    assert len(set(picked)) == 4
-    params = [tuple(sorted({k: t.suggest_categorical(k, v) for k, v in SPACE.items()}.items())) for t in running]
-    assert len(set(params)) == 4
-    assert len(study.trials) == 4
-
-
-def test_a_candidate_published_by_another_search_of_the_study_is_ignored() -> None:
-    """Two searches of one study at other sizes (the knob search, then one setting at a size
-    that ran out of memory): the first one's finished trials are outside the second's space, and
-    the candidate index they published means nothing there."""
-    storage = optuna.storages.InMemoryStorage()
-    study = optuna.create_study(direction="maximize", storage=storage, study_name="s")
-    wide = {**SPACE, "train_micro_batch_size_per_gpu": list(range(1, 41))}
-    first = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(wide, seed=0))
-    for _ in range(6):
-        trial = first.ask()
-        p = {k: trial.suggest_categorical(k, v) for k, v in wide.items()}
-        first.tell(trial, float(p["train_micro_batch_size_per_gpu"]))
-    published = [t.system_attrs[CANDIDATE_ATTR] for t in study.trials]
-    narrow = {**SPACE, "train_micro_batch_size_per_gpu": [41]}
-    assert max(published) >= len(XGBoostSampler(narrow).candidates)
-    second = optuna.load_study(study_name="s", storage=storage, sampler=XGBoostSampler(narrow, seed=0))
-    trial = second.ask()  # the sampler picks its candidate here
-    assert 0 <= trial.study._storage.get_trial(trial._trial_id).system_attrs[CANDIDATE_ATTR] < len(second.sampler.candidates)
 
 
 def test_seeded_runs_repeat() -> None:
@@ -200,12 +165,3 @@ def test_the_model_based_sampler_proposes_what_its_model_predicts_best_first() -
     ran = [_finished(p, _gain(p)) for p in _POINTS if not (p["overlap_comm"] and p["reduce_bucket_size"] == 1e9)]
     got = knob_candidates("model_based", KNOBS, ran, direction=StudyDirection.MAXIMIZE, seed=0, limit=1)
     assert got[0]["overlap_comm"] is True and got[0]["reduce_bucket_size"] == 1e9
-
-
-def test_workers_given_one_seed_draw_differently() -> None:
-    from optuna_ds._tune import worker_seed
-
-    assert worker_seed(None, host="node1", pid=10) is None
-    seeds = {worker_seed(7, host=host, pid=pid) for host in ("node1", "node2") for pid in (10, 11)}
-    assert len(seeds) == 4 and all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
-    assert worker_seed(7, host="node1", pid=10) == worker_seed(7, host="node1", pid=10)  # a function of its inputs

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
 
 import pytest
 
 from optuna_ds._errors import ConfigError
 from optuna_ds.domain import Config
+from optuna_ds.domain import Knobs
+from optuna_ds.domain import Offload
 from optuna_ds.space import build_knob_space
 from optuna_ds.space import default_tuning_space
 from optuna_ds.space import estimate_memory
@@ -71,10 +74,47 @@ def test_names_are_deepspeed_style_and_identify_configs() -> None:
 def test_a_config_is_one_identity_whatever_its_knobs_order_or_missing_offload() -> None:
     a = Config(stage=2, micro_batch=8, offload=None, knobs={"reduce_bucket_size": 5e8, "overlap_comm": True})
     b = Config(stage=2, micro_batch=8, offload="", knobs=(("overlap_comm", True), ("reduce_bucket_size", 5e8)))
-    assert a == b and hash(a) == hash(b) and a.key == b.key and len({a, b}) == 1
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert a.knobs == (("overlap_comm", True), ("reduce_bucket_size", 5e8)) and a.knob_dict == {"overlap_comm": True, "reduce_bucket_size": 5e8}
-    assert a.offload == "" and a.arm == (2, "")
+    assert a.offload == "" and a.offload is Offload.NONE and a.arm == (2, "")
     assert Config(stage=2, micro_batch=8, accumulation=2) != Config(stage=2, micro_batch=8)
+
+
+def test_a_number_has_one_form_from_the_parse_to_the_record() -> None:
+    # JSON's 5e8 and DeepSpeed's docs' 500000000: one value to DeepSpeed, so one to every layer.
+    written = Config(stage=1, micro_batch=4, knobs={"reduce_bucket_size": 5e8})
+    typed = Config(stage=1, micro_batch=4, knobs={"reduce_bucket_size": 500000000})
+    assert written == typed and written.name == typed.name and written.to_attrs() == typed.to_attrs()
+    assert written.knobs == (("reduce_bucket_size", 500000000),) and type(written.knob_dict["reduce_bucket_size"]) is int
+    assert Knobs({"b": 1.5, "a": True, "c": "auto"}) == (("a", True), ("b", 1.5), ("c", "auto"))
+    space = build_knob_space(1, {"reduce_bucket_size": [500000000, 5e8, 2e8], "allgather_bucket_size": 5e8}, fast=False)
+    assert space.tuned["reduce_bucket_size"] == [500000000, 200000000] and space.fixed["allgather_bucket_size"] == 500000000
+    assert all(type(v) is int for values in build_knob_space(2, {}, fast=False).tuned.values() for v in values if not isinstance(v, bool))
+    assert knob_defaults(space) == {"reduce_bucket_size": 500000000} and type(knob_defaults(space)["reduce_bucket_size"]) is int
+
+
+def test_a_name_tells_configs_apart_where_its_short_form_does_not() -> None:
+    # Two significant digits write both 1e6: the name carries a digest of the exact values.
+    mega = Config(stage=1, micro_batch=4, knobs={"reduce_bucket_size": 1000000})
+    mebi = Config(stage=1, micro_batch=4, knobs={"reduce_bucket_size": 1048576})
+    assert mega.name == "z1_gas1_tmbspg4_rbs1e6"  # exact: unchanged, as stored tunings hold it
+    assert mebi.name.startswith("z1_gas1_tmbspg4_rbs1e6_") and mebi.name != mega.name
+    assert Config(stage=1, micro_batch=4, knobs={"reduce_bucket_size": 1048576.0}).name == mebi.name
+    assert Config(stage=1, micro_batch=4, knobs={"x": "a b"}).name != Config(stage=1, micro_batch=4, knobs={"x": "ab"}).name
+
+
+def test_the_config_is_stored_by_one_serialiser_and_read_back() -> None:
+    config = Config(stage=3, micro_batch=4, offload="offload-opt", accumulation=2, knobs={"overlap_comm": True, "reduce_bucket_size": 5e8})
+    attrs = config.to_attrs()
+    assert attrs == {"stage": 3, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "offload": "offload-opt",
+                     "knobs": {"overlap_comm": True, "reduce_bucket_size": 500000000}}
+    assert Config.from_attrs(json.loads(json.dumps(attrs))) == config
+    assert Config.from_attrs({"stage": 0, "micro_batch_size": 2}) == Config(stage=0, micro_batch=2)
+    assert Config.from_attrs({"exp_name": "x"}) is None
+    # A trial an earlier version stored: the stage of its ds_config, the knobs of its params.
+    old = {"micro_batch_size": 4, "gradient_accumulation_steps": 1, "ds_config": {"zero_optimization": {"stage": 2}}}
+    params = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "overlap_comm": False}
+    assert Config.from_attrs(old, params=params) == Config(stage=2, micro_batch=4, knobs={"overlap_comm": False})
 
 
 def test_memory_estimate_partitions_by_stage() -> None:

@@ -320,22 +320,6 @@ def test_a_record_is_written_in_one_statement_whole_and_only_to_a_running_trial(
         optuna.delete_study(study_name=name, storage=url)
 
 
-def test_a_held_cache_serves_the_read_just_made_and_then_reads_afresh(tmp_path) -> None:
-    from optuna_ds.storage import TrialCache
-    from optuna_ds.storage import create_storage
-
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    cache = TrialCache(create_storage(url))
-    study = optuna.create_study(storage=cache, study_name="held")
-    study.tell(study.ask(), 1.0)
-    assert len(study.get_trials()) == 1
-    other = optuna.load_study(study_name="held", storage=url)  # another worker
-    other.tell(other.ask(), 2.0)
-    with cache.held():
-        assert len(study.get_trials()) == 1  # no read: the early-stopping check reuses the claim check's
-    assert len(study.get_trials()) == 2
-
-
 def test_the_plan_is_read_from_the_storage_alone_and_from_a_root_of_before(tmp_path) -> None:
     """The plan is a system attr of the root study (its user attr, what `optuna studies` prints,
     its fingerprint only); a root that holds it whole in its user attrs, as tunings started before

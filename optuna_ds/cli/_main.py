@@ -122,7 +122,6 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--overwrite/--no-overwrite", default=None, help="Start afresh instead of resuming (overrides autotuning.overwrite)."),
         click.option("--trial-timeout", "--trial_timeout", "trial_timeout", type=float, default=None, help="Seconds before an experiment is killed (default: derived from the profile run)."),
         _deepspeed_bin_option("The deepspeed executable (default: deepspeed on PATH)."),
-        click.option("--seed", type=int, default=None, help="Seed of the samplers."),
         click.option("--scale-lr", "--scale_lr", "scale_lr", is_flag=True, help="Write the learning rate scaled to the best global batch size into the optimal config or command."),
         click.option("--memory-margin", "--memory_margin", "memory_margin", type=float, default=0.05, show_default=True,
                      help="Share of each device's memory the chosen config leaves free (a run above the rest counts as out of memory)."),
@@ -208,13 +207,11 @@ def run(script: str, script_args: tuple[str, ...], **kwargs: Any) -> None:
 @click.option("--storage", required=True, envvar="OPTUNA_STORAGE", show_envvar=True, help="The tuning's Optuna storage URL, as given to `optuna-ds tune`.")
 @click.option("--study-name", "--study_name", "study_name", default="optuna-ds", show_default=True, help="The tuning's name.")
 @_deepspeed_bin_option("The deepspeed executable (default: the tuning's, else deepspeed on PATH).")
-@click.option("--seed", type=int, default=None,
-              help="Seed of the samplers, mixed with this worker's host and process: workers given one seed draw differently.")
 @click.option("--wait", type=float, default=300.0, show_default=True,
               help="Seconds to wait for the tuning to be started, and then for its profile run, before giving up.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only warnings.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print each command and the end of each failure's stderr.")
-def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int | None, wait: float, quiet: bool, verbose: bool,
+def worker(storage: str, study_name: str, deepspeed_bin: str | None, wait: float, quiet: bool, verbose: bool,
            **launcher_kwargs: Any) -> None:
     """Join a tuning started by `optuna-ds tune`: run its experiments on this node's GPUs.
 
@@ -229,7 +226,7 @@ def worker(storage: str, study_name: str, deepspeed_bin: str | None, seed: int |
     _quiet_optuna()
     progress = Progress(quiet=quiet, verbose=verbose)
     options = WorkerOptions(storage=storage, study_name=study_name, launcher_options=_launcher_options_of(launcher_kwargs),
-                            deepspeed_bin=deepspeed_bin, seed=seed, wait=wait)
+                            deepspeed_bin=deepspeed_bin, wait=wait)
     try:
         result = work(options, observer=progress)
     finally:

@@ -14,7 +14,10 @@ from optuna_ds.domain._config import TBS_KEY
 from optuna_ds.domain._config import ZERO_KEY
 from optuna_ds.domain._config import Config
 from optuna_ds.domain._config import Knobs
+from optuna_ds.domain._config import KnobsLike
+from optuna_ds.domain._config import Offload
 from optuna_ds.domain._config import accumulation_for
+from optuna_ds.domain._config import knob_value
 from optuna_ds.domain._experiment import Experiment
 from optuna_ds.domain._experiment import ExperimentResult
 from optuna_ds.domain._experiment import FailureReason
@@ -40,7 +43,9 @@ __all__ = [
     "FailureReason",
     "GAS_KEY",
     "Knobs",
+    "KnobsLike",
     "MBS_KEY",
+    "Offload",
     "Phase",
     "RecordedResources",
     "RootRecord",
@@ -50,6 +55,7 @@ __all__ = [
     "accumulation_for",
     "given_up",
     "is_finished_experiment",
+    "knob_value",
     "launched",
     "superseded",
 ]

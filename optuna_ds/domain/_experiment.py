@@ -50,10 +50,8 @@ class Experiment:
 
     def to_dict(self) -> dict[str, Any]:
         """Its description, as its folder's ``exp.json`` and DeepSpeed's ``exps_dir`` hold it."""
-        c = self.config
-        return {"name": self.name, "stage": c.stage, "phase": self.phase.value, "ds_config": self.ds_config,
-                "result_dir": self.result_dir, "micro_batch_size": c.micro_batch, "gradient_accumulation_steps": c.accumulation,
-                "knobs": c.knob_dict}
+        return {"name": self.name, "phase": self.phase.value, **self.config.to_attrs(), "ds_config": self.ds_config,
+                "result_dir": self.result_dir}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,15 +8,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Iterable
-from collections.abc import Mapping
 from typing import Any
 
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds.domain._config import GAS_KEY
-from optuna_ds.domain._config import MBS_KEY
-from optuna_ds.domain._config import ZERO_KEY
 from optuna_ds.domain._config import Config
 from optuna_ds.domain._experiment import Experiment
 from optuna_ds.domain._experiment import ExperimentResult
@@ -32,10 +28,10 @@ class ExperimentRecord:
 
     Each field is stored under its own name, so the field names are the storage's keys: stored
     tunings, the report, other workers and optuna-dashboard read them, so they never change.
-    The config is stored field by field (:data:`_CONFIG_KEYS`: ``stage``, ``micro_batch_size``,
-    ``gradient_accumulation_steps``, ``offload`` and ``knobs``, the last two only when set); a
-    trial an earlier version stored, without ``stage`` and ``knobs``, has them read from its
-    ``ds_config`` and its params. A field the trial does not hold is ``None`` (``False`` for the
+    The config is stored field by field, as :meth:`Config.to_attrs` writes it (``stage``,
+    ``micro_batch_size``, ``gradient_accumulation_steps``, ``offload`` and ``knobs``, the last two
+    only when set), and read back by :meth:`Config.from_attrs` (which reads a trial an earlier
+    version stored too). A field the trial does not hold is ``None`` (``False`` for the
     marks).
 
     The record is written in parts, each by whoever knows it, with :meth:`write`: the claim
@@ -68,9 +64,8 @@ class ExperimentRecord:
     reason: FailureReason | None = None
     detail: str | None = None
     stderr_tail: str | None = None
-    # The marks: a claim that stood down, a knob search that was over, a dead driver's trial.
+    # The marks: a claim that stood down, a dead driver's trial.
     duplicate_of: int | None = None  # the trial that has this experiment
-    early_stopped: bool = False
     # Failed because its process died, not for its config; a trial that died before its claim is
     # lost with no exp_name (it launched nothing: no experiment to run again or to report).
     lost: bool = False
@@ -118,7 +113,7 @@ class ExperimentRecord:
             values["phase"] = Phase(values["phase"])
         if "reason" in values:
             values["reason"] = FailureReason(values["reason"])
-        return cls(config=_stored_config(attrs, trial.params), **values)
+        return cls(config=Config.from_attrs(attrs, params=trial.params), **values)
 
     def attrs(self) -> dict[str, Any]:
         """The user attrs of the fields this record sets (those not at their default), in field
@@ -127,7 +122,7 @@ class ExperimentRecord:
         for field in _FIELDS:
             value = getattr(self, field.name)
             if isinstance(value, Config):
-                attrs.update(_config_attrs(value))
+                attrs.update(value.to_attrs())
             elif value != field.default:
                 attrs[field.name] = value.value if isinstance(value, (Phase, FailureReason)) else value
         return attrs
@@ -151,31 +146,6 @@ class ExperimentRecord:
 
 _FIELDS = dataclasses.fields(ExperimentRecord)
 _KEYS = tuple(f.name for f in _FIELDS if f.name != "config")
-_CONFIG_KEYS = ("stage", "micro_batch_size", "gradient_accumulation_steps", "offload", "knobs")
-
-
-def _config_attrs(config: Config) -> dict[str, Any]:
-    attrs: dict[str, Any] = dict(zip(_CONFIG_KEYS, (config.stage, config.micro_batch, config.accumulation)))
-    if config.offload:
-        attrs["offload"] = config.offload
-    if config.knobs:
-        attrs["knobs"] = config.knob_dict
-    return attrs
-
-
-def _stored_config(attrs: Mapping[str, Any], params: Mapping[str, Any]) -> Config | None:
-    """The config a trial's attrs store; ``None`` before its claim. Trials stored before the
-    record held ``stage`` and ``knobs``: the stage of their ``ds_config``, the knobs of their params."""
-    mbs = attrs.get("micro_batch_size")
-    stage = attrs.get("stage")
-    if stage is None:
-        zero = (attrs.get("ds_config") or {}).get(ZERO_KEY)
-        stage = zero.get("stage") if isinstance(zero, dict) else None
-    if mbs is None or stage is None:
-        return None
-    knobs = attrs["knobs"] if "knobs" in attrs else {k: v for k, v in params.items() if k not in (MBS_KEY, GAS_KEY)}
-    return Config(stage=int(stage), micro_batch=int(mbs), offload=attrs.get("offload"),
-                  accumulation=int(attrs.get("gradient_accumulation_steps") or 1), knobs=knobs)
 
 
 # Failures that say something about the config itself; anything else (an interrupt, a dead
@@ -217,8 +187,8 @@ def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
 
 
 def launched(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that ran an experiment (duplicates and early-stopped asks launch nothing; a
-    superseded trial's launch is another's)."""
+    """Trials that ran an experiment (a duplicate, pruned, launched nothing; a superseded trial's
+    launch is another's)."""
     trials = list(trials)
     gone = superseded(trials)
     return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed and t.number not in gone]

@@ -6,6 +6,9 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+from optuna_ds.domain._config import Config
+from optuna_ds.domain._config import Offload
+
 _STAGE_PREFIX = "stage:"  # one attr per stage, "stage:z<stage>": several drivers write them, a shared dict would lose updates
 
 
@@ -24,23 +27,54 @@ class RecordedResources:
 class StageRecord:
     """A ZeRO stage's status: ``tuned``, ``skipped`` or ``pending``, with why, its memory
     estimate, and where tuned, its largest micro-batch size that ran and the offload variants
-    it explored (comma-separated)."""
+    it explored (stored as a list of labels; an earlier version stored them comma-separated)."""
 
     status: str
     reason: str = ""
     memory: dict[str, Any] | None = None
     max_runnable_micro_batch_size: int | None = None
-    offload: str | None = None
+    offload: tuple[Offload, ...] | None = None
+
+    @classmethod
+    def from_attrs(cls, stored: Mapping[str, Any]) -> StageRecord:
+        known = _known(cls, dict(stored))
+        offload = known.get("offload")
+        if offload is not None:
+            labels = offload.split(",") if isinstance(offload, str) else offload
+            known["offload"] = tuple(Offload(label) for label in labels if label)
+        return cls(**known)
+
+    def attrs(self) -> dict[str, Any]:
+        attrs = _plain(self)
+        if self.offload is not None:
+            attrs["offload"] = [label.value for label in self.offload]
+        return attrs
 
 
 @dataclasses.dataclass(frozen=True)
 class ChoiceRecord:
-    """The planner's final choice: its stage, its first run's trial in that stage's study, and
-    the planner's estimate of its metric."""
+    """The planner's final choice: its config (stored as :meth:`Config.to_attrs` writes it), the
+    planner's estimate of its metric, and its stage and first run's trial in that stage's study
+    (all a choice an earlier version recorded holds: its config is ``None``, found by the trial)."""
 
     stage: int
     trial: int
     estimate: float | None = None
+    config: Config | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"stage": self.stage, "trial": self.trial}
+        if self.estimate is not None:
+            attrs["estimate"] = self.estimate
+        if self.config is not None:
+            attrs["config"] = self.config.to_attrs()
+        return attrs
+
+    @classmethod
+    def from_attrs(cls, stored: Mapping[str, Any]) -> ChoiceRecord:
+        config = stored.get("config")
+        return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), estimate=stored.get("estimate"),
+                   config=Config.from_attrs(config) if isinstance(config, dict) else None)
 
 
 def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +107,7 @@ class RootRecord:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> RootRecord:
         n = len(_STAGE_PREFIX) + 1
-        stages = {int(k[n:]): StageRecord(**_known(StageRecord, v)) for k, v in attrs.items()
+        stages = {int(k[n:]): StageRecord.from_attrs(v) for k, v in attrs.items()
                   if k.startswith(f"{_STAGE_PREFIX}z") and k[n:].isdigit() and isinstance(v, dict)}
         resources, choice = attrs.get("resources"), attrs.get("choice")
         return cls(
@@ -84,8 +118,7 @@ class RootRecord:
             profile_run=attrs.get("profile_run") if isinstance(attrs.get("profile_run"), dict) else None,
             elapsed=attrs.get("elapsed"),
             stages=dict(sorted(stages.items())),
-            choice=ChoiceRecord(stage=int(choice["stage"]), trial=int(choice["trial"]), estimate=choice.get("estimate"))
-            if isinstance(choice, dict) and choice else None,
+            choice=ChoiceRecord.from_attrs(choice) if isinstance(choice, dict) and choice else None,
         )
 
     def attrs(self) -> dict[str, Any]:
@@ -96,9 +129,9 @@ class RootRecord:
         for key in ("model_info", "profile_duration", "profile_end", "profile_run", "elapsed"):
             if getattr(self, key) is not None:
                 attrs[key] = getattr(self, key)
-        attrs.update({f"{_STAGE_PREFIX}z{stage}": _plain(record) for stage, record in self.stages.items()})
+        attrs.update({f"{_STAGE_PREFIX}z{stage}": record.attrs() for stage, record in self.stages.items()})
         if self.choice is not None:
-            attrs["choice"] = _plain(self.choice)
+            attrs["choice"] = self.choice.attrs()
         return attrs
 
     def write(self, set_user_attr: Callable[[str, Any], None]) -> None:

@@ -6,11 +6,13 @@ import math
 import statistics
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import Any
 from typing import NamedTuple
 
 import numpy as np
 
 from optuna_ds.domain import Config
+from optuna_ds.domain import KnobsLike
 from optuna_ds.planner._batch import remeasuring
 from optuna_ds.planner._batch import widen
 from optuna_ds.planner._memory import FeasibilityModel
@@ -94,11 +96,11 @@ class _State:
         fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
         self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
 
-    def arm(self, key: tuple[int, str], knobs: Knobs = ()) -> Arm:
+    def arm(self, key: tuple[int, str], knobs: KnobsLike = ()) -> Arm:
         """The arm of ``key`` as the models see a config of it with ``knobs``: a setting whose
         buffers are known moves the arm's memory by as much."""
         arm = _known(self.problem, key)
-        buffers = self._buffers.get((key, knobs)) if knobs else None
+        buffers = self._buffers.get((key, Knobs(knobs))) if knobs else None
         return arm if buffers is None else dataclasses.replace(arm, buffers=buffers)
 
     @functools.cached_property
@@ -133,7 +135,7 @@ class _State:
             # (the profile's activation figure can be off by more than its belief allows).
             if not keep.any() and (not any(o.arm == arm.key for o in self.finished) or (not self.ok and sizes[0] == self.sizes(arm)[0])):
                 keep[0] = True
-            rows += [(arm, int(m), ()) for m in sizes[keep]]
+            rows += [(arm, int(m), Knobs()) for m in sizes[keep]]
             p_run.append(p[keep])
         return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
 
@@ -151,7 +153,7 @@ class _State:
             measured = sorted({o.mbs for o in self.ok if o.arm == key and not o.knobs})
             if default is None or not measured or not candidates:
                 continue
-            means = model.mean([(default, m, ()) for m in measured])
+            means = model.mean([(default, m, Knobs()) for m in measured])
             best = [measured[i] for i in np.argsort(-means)[: max(1, self.problem.knob_sizes)]]
             # Where the default knobs ran out of memory, sizes they likely run out at: room a
             # leaner setting may make.
@@ -174,7 +176,7 @@ class _State:
         return rows, np.array(p_run)
 
 
-def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, str]]:
+def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, Any]]:
     return set(arm.departures(knobs))
 
 
@@ -187,13 +189,13 @@ def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation]) -> fl
         return 0.0
     at_stage = [o for o in finished if o.stage == arm.stage and o.knobs]
     cleared = set().union(*(_departures(arm, o.knobs) for o in at_stage if o.status is Status.OK))
-    clear = {v: 1.0 - _KNOB_CAUSE_PRIOR for v in sorted(mine - cleared)}
+    clear = {v: 1.0 - _KNOB_CAUSE_PRIOR for v in sorted(mine - cleared, key=repr)}
     for o in at_stage:
         if o.status is Status.FAILED:
             suspects = _departures(arm, o.knobs) - cleared
             for v in suspects & clear.keys():
                 clear[v] *= 1.0 - 1.0 / len(suspects)
-    return 1.0 - math.prod(clear[v] for v in sorted(clear))
+    return 1.0 - math.prod(clear[v] for v in sorted(clear, key=repr))
 
 
 class _Ranked(NamedTuple):

@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from typing import Any
+
 from optuna_ds.domain import Config
 from optuna_ds.domain import Knobs as Knobs  # the planner's modules take it from here
+from optuna_ds.domain import KnobsLike
 from optuna_ds.domain import accumulation_for
 
 
@@ -26,7 +29,7 @@ class Arm:
     cap: int = dataclasses.field(default=1024, compare=False)
     buffers: float = dataclasses.field(default=0.0, compare=False)
     knobs: tuple[tuple[str, tuple[Any, ...]], ...] = dataclasses.field(default=(), compare=False)
-    knob_defaults: Knobs = dataclasses.field(default=(), compare=False)
+    knob_defaults: Knobs = dataclasses.field(default=Knobs(), compare=False)
 
     @property
     def key(self) -> tuple[int, str]:
@@ -36,11 +39,11 @@ class Arm:
     def label(self) -> str:
         return f"z{self.stage}" + (f" {self.offload}" if self.offload else "")
 
-    def departures(self, knobs: Knobs) -> tuple[tuple[str, str], ...]:
+    def departures(self, knobs: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
         """The values of ``knobs`` that differ from what a default config of this arm runs
-        with, as ``(knob, repr(value))``: one knob's values may mix types (``5e8``, ``"auto"``)."""
-        defaults = dict(self.knob_defaults)
-        return tuple((k, repr(v)) for k, v in knobs if k not in defaults or repr(v) != repr(defaults[k]))
+        with, compared as values: each in its one form (:class:`Knobs`), DeepSpeed's default
+        ``5e8`` is the user's ``500000000``."""
+        return tuple(kv for kv in knobs if kv not in self.knob_defaults)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Problem:
     def arm(self, key: tuple[int, str]) -> Arm | None:
         return next((a for a in self.arms if a.key == key), None)
 
-    def config(self, arm: Arm | tuple[int, str], mbs: int, knobs: Knobs = ()) -> Config:
+    def config(self, arm: Arm | tuple[int, str], mbs: int, knobs: KnobsLike = ()) -> Config:
         """The config of ``arm`` at size ``mbs``, with the accumulation the batch bounds give it."""
         stage, offload = arm.key if isinstance(arm, Arm) else arm
         accumulation = accumulation_for(mbs, max_batch=self.max_batch, min_batch=self.min_batch, default=self.accumulation)

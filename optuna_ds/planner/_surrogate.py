@@ -173,20 +173,20 @@ def _scale_prior(base: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, float]]
-                   ) -> tuple[list[tuple[str, str]], list[tuple[int, str, str]]]:
+                   ) -> tuple[list[tuple[str, Any]], list[tuple[int, str, Any]]]:
     """The knob values that differ from what a default config runs with, in the arms' knob
     spaces and in the runs: each value's effect shared by the stages (``(knob, value)``), and
-    each stage's own deviation (``(stage, knob, value)``). Values by ``repr``: one knob's values
+    each stage's own deviation (``(stage, knob, value)``). Ordered by ``repr``: one knob's values
     may mix types (``5e8``, ``"auto"``)."""
-    shared: set[tuple[str, str]] = set()
-    own: set[tuple[int, str, str]] = set()
+    shared: set[tuple[str, Any]] = set()
+    own: set[tuple[int, str, Any]] = set()
 
     settings = [(arm, tuple((knob, value) for value in values)) for arm in problem.arms for knob, values in arm.knobs]
     for arm, knobs in settings + [(arm, knobs) for arm, _, knobs, _ in points]:
         for knob, value in arm.departures(knobs):
             shared.add((knob, value))
             own.add((arm.stage, knob, value))
-    return sorted(shared), sorted(own)
+    return sorted(shared, key=repr), sorted(own, key=repr)
 
 
 class ThroughputModel:
@@ -328,12 +328,6 @@ class ThroughputModel:
         """The posterior mean of the residual's amplitude: how far the curves depart from the
         shape."""
         return float(self._w.sum(axis=1) @ np.array([f[0] for f in self._fits]))
-
-    @property
-    def knob_scale(self) -> float:
-        """The posterior mean of the knob effects' scale (0 where no knob is tuned)."""
-        scales = np.repeat([sd for sd, _, _ in self._priors], len(_AMPLITUDE))
-        return float(self._w.sum(axis=1) @ scales)
 
     def _cross(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray]:
         """The rows' unit residual correlation with the points ``(rows, n)`` and their own

@@ -1,5 +1,5 @@
-"""Layer 1: the pruner that ends a stage study's search (``tuner_early_stopping``)."""
+"""Layer 1: the budget that ends a stage study's knob search (``tuner_early_stopping``), checked before proposing."""
 
-from optuna_ds.pruners._early_stopping import TunerEarlyStoppingPruner
+from optuna_ds.pruners._early_stopping import TunerEarlyStopping
 
-__all__ = ["TunerEarlyStoppingPruner"]
+__all__ = ["TunerEarlyStopping"]

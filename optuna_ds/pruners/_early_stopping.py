@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import optuna
-from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
@@ -10,13 +9,15 @@ from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import Phase
 
 
-class TunerEarlyStoppingPruner(BasePruner):
-    """``tuner_early_stopping`` and ``tuner_num_trials`` as an Optuna pruner.
+class TunerEarlyStopping:
+    """``tuner_early_stopping`` and ``tuner_num_trials``: the knob search's budget, which the
+    planner's knob candidates check before any setting is proposed, so no trial is created for
+    an experiment that will not run (a pruner, asked by a trial once created, left a pruned
+    trial each time the planner asked again, and the planner asked again for ever).
 
     The search of a study is over once ``patience`` trials of the counted phase have finished
     without improving on the study's best, or once ``max_trials`` of them were started.
-    Everything is read from the storage, so the rule holds across workers; a trial asked for
-    after that point is pruned before it launches anything.
+    Everything is read from the storage, so the rule holds across workers.
 
     Args:
         patience: finished trials without improvement that end the search.
@@ -41,13 +42,10 @@ class TunerEarlyStoppingPruner(BasePruner):
         interrupted = trial.state == TrialState.FAIL and (record.reason is None or not record.reason.judges_config)
         return (self._phase is None or record.phase is self._phase) and not record.repeat and not interrupted
 
-    def exhausted(self, study: optuna.Study, *, before: int | None = None) -> bool:
-        """Whether the search is over; with ``before``, as seen by trial number ``before``,
-        which counts only the trials started ahead of it toward ``max_trials``: of several
-        workers racing for the last trial, the first one runs it."""
-        trials = [t for t in study.get_trials(deepcopy=False) if t.number != before]
-        ahead = [t for t in trials if before is None or t.number < before]
-        counted = [t for t in ahead if self._counts(t) and t.state != TrialState.PRUNED]
+    def exhausted(self, study: optuna.Study) -> bool:
+        """Whether the search is over."""
+        trials = study.get_trials(deepcopy=False)
+        counted = [t for t in trials if self._counts(t) and t.state != TrialState.PRUNED]
         if self._max_trials is not None and len(counted) >= self._max_trials:
             return True
         maximize = study.direction == StudyDirection.MAXIMIZE
@@ -71,6 +69,3 @@ class TunerEarlyStoppingPruner(BasePruner):
             elif self._counts(t):
                 since += 1
         return since >= self._patience
-
-    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        return self.exhausted(study, before=trial.number)

@@ -87,7 +87,7 @@ class Progress:
     On a terminal, a live block stays at the bottom: the fastest single run so far first (globally, then per
     stage), a ``rich.progress`` bar with elapsed and remaining time, then one line per busy GPU
     slot; finished experiments scroll above it. Elsewhere (a log file, CI) plain lines.
-    ``quiet`` prints nothing but warnings; ``verbose`` adds each command and the end of each
+    ``quiet`` prints none of the progress (the summary follows it); ``verbose`` adds each command and the end of each
     failure's stderr.
 
     The bar's total is the experiments finished, those running and the planner's estimate of
@@ -130,9 +130,6 @@ class Progress:
     def log(self, text: str) -> None:
         if not self._quiet:
             self._write(text)
-
-    def warn(self, text: str) -> None:
-        self._write(text)
 
     def detail(self, text: str) -> None:
         if self._verbose:

@@ -90,8 +90,10 @@ class ExperimentRow:
         t = self.trial
         if t.state == TrialState.COMPLETE:
             return "complete"
-        if t.state == TrialState.PRUNED:
+        if self.record.duplicate_of is not None:
             return "duplicate"
+        if t.state == TrialState.PRUNED:
+            return "not launched"  # an earlier version's pruned ask of a knob search that was over
         if t.state == TrialState.RUNNING:
             return "running"
         return self.record.reason.value if self.record.reason else "failed"
@@ -126,7 +128,7 @@ class ExperimentRow:
 
     @property
     def detail(self) -> str:
-        if self.trial.state == TrialState.PRUNED and self.record.duplicate_of is not None:
+        if self.record.duplicate_of is not None:
             return f"same as trial {self.record.duplicate_of}"
         return failure_text(self.record)
 
@@ -191,10 +193,12 @@ def format_value(value: Any) -> str:
 
 
 def _hide(rows: list[ExperimentRow]) -> list[ExperimentRow]:
-    """What the user paid for: internal duplicates (a claim that stood down) launched nothing,
-    and an experiment cut short that ran again since is that run's, not a failure."""
-    again = {(r.stage, r.name) for r in rows if r.status not in ("duplicate", "interrupted")}
-    return [r for r in rows if r.status != "duplicate" and not (r.status == "interrupted" and (r.stage, r.name) in again)]
+    """What the user paid for: internal duplicates (a claim that stood down) and an earlier
+    version's pruned asks launched nothing, and an experiment cut short that ran again since is
+    that run's, not a failure."""
+    hidden = ("duplicate", "not launched")
+    again = {(r.stage, r.name) for r in rows if r.status not in (*hidden, "interrupted")}
+    return [r for r in rows if r.status not in hidden and not (r.status == "interrupted" and (r.stage, r.name) in again)]
 
 
 def _stage_name(stage: int) -> str:
@@ -245,7 +249,7 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
                 x=[r.mbs for r in knobs], y=[r.value for r in knobs], mode="markers", name=f"{group} knobs", legendgroup=group,
                 marker={"symbol": "diamond-open", "size": 11, "color": color, "line": {"width": 2}},
                 text=[_safe(r.name) for r in knobs], hovertemplate=hover))
-        failed = [r for r in rows if r.stage == stage and r.status not in ("complete", "duplicate", "running") and r.mbs]
+        failed = [r for r in rows if r.stage == stage and r.status not in ("complete", "duplicate", "not launched", "running") and r.mbs]
         if failed:
             # At its stage and size, on the level of the stage's nearest size that ran.
             def level(r: ExperimentRow) -> float:

@@ -10,6 +10,7 @@ of the storage.
 """
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,12 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._optuna_compat import contains
+from optuna_ds._optuna_compat import hide_in_memory_studies
+from optuna_ds.domain import Knobs
 from optuna_ds.samplers._factory import create_sampler
+
+
+_COPY = "optuna-ds-knob-copy-"  # the name of a copy's study: Optuna logs its creation, not the user's
 
 
 def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials: Sequence[FrozenTrial], *,
@@ -34,9 +40,11 @@ def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials:
     if not tuned:
         return []
     distributions: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(v)) for k, v in sorted(tuned.items())}
-    study = optuna.create_study(direction=direction, sampler=create_sampler(tuner_type, tuned, seed=_seed(seed, trials)))
+    hide_in_memory_studies(_COPY)
+    study = optuna.create_study(study_name=f"{_COPY}{uuid.uuid4()}", direction=direction,
+                                sampler=create_sampler(tuner_type, tuned, seed=_seed(seed, trials)))
     study.add_trials([c for t in trials if (c := _copy(t, distributions)) is not None])
-    seen = {_key(t.params) for t in trials}
+    seen = {Knobs(t.params) for t in trials}
     out: list[dict[str, Any]] = []
     size = 1
     for choices in tuned.values():
@@ -44,11 +52,10 @@ def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials:
     for _ in range(4 * size):  # a random sampler draws again what it drew: a few times the space, at most
         if len(out) >= limit or len(seen) >= size:
             break
-        with _quiet():
-            trial = study.ask(distributions)
+        trial = study.ask(distributions)
         params = dict(trial.params)
-        if _key(params) not in seen:
-            seen.add(_key(params))
+        if Knobs(params) not in seen:
+            seen.add(Knobs(params))
             out.append(params)
     return out
 
@@ -56,10 +63,6 @@ def knob_candidates(tuner_type: str, tuned: Mapping[str, Sequence[Any]], trials:
 def _seed(seed: int | None, trials: Sequence[FrozenTrial]) -> int:
     """A seed of the sampler's random choices that every process derives alike from the trials."""
     return ((seed or 0) * 1_000_003 + len(trials)) % 2**32
-
-
-def _key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 def _copy(trial: FrozenTrial, distributions: dict[str, BaseDistribution]) -> FrozenTrial | None:
@@ -72,14 +75,3 @@ def _copy(trial: FrozenTrial, distributions: dict[str, BaseDistribution]) -> Fro
     state = TrialState.COMPLETE if value is not None else TrialState.FAIL
     return optuna.trial.create_trial(params=params, distributions=dict(distributions), value=value, state=state,
                                      user_attrs=dict(trial.user_attrs))
-
-
-class _quiet:
-    """Optuna logs every trial it creates: the copy's are not the user's."""
-
-    def __enter__(self) -> None:
-        self._level = optuna.logging.get_verbosity()
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-    def __exit__(self, *exc: object) -> None:
-        optuna.logging.set_verbosity(self._level)

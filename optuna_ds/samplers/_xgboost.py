@@ -15,13 +15,10 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds._optuna_compat import contains
-from optuna_ds._optuna_compat import storage_of
-from optuna_ds._optuna_compat import trial_id
 from optuna_ds.domain import GAS_KEY
 from optuna_ds.domain import MBS_KEY
 from optuna_ds.domain import ExperimentRecord
 
-CANDIDATE_ATTR = "xgboost:candidate"
 # Micro-batch size and gradient accumulation act on throughput roughly linearly: keep them so.
 LINEAR_PARAMS = frozenset({MBS_KEY, GAS_KEY})
 
@@ -55,10 +52,11 @@ class XGBoostSampler(BaseSampler):
     classifier of feasibility is trained as well and candidates it predicts to fail are
     passed over while others remain.
 
-    The model is rebuilt from the storage at every trial, so the sampler keeps no state and
-    any number of workers can share one study. Each trial publishes its candidate in the
-    system attr ``xgboost:candidate`` before it runs (a constant liar, as TPE's): no other
-    worker proposes a candidate that is running or finished.
+    The model is rebuilt from the storage at every trial: a new sampler continues a study
+    without repeating what ran. A trial's pick goes from :meth:`before_trial` to its params
+    within this sampler, published nowhere: optuna-ds asks it on a working copy of one arm's
+    knob trials, in one process (``knob_candidates``), where a trial asked has its params before
+    the next is asked, so no setting is proposed twice.
 
     Parameters outside ``search_space`` (or values their distribution does not hold) are
     sampled at random.
@@ -95,6 +93,7 @@ class XGBoostSampler(BaseSampler):
         self._seed = seed
         self._rng = np.random.RandomState(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._picked: dict[tuple[str, int], int] = {}  # (study, trial number) -> its candidate
 
     def reseed_rng(self) -> None:
         self._rng.seed()
@@ -127,7 +126,7 @@ class XGBoostSampler(BaseSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if not self._candidates or len(study.directions) > 1:
             return
-        if CANDIDATE_ATTR in trial.system_attrs or "fixed_params" in trial.system_attrs:
+        if (study.study_name, trial.number) in self._picked:
             return
         trials = study.get_trials(deepcopy=False)
         taken: set[int] = set()
@@ -137,15 +136,7 @@ class XGBoostSampler(BaseSampler):
         for t in trials:
             if t.number == trial.number:
                 continue
-            # The params once set (a fixed-param trial may differ from its published candidate),
-            # the published candidate while they are not.
             index = self._index_of(t.params)
-            if index is None and not t.params:
-                # Published by a sampler of another search of this study (other sizes, another
-                # offload variant), an index may point anywhere in this one's candidates.
-                index = t.system_attrs.get(CANDIDATE_ATTR)
-                if not isinstance(index, int) or not 0 <= index < len(self._candidates):
-                    index = None
             if index is None:
                 continue
             if t.state in (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED):
@@ -162,7 +153,7 @@ class XGBoostSampler(BaseSampler):
             choice = int(self._rng.choice(untried))
         else:
             choice = self._predict_best(scored, failed, untried)
-        storage_of(study).set_trial_system_attr(trial_id(trial), CANDIDATE_ATTR, choice)
+        self._picked[(study.study_name, trial.number)] = choice
 
     def _neighbours(self, scored: list[tuple[int, float]], untried: list[int]) -> list[int]:
         """The untried candidates one parameter away from the best so far: with few trials,
@@ -197,7 +188,7 @@ class XGBoostSampler(BaseSampler):
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
         self._single_objective(study)
-        index = trial.system_attrs.get(CANDIDATE_ATTR)
+        index = self._picked.get((study.study_name, trial.number))
         if index is not None and param_name in self._space:
             value = self._candidates[index][self._names.index(param_name)]
             if contains(param_distribution, value):

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any
 
 from optuna_ds._errors import ConfigError
+from optuna_ds.domain import knob_value
 
 # Knobs that only stage 3 reads; tuning them at lower stages would spend experiments on nothing.
 STAGE3_ONLY = frozenset(
@@ -49,7 +50,7 @@ def default_tuning_space(stage: int, *, hidden_size: int | None = None) -> dict[
             [float(10 * hidden_size) if hidden_size else 1e5, 1e6]
         )
         space["stage3_max_live_parameters"] = [1e9, 3e9]
-    return space
+    return {k: _unique(v) for k, v in space.items()}
 
 
 # DeepSpeed's defaults for the knobs a config leaves out (stage 3 overlaps communication by
@@ -73,12 +74,13 @@ def knob_defaults(space: KnobSpace) -> dict[str, Any]:
     """What a config of ``space``'s stage that leaves its tuned knobs out runs with: DeepSpeed's
     defaults (those it has)."""
     defaults = {**KNOB_DEFAULTS, "overlap_comm": space.stage == 3}
-    return {k: defaults[k] for k in space.tuned if k in defaults}
+    return {k: knob_value(defaults[k]) for k in space.tuned if k in defaults}
 
 
 def _unique(values: list[Any]) -> list[Any]:
+    """``values`` in their one form (:func:`knob_value`: ``5e8`` is ``500000000``), each once."""
     out: list[Any] = []
-    for v in values:
+    for v in map(knob_value, values):
         if v not in out:
             out.append(v)
     return out
@@ -120,7 +122,9 @@ def build_knob_space(
     """Merge DeepSpeed's default space of ``stage`` with the user's ``zero_optimization``.
 
     A user value fixes a knob; a user list tunes it with those values. In fast mode nothing
-    is tuned but the micro-batch size, so lists collapse to DeepSpeed's defaults.
+    is tuned but the micro-batch size, so lists collapse to DeepSpeed's defaults. Numbers are
+    read here in their one form (:func:`~optuna_ds.domain.knob_value`), once: ``[5e8, 500000000]``
+    is one value.
     """
     tuned = {} if fast else default_tuning_space(stage, hidden_size=hidden_size)
     fixed: dict[str, Any] = {}
@@ -146,5 +150,5 @@ def build_knob_space(
                 tuned[key] = choices
         else:
             tuned.pop(key, None)
-            fixed[key] = copy.deepcopy(value)
+            fixed[key] = knob_value(copy.deepcopy(value))
     return KnobSpace(stage=stage, tuned=tuned, fixed=fixed)

@@ -13,7 +13,6 @@ from optuna_ds.domain import ZERO_KEY
 from optuna_ds.domain import Config
 from optuna_ds.domain import Experiment
 from optuna_ds.domain import Phase
-from optuna_ds.domain import accumulation_for
 from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.space import KnobSpace
 
@@ -48,16 +47,6 @@ class ExperimentBuilder:
     def min_batch_per_gpu(self) -> int:
         """The floor on ``mbs * gas`` that ``min_train_batch_size`` puts on one data-parallel rank."""
         return -(-self._user.autotuning.min_train_batch_size // self.data_parallel_size)
-
-    def gas_for(self, mbs: int) -> int:
-        """Gradient accumulation for ``mbs`` (:func:`accumulation_for`): as much as the
-        global-batch bound allows, else the user's; at least enough for ``min_train_batch_size``."""
-        return accumulation_for(mbs, max_batch=self.max_batch_per_gpu(), min_batch=self.min_batch_per_gpu(),
-                                default=self._user.gradient_accumulation_steps)
-
-    def config(self, *, stage: int, mbs: int, offload: str = "", knobs: dict[str, Any] | None = None) -> Config:
-        """The config of size ``mbs``, with the accumulation this tuning gives it."""
-        return Config(stage=stage, micro_batch=mbs, offload=offload, accumulation=self.gas_for(mbs), knobs=knobs or {})
 
     def train_batch_size(self, mbs: int, gas: int) -> int:
         return mbs * gas * self.data_parallel_size

@@ -8,13 +8,11 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from optuna_ds._optuna_compat import storage_of
 from optuna_ds.config import Metric
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import Phase
 from optuna_ds.domain import given_up
 from optuna_ds.domain import is_finished_experiment
-from optuna_ds.storage import TrialCache
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import fail_orphaned_trials
 
@@ -27,16 +25,6 @@ def running(trials: list[FrozenTrial], phase: Phase) -> list[FrozenTrial]:
     # A claimed record has all its claim's attrs (ExperimentRecord writes exp_name last).
     return [t for t in trials if t.state == TrialState.RUNNING
             and (r := ExperimentRecord.from_trial(t)).phase is phase and r.claimed]
-
-
-def should_prune(trial: optuna.Trial) -> bool:
-    """``trial.should_prune()`` on the trials the claim's check just read: the pruner counts
-    finished trials and those started ahead of this one, which that read holds."""
-    cache = storage_of(trial.study)
-    if not isinstance(cache, TrialCache):
-        return trial.should_prune()
-    with cache.held():
-        return trial.should_prune()
 
 
 def competitor(study: optuna.Study, trial: optuna.Trial, name: str) -> FrozenTrial | None:

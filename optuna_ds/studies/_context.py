@@ -24,14 +24,10 @@ class StageContext:
     metric: Metric
     tuner_type: str
     fast: bool
-    num_tuning: int
     early_stopping: int
     num_trials: int
-    mbs_high: int
-    gas_high: int
     timeout: float | None
     observer: TuningObserver
-    seed: int | None = None
     # The device's memory less the user's margin (--memory-margin): a run measured above it
     # counts as out of memory, so the chosen config keeps that headroom.
     memory_limit: float | None = None

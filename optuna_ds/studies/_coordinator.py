@@ -1,15 +1,18 @@
 from __future__ import annotations
 
+import collections
 import datetime
 import random
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Hashable
 
 import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds._errors import OptunaDSError
 from optuna_ds.config import Metric
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
@@ -38,6 +41,14 @@ _FAIRNESS_PAUSE = 0.1  # twice the slot pool's poll interval
 # answer) is left behind, a daemon thread, so that the process ends within seconds of a signal.
 _STOP_GRACE = 20.0
 _IDLE_SECONDS = 0.5  # after a decision with nothing to start, the process decides again after this (or when one of ours ends)
+
+
+class PlannerLoop(OptunaDSError):
+    """The planner proposed an experiment it had proposed before, with nothing launched and
+    nothing new in the storage since: it is a pure function of the storage, so it would propose
+    it for ever. A bug of optuna-ds, said in one line instead of a tuning that never ends."""
+
+    exit_code = 1
 
 
 def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, FrozenTrial],
@@ -144,6 +155,10 @@ class Coordinator:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._handed: list[Proposal] = []
+        # Proposals whose run launched nothing, with what the planner saw when it proposed them;
+        # emptied by any launch of this process.
+        self._unlaunched: set[tuple[Config, int, Hashable]] = set()
+        self._seen: Hashable = None
         self._stopped_said: str | None = None
         self._phase_done = False
         self._idle_until = 0.0
@@ -181,12 +196,13 @@ class Coordinator:
                       if self._knobs is not None else None)
         decision = plan(self._problem, observations + pending, free_slots=1, knob_candidates=candidates)
         self.decision = decision
+        self._seen = frozenset(collections.Counter((o.config, o.status, o.score, o.repeat) for o in observations).items())
         self._progress(decision, observations)
         return decision
 
-    def _next(self) -> Proposal | None:
-        """The next experiment for a free slot; ``None`` when there is none now. Sets
-        ``_phase_done`` once the planner is done."""
+    def _next(self) -> tuple[Proposal, Hashable] | None:
+        """The next experiment for a free slot, with what the planner saw; ``None`` when there
+        is none now. Sets ``_phase_done`` once the planner is done."""
         with self._lock:
             if self._phase_done or time.monotonic() < self._idle_until:
                 return None  # nothing changed here since a slot found nothing to start
@@ -198,7 +214,7 @@ class Coordinator:
             if decision.proposals:
                 proposal = decision.proposals[0]
                 self._handed.append(proposal)
-                return proposal
+                return proposal, self._seen
             if decision.done:
                 self._phase_done = True
                 self._say_stopped(decision.reason)
@@ -260,13 +276,21 @@ class Coordinator:
             proposal = None
             try:
                 free_since = time.monotonic()
-                proposal = self._next()
-                if proposal is not None:
-                    # A knob setting's first run is a trial of the stage's knob search: early stopping may end it.
-                    noise = self.decision.noise if self.decision is not None else None
-                    pruner = self._knobs.pruner(noise) if self._knobs is not None and proposal.knobs and not proposal.repeat else None
-                    self._tuners[proposal.stage].run_config(proposal.config, lease, free_since=free_since, repeat=proposal.repeat,
-                                                            why=proposal.why, pruner=pruner)
+                handed = self._next()
+                if handed is not None:
+                    proposal, seen = handed
+                    launched = self._tuners[proposal.stage].run_config(proposal.config, lease, free_since=free_since,
+                                                                       repeat=proposal.repeat, why=proposal.why)
+                    with self._lock:
+                        if launched:
+                            self._unlaunched.clear()
+                        elif (proposal.config, proposal.repeat, seen) in self._unlaunched:
+                            raise PlannerLoop(
+                                f"internal error: the planner proposed {proposal.config.run_name(proposal.repeat)} twice with "
+                                "nothing launched and nothing new in the storage in between, and would for ever (a bug of "
+                                "optuna-ds: please report it); every finished experiment is kept")
+                        else:
+                            self._unlaunched.add((proposal.config, proposal.repeat, seen))
             finally:
                 self._pool.release(lease)
                 if proposal is not None:

@@ -10,9 +10,14 @@ import os
 import shlex
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
@@ -38,7 +43,6 @@ from optuna_ds.storage import TrialCache
 from optuna_ds.storage import database_error
 from optuna_ds.studies._claims import Reaper
 from optuna_ds.studies._claims import competitor
-from optuna_ds.studies._claims import should_prune
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
@@ -53,6 +57,7 @@ class Attempt:
     """One trial as its objective left it."""
 
     stood_down: bool = False
+    launched: bool = False
     competitor: FrozenTrial | None = None  # the trial it stood down to
     stops: ExperimentResult | None = None  # failed whatever its config (the script, the node's ports): the tuning stops
 
@@ -112,9 +117,33 @@ def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float]) -
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
-def study_with(study: optuna.Study, **kwargs: Any) -> optuna.Study:
-    """``study`` with a sampler or pruner of its own, on the same storage (and its cache)."""
-    return optuna.load_study(storage=storage_of(study), study_name=study.study_name, **kwargs)
+OFFLOAD_PARAM = "offload"  # the param a stage study records the offload variant under
+_NO_OFFLOAD = "none"  # its value for none, as the dashboard shows it
+
+
+def stage_distributions(*, mbs_high: int, gas_high: int, offloads: Sequence[str], space: KnobSpace) -> dict[str, BaseDistribution]:
+    """The params of a stage study's trials, each with one distribution for the whole study, so
+    optuna-dashboard's plots and importances (PED-ANOVA groups trials by distribution) and
+    ``optuna best-trial`` read it as any Optuna study: the micro-batch size and accumulation up
+    to ``mbs_high`` and ``gas_high``, the offload variant among ``offloads`` (labels, ``""`` for
+    none) where the stage has several, and each tuned knob among its values."""
+    distributions: dict[str, BaseDistribution] = {MBS_KEY: IntDistribution(1, mbs_high), GAS_KEY: IntDistribution(1, gas_high)}
+    if len(offloads) > 1:
+        distributions[OFFLOAD_PARAM] = CategoricalDistribution([label or _NO_OFFLOAD for label in offloads])
+    distributions.update({k: CategoricalDistribution(v) for k, v in space.tuned.items()})
+    return distributions
+
+
+def record_params(trial: optuna.Trial, config: Config, distributions: Mapping[str, BaseDistribution]) -> None:
+    """Record ``config`` as ``trial``'s params, with the study's distributions: the values the
+    planner chose, set, not sampled (a knob the config leaves at DeepSpeed's default has none)."""
+    values: dict[str, Any] = {MBS_KEY: config.micro_batch, GAS_KEY: config.accumulation,
+                              OFFLOAD_PARAM: config.offload or _NO_OFFLOAD, **config.knob_dict}
+    storage, number = storage_of(trial.study), trial_id(trial)
+    for name, value in values.items():
+        distribution = distributions.get(name)
+        if distribution is not None:
+            storage.set_trial_param(number, name, distribution.to_internal_repr(value), distribution)
 
 
 class StageExperiments:
@@ -125,21 +154,25 @@ class StageExperiments:
     workers elsewhere, can run the same stage.
     """
 
-    def __init__(self, *, ctx: StageContext, stage: int, study: optuna.Study, space: KnobSpace, reaper: Reaper) -> None:
+    def __init__(self, *, ctx: StageContext, stage: int, study: optuna.Study, space: KnobSpace, reaper: Reaper,
+                 distributions: Mapping[str, BaseDistribution]) -> None:
         self._ctx = ctx
         self._stage = stage
         self._study = study
         self._space = space
         self._reaper = reaper
+        self._distributions = distributions
         self._settled: set[int] = set()  # settled trials the planner's experiments stood down to
 
-    def run(self, study: optuna.Study, phase: Phase, tuning_list: list[int], lease: Lease, *, free_since: float,
-            space: KnobSpace | None = None, repeat: int = 0, why: str = "") -> Attempt:
-        """One trial of ``study`` (its sampler and pruner say which experiment) on ``lease``;
-        ``why``: the planner's reason for it, which its line on screen carries."""
+    def run(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> bool:
+        """Run the planner's experiment of ``config`` on ``lease``, one trial, and say whether it
+        launched (not where it stood down); ``repeat``: how many times it ran before;
+        ``free_since``: when the slot became free (``time.monotonic()``), the start of the
+        decision the observer is told the time of; ``why``: the planner's reason for it, which
+        its line on screen carries."""
+        self._reaper.reap()
         attempt = Attempt()
-        objective = self._objective(phase, tuning_list, lease, attempt, free_since=free_since, space=space, repeat=repeat, why=why)
-        run_trial(study, objective)
+        run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat, why=why))
         failed = attempt.stops
         # Recorded (reason "port" or "script", run again on resume); the other slots are stopped.
         if failed is not None and failed.reason is FailureReason.PORT:
@@ -151,28 +184,22 @@ class StageExperiments:
                 f"fix the script, its arguments or its environment and run again -- see "
                 f"{self._ctx.builder.result_dir(failed.name)}/stderr.log"
             )
-        return attempt
+        self._check_settled(attempt.competitor)
+        return attempt.launched
 
-    def _objective(self, phase: Phase, tuning_list: list[int], lease: Lease, attempt: Attempt, *, free_since: float,
-                   space: KnobSpace | None, repeat: int, why: str = "") -> Callable[[optuna.Trial], float]:
+    def _objective(self, config: Config, lease: Lease, attempt: Attempt, *, free_since: float,
+                   repeat: int, why: str = "") -> Callable[[optuna.Trial], float]:
+        """The trial of ``config``: the objective closes over the planner's config, and its trial
+        records it (:func:`record_params`); no sampler is asked anything."""
         ctx = self._ctx
-        space = space or self._space
+        space = self._space.with_offload(config.offload) if config.offload else self._space
+        phase = Phase.KNOBS if config.knobs else Phase.MICRO_BATCH
 
-        # A trial that stands down or ends the knob search is pruned: Optuna's optimize knows no
-        # other way than its objective raising TrialPruned.
+        # A trial that stands down is pruned: Optuna's optimize knows no other way than its
+        # objective raising TrialPruned.
         def objective(trial: optuna.Trial) -> float:
             ExperimentRecord(worker=this_process()).write(trial.set_user_attr)
-            if phase is Phase.MICRO_BATCH:
-                mbs = trial.suggest_int(MBS_KEY, 1, ctx.mbs_high)
-                knobs: dict[str, Any] = {}
-            else:
-                mbs = trial.suggest_int(MBS_KEY, min(tuning_list), max(tuning_list))
-                knobs = {k: trial.suggest_categorical(k, choices) for k, choices in space.tuned.items()}
-            config = ctx.builder.config(stage=self._stage, mbs=mbs, offload=space.offload, knobs=knobs)
-            if phase is Phase.KNOBS:
-                trial.suggest_int(GAS_KEY, config.accumulation, config.accumulation)  # derived from mbs: recorded, not sampled
-            else:
-                trial.suggest_int(GAS_KEY, 1, ctx.gas_high)
+            record_params(trial, config, self._distributions)
             experiment = ctx.builder.build(config, phase=phase, space=space, repeat=repeat)
             slot = lease.slot.include
             mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
@@ -182,11 +209,9 @@ class StageExperiments:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 attempt.stood_down, attempt.competitor = True, previous
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
-            if phase is Phase.KNOBS and should_prune(trial):  # tuner_early_stopping, tuner_num_trials
-                ExperimentRecord(early_stopped=True).write(trial.set_user_attr)
-                raise optuna.TrialPruned("the knob search is over")
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
+            attempt.launched = True
             try:
                 result = ctx.runner.run(
                     experiment,
@@ -231,23 +256,6 @@ class StageExperiments:
             return value
 
         return objective
-
-    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "",
-                   pruner: optuna.pruners.BasePruner | None = None) -> None:
-        """Run the planner's experiment of ``config`` on ``lease``; ``repeat``: how many times it
-        ran before; ``free_since``: when the slot became free (``time.monotonic()``), the start
-        of the decision the observer is told the time of; ``pruner``: what a knob setting's
-        first run consults before it launches (``tuner_early_stopping``)."""
-        self._reaper.reap()
-        space = self._space.with_offload(config.offload) if config.offload else self._space
-        # A fresh trial with fixed params, not an enqueued one: Optuna's pop of a waiting trial
-        # is not atomic on SQLite, and any slot could pop another's.
-        fixed = {**config.knob_dict, MBS_KEY: config.micro_batch, GAS_KEY: config.accumulation}
-        sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler())
-        study = study_with(self._study, sampler=sampler, pruner=pruner or optuna.pruners.NopPruner())
-        attempt = self.run(study, Phase.KNOBS if config.knobs else Phase.MICRO_BATCH, [config.micro_batch], lease,
-                           free_since=free_since, space=space, repeat=repeat, why=why)
-        self._check_settled(attempt.competitor)
 
     def _check_settled(self, competitor: FrozenTrial | None) -> None:
         """The planner asks again only for an experiment it saw no result of: standing down twice

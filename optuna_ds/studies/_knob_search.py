@@ -1,6 +1,6 @@
 """The knob settings the planner scores: at each arm, what the ``tuner_type`` sampler proposes
-after the arm's knob trials, until ``tuner_early_stopping`` (an Optuna pruner, consulted by each
-knob trial through ``trial.should_prune()``) ends the stage's knob search.
+after the arm's knob trials, until ``tuner_early_stopping`` (a budget checked here, before the
+planner is handed any setting) ends the stage's knob search.
 
 Everything is read from the storage, so every process hands the planner the same settings."""
 from __future__ import annotations
@@ -16,10 +16,11 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Knobs
 from optuna_ds.domain import Phase
 from optuna_ds.planner import Arm
 from optuna_ds.planner import KnobSetting
-from optuna_ds.pruners import TunerEarlyStoppingPruner
+from optuna_ds.pruners import TunerEarlyStopping
 from optuna_ds.samplers import knob_candidates
 from optuna_ds.space import KnobSpace
 from optuna_ds.studies._context import StageContext
@@ -32,8 +33,8 @@ Buffers = Callable[[int, str, Mapping[str, Any]], float]  # (stage, offload, kno
 
 
 class KnobCandidates:
-    """The knob settings of each arm for :func:`~optuna_ds.planner.plan` to score, and the pruner
-    that ends a stage's knob search (``tuner_early_stopping``, ``tuner_num_trials``).
+    """The knob settings of each arm for :func:`~optuna_ds.planner.plan` to score, none once a
+    stage's knob search is over (``tuner_early_stopping``, ``tuner_num_trials``).
 
     ``buffers`` says what a setting's communication buckets take of a GPU (DeepSpeed's figures),
     so the planner can try a setting that frees memory at a larger micro-batch size.
@@ -45,12 +46,11 @@ class KnobCandidates:
         self._buffers = buffers
         self._cache: dict[tuple[Any, ...], list[KnobSetting]] = {}
 
-    def pruner(self, noise: float | None) -> TunerEarlyStoppingPruner:
+    def _budget(self, noise: float | None) -> TunerEarlyStopping:
         """``tuner_early_stopping`` over a stage study's knob trials; a gain within ``noise`` (one
         run's) is no improvement."""
         ctx = self._ctx
-        return TunerEarlyStoppingPruner(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS,
-                                        min_improvement=noise or 0.0)
+        return TunerEarlyStopping(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS, min_improvement=noise or 0.0)
 
     def __call__(self, arms: Sequence[Arm], studies: Mapping[int, optuna.Study], noise: float | None) -> dict[tuple[int, str], list[KnobSetting]]:
         """The settings of each arm whose stage's knob search is not over."""
@@ -63,7 +63,7 @@ class KnobCandidates:
             if space is None or study is None or not space.tuned:
                 continue
             trials = study.get_trials(deepcopy=False)
-            if self.pruner(noise).exhausted(study):
+            if self._budget(noise).exhausted(study):
                 continue
             mine = [t for t in trials if _knob_trial(t, space, arm.offload)]
             key = (arm.key, tuple((t.number, t.state) for t in mine))
@@ -73,7 +73,7 @@ class KnobCandidates:
                                            seed=_seed(study.study_name, arm.offload), limit=limit)
                 # The settings already run stay candidates: the planner may run them at another size.
                 ran = [dict(_knobs(t)) for t in mine]
-                self._cache[key] = [KnobSetting(knobs=tuple(sorted(s.items())), buffers=self._buffers(arm.stage, arm.offload, s))
+                self._cache[key] = [KnobSetting(knobs=s, buffers=self._buffers(arm.stage, arm.offload, s.as_dict()))
                                     for s in _unique(ran + settings)]
             out[arm.key] = self._cache[key]
         return out
@@ -84,9 +84,9 @@ def _seed(*parts: str) -> int:
     return int.from_bytes(hashlib.sha256("|".join(parts).encode()).digest()[:4], "big")
 
 
-def _knobs(trial: FrozenTrial) -> tuple[tuple[str, Any], ...]:
+def _knobs(trial: FrozenTrial) -> Knobs:
     config = ExperimentRecord.from_trial(trial).config
-    return config.knobs if config is not None else ()
+    return config.knobs if config is not None else Knobs()
 
 
 def _knob_trial(trial: FrozenTrial, space: KnobSpace, offload: str) -> bool:
@@ -102,12 +102,5 @@ def _knob_trial(trial: FrozenTrial, space: KnobSpace, offload: str) -> bool:
     return knobs.keys() == space.tuned.keys() and all(v in space.tuned[k] for k, v in knobs.items())
 
 
-def _unique(settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    out = []
-    for s in settings:
-        key = tuple(sorted((k, repr(v)) for k, v in s.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(s)
-    return out
+def _unique(settings: list[dict[str, Any]]) -> list[Knobs]:
+    return list(dict.fromkeys(Knobs(s) for s in settings))

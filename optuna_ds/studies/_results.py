@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
 from optuna_ds.domain import DEFINITIVE_FAILURES
+from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
@@ -101,12 +102,11 @@ class Optimum:
                 f"{SCATTER_WARNING:g}x the {noise.value:.1%} run-to-run noise: its {metric.name} is uncertain.")
 
 
-def leader(trials: Iterable[FrozenTrial], *, metric: Metric, chosen_trial: int | None = None,
-           estimate: float | None = None, final: bool = False) -> Optimum | None:
+def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecord | None = None) -> Optimum | None:
     """The best config among ``trials`` (one stage study's), the one definition of "best": the
-    planner's choice (``chosen_trial``, one of its runs) where it is among them, else the
-    config with the best mean of runs. One run is not a result when the noise is a few percent,
-    so no view ranks single runs."""
+    planner's ``choice`` where it is among them (its config; an earlier version's choice, by one
+    of its runs' trial), else the config with the best mean of runs. One run is not a result when
+    the noise is a few percent, so no view ranks single runs."""
     groups: dict[Config, list[FrozenTrial]] = {}
     for t in launched(trials):
         config = ExperimentRecord.from_trial(t).config
@@ -114,7 +114,11 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, chosen_trial: int |
             groups.setdefault(config, []).append(t)
     if not groups:
         return None
-    picked = next((g for g in groups.values() if any(t.number == chosen_trial for t in g)), None)
+    picked = None
+    if choice is not None:
+        picked = (groups.get(choice.config) if choice.config is not None
+                  else next((g for g in groups.values() if any(t.number == choice.trial for t in g)), None))
+    estimate, final = (choice.estimate, True) if picked is not None and choice is not None else (None, False)
     if picked is None:
         estimate, final = None, False
         picked = metric.best(groups.values(), key=lambda g: statistics.fmean(t.value for t in g))  # type: ignore[misc]
@@ -193,7 +197,7 @@ def failure_text(record: ExperimentRecord) -> str:
 
 
 def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str = "tuned", reason: str = "",
-                 chosen_trial: int | None = None, estimate: float | None = None, final: bool = False) -> StageResult:
+                 choice: ChoiceRecord | None = None) -> StageResult:
     trials = launched(study.get_trials(deepcopy=False))
     # An experiment the user (or a lost node) cut short is no failure of its config: it runs again.
     failed = [t for t in trials if t.state == TrialState.FAIL and ExperimentRecord.from_trial(t).reason is not FailureReason.INTERRUPTED]
@@ -208,7 +212,7 @@ def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str
         reason=reason,
         num_experiments=len(trials),
         num_failed=len(failed),
-        best=leader(trials, metric=metric, chosen_trial=chosen_trial, estimate=estimate, final=final),
+        best=leader(trials, metric=metric, choice=choice),
         last_failure=last_failure,
     )
 

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 
+from collections.abc import Mapping
+
 import optuna
+from optuna.distributions import BaseDistribution
 
 from optuna_ds.domain import Config
 from optuna_ds.launcher import Lease
@@ -26,7 +29,8 @@ class StageTuner:
     the study has.
     """
 
-    def __init__(self, *, ctx: StageContext, tuning: str, stage: int, space: KnobSpace) -> None:
+    def __init__(self, *, ctx: StageContext, tuning: str, stage: int, space: KnobSpace,
+                 distributions: Mapping[str, BaseDistribution]) -> None:
         self._ctx = ctx
         self._tuning = tuning
         self._stage = stage
@@ -34,7 +38,8 @@ class StageTuner:
         storage = TrialCache(ctx.storage) if isinstance(ctx.storage, optuna.storages.RDBStorage) else ctx.storage
         self.study = study = open_stage_study(storage, tuning=tuning, stage=stage, direction=ctx.metric.direction)
         self._reaper = Reaper(study, stage=stage, metric=ctx.metric, observer=ctx.observer)
-        self._experiments = StageExperiments(ctx=ctx, stage=stage, study=study, space=space, reaper=self._reaper)
+        self._experiments = StageExperiments(ctx=ctx, stage=stage, study=study, space=space, reaper=self._reaper,
+                                             distributions=distributions)
         self.reap(force=True)
 
     @property
@@ -49,7 +54,7 @@ class StageTuner:
         """Fail the trials of dead workers so that their experiments run again (:meth:`Reaper.reap`)."""
         self._reaper.reap(force=force)
 
-    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "",
-                   pruner: optuna.pruners.BasePruner | None = None) -> None:
-        """Run the planner's experiment of ``config`` on ``lease`` (:meth:`StageExperiments.run_config`)."""
-        self._experiments.run_config(config, lease, free_since=free_since, repeat=repeat, why=why, pruner=pruner)
+    def run_config(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> bool:
+        """Run the planner's experiment of ``config`` on ``lease`` (:meth:`StageExperiments.run`);
+        whether it launched."""
+        return self._experiments.run(config, lease, free_since=free_since, repeat=repeat, why=why)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
@@ -18,6 +19,7 @@ from optuna_ds.config import UserConfig
 from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import Knobs
 from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import StageRecord
@@ -58,6 +60,7 @@ from optuna_ds.studies._results import measured_configs
 from optuna_ds.studies._results import measurement_noise
 from optuna_ds.studies._results import stage_result
 from optuna_ds.studies._results import tuning_spend
+from optuna_ds.studies._experiments import stage_distributions
 from optuna_ds.studies._knob_search import KnobCandidates
 from optuna_ds.studies._stage import StageTuner
 
@@ -110,7 +113,6 @@ class Tuning:
         resources: Resources,
         runner: ExperimentRunner,
         observer: TuningObserver,
-        seed: int | None = None,
         worker: bool = False,
         wait: float | None = None,
     ) -> None:
@@ -121,7 +123,6 @@ class Tuning:
         self._runner = runner
         self._observer = observer
         self._log = observer.log
-        self._seed = seed
         self._worker = worker
         self._wait = wait  # a worker's limit on its wait for the profile run, in seconds
         self._pool = SlotPool(resources, device=device_kind())
@@ -263,8 +264,6 @@ class Tuning:
 
     def _context(self, observer: TuningObserver) -> StageContext:
         a = self._user.autotuning
-        bound = self._builder.max_batch_per_gpu() or 1
-        mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
         return StageContext(
             memory_limit=self._device_memory * (1.0 - self._plan.memory_margin),
             storage=self._storage,
@@ -275,15 +274,22 @@ class Tuning:
             metric=a.tuned_metric,
             tuner_type=a.tuner_type,
             fast=a.fast,
-            num_tuning=a.num_tuning_micro_batch_sizes,
             early_stopping=a.tuner_early_stopping,
             num_trials=a.tuner_num_trials,
-            mbs_high=mbs_high,
-            gas_high=max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu()),
             timeout=self._timeout(),
             observer=observer,
-            seed=self._seed,
         )
+
+    def _distributions(self, stage: int, space: KnobSpace) -> dict[str, BaseDistribution]:
+        """The params of ``stage``'s study, one distribution each for the whole study: every size
+        and accumulation the tuning may run, every offload variant the stage may take."""
+        a = self._user.autotuning
+        bound = self._builder.max_batch_per_gpu() or 1
+        mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
+        gas_high = max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu())
+        offloads = [""] + ([label for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
+                           if stage >= 1 and not user_offloads(self._user.zero_section()) else [])
+        return stage_distributions(mbs_high=mbs_high, gas_high=gas_high, offloads=offloads, space=space)
 
     def _record_stage(self, stage: int, record: StageRecord) -> None:
         RootRecord(stages={stage: record}).write(self._root.set_user_attr)
@@ -351,7 +357,7 @@ class Tuning:
             self._skip(stage, reason, e, self._log)
         return [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers,
                     knobs=tuple((k, tuple(v)) for k, v in sorted(spaces[stage].tuned.items())),
-                    knob_defaults=tuple(sorted(knob_defaults(spaces[stage]).items())))
+                    knob_defaults=Knobs(knob_defaults(spaces[stage])))
                 for stage, label, e in chosen]
 
     def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
@@ -392,7 +398,8 @@ class Tuning:
         tuners: dict[int, StageTuner] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = spaces[stage]
-            tuner = StageTuner(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space)
+            tuner = StageTuner(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space,
+                               distributions=self._distributions(stage, space))
             tuner.study.set_user_attr("memory", estimates[stage].to_dict())
             tuner.study.set_user_attr("model_info", info)
             tuner.study.set_user_attr("knob_space", space.to_dict())
@@ -490,9 +497,9 @@ class Tuning:
                     self._record_stage(stage, StageRecord(status="pending", reason="not reached yet", memory=memory))
                 continue
             edge = max((o.mbs for o in mine if o.status is Status.OK and not o.knobs), default=0)
-            offloads = sorted({o.offload for o in mine if o.offload})
+            offloads = tuple(sorted({o.config.offload for o in mine if o.offload}))
             self._record_stage(stage, StageRecord(status="tuned", memory=memory, max_runnable_micro_batch_size=edge,
-                                                  offload=",".join(offloads)))
+                                                  offload=offloads))
         decision = coordinator.decision
         if not ended or decision is None or decision.choice is None or not decision.done:
             return
@@ -504,7 +511,7 @@ class Tuning:
         if not trials:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate)).write(self._root.set_user_attr)
+        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
@@ -526,8 +533,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
             results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
         elif study is not None:
             mine = choice if choice is not None and choice.stage == stage else None
-            result = stage_result(study, stage, metric=a.tuned_metric, chosen_trial=mine.trial if mine else None,
-                                  estimate=mine.estimate if mine else None, final=mine is not None)
+            result = stage_result(study, stage, metric=a.tuned_metric, choice=mine)
             if result.best is None:
                 result = dataclasses.replace(result, reason="no experiment ran successfully")
             results.append(result)

@@ -74,7 +74,7 @@ def test_a_config_is_refused_in_one_line_or_tuned(config: dict, gpus: int, args:
             continue
         knobs = {k: v[0] for k, v in space.tuned.items()}
         mbs = user.min_micro_batch_size
-        experiment = builder.build(builder.config(stage=stage, mbs=mbs, knobs=knobs), phase=Phase.KNOBS, space=space)
+        experiment = builder.build(Config(stage=stage, micro_batch=mbs, knobs=knobs), phase=Phase.KNOBS, space=space)
         assert os.path.dirname(experiment.result_dir) == "/results" and _safe_component(experiment.name)
         assert math.isfinite(user.autotuning.max_train_micro_batch_size_per_gpu)
 
