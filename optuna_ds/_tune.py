@@ -355,9 +355,19 @@ def stale_build_locks() -> list[str]:
     root = ops_environment().get("TORCH_EXTENSIONS_DIR") or os.environ.get("TORCH_EXTENSIONS_DIR")
     pattern = os.path.join(glob.escape(root), "*", "lock") if root else \
         os.path.join(glob.escape(get_default_build_root()), "*", "*", "lock")
-    locks = {os.path.realpath(p) for p in glob.glob(pattern)}
+    # Only a lock of this user's (or root's view) can be proven stale: another user's build
+    # holds it open in a process whose files this one may not look at.
+    locks = {os.path.realpath(p) for p in glob.glob(pattern) if _provable(p)}
     # A lock seen, then released and removed by its build before the scan, was never stale.
     return sorted(p for p in locks - _open_files(locks) if os.path.lexists(p)) if locks else []
+
+
+def _provable(path: str) -> bool:
+    """Whether every process that could hold ``path`` open is one whose files we may read."""
+    try:
+        return os.geteuid() == 0 or os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def _open_files(paths: set[str]) -> set[str]:

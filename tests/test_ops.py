@@ -47,3 +47,18 @@ def test_the_interpreters_ninja_comes_first(tmp_path: Path, monkeypatch: pytest.
     assert ops_environment({"PATH": str(system)}) == {"PATH": os.pathsep.join([bin_, str(system)])}
     assert ops_environment({"PATH": os.pathsep.join([bin_, str(system)])}) == {}  # an activated environment
     assert ops_environment({"PATH": "/nowhere"})["PATH"].startswith(bin_ + os.pathsep)
+
+
+def test_a_build_lock_of_another_user_is_not_called_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its build runs in a process whose open files this user may not read: a lock it holds
+    looked stale, and a tuning run beside that build was refused (seen under CI as ``nobody``)."""
+    from optuna_ds._tune import stale_build_locks
+
+    (tmp_path / "op").mkdir()
+    (tmp_path / "op" / "lock").touch()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    mine = os.lstat(tmp_path / "op" / "lock").st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: mine + 1)
+    assert stale_build_locks() == []
+    monkeypatch.setattr(os, "geteuid", lambda: mine)
+    assert stale_build_locks() == [str((tmp_path / "op" / "lock").resolve())]

@@ -199,7 +199,7 @@ def test_tune_and_two_workers_share_the_studies_and_the_gpus(ws: Workspace, tmp_
     (ws.root / "two-gpus").write_text("localhost slots=2\n")  # GPUs 0 and 1
     workers = [cluster.worker(), cluster.worker()]
     tune = cluster.tune("--hostfile", "two-gpus", "--num_gpus", "1")
-    _wait_until(lambda: all("waiting for the profile run" in w.log.read_text() for w in workers), tune, *workers)  # type: ignore[attr-defined]
+    _wait_until(lambda: all("for the profile run" in w.log.read_text() for w in workers), tune, *workers)  # type: ignore[attr-defined]
     gate.touch()
     _wait([tune, *workers])
 
@@ -253,7 +253,7 @@ def test_a_sigkilled_worker_loses_nothing(ws: Workspace, kind: str) -> None:
     (ws.root / "two-gpus").write_text("localhost slots=2\n")  # GPUs 0 and 1
     victim = cluster.worker(env={**cluster.env, "FAKE_DS_SURFACE": json.dumps({**SURFACE, "duration": 600})})
     tune = cluster.tune("--hostfile", "two-gpus", "--num_gpus", "1")
-    _wait_until(lambda: "waiting for the profile run" in victim.log.read_text(), tune, victim)  # type: ignore[attr-defined]
+    _wait_until(lambda: "for the profile run" in victim.log.read_text(), tune, victim)  # type: ignore[attr-defined]
     gate.touch()
     victim_trial = None
     # Not a size over the surface's memory: it fails at once.
@@ -361,7 +361,7 @@ def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings
                          repeat=repeat or None, exp_name=f"z1_gas1_tmbspg8_{len(study.trials)}").write(trial.set_user_attr)
         study.tell(trial, value)
     ctx = SimpleNamespace(pool=None, stop=threading.Event(), metric=Metric.named("throughput"), fast=False, early_stopping=2,
-                          num_trials=50, tuner_type="gridsearch", observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
+                          num_trials=50, tuner_type="gridsearch", memory_limit=None, observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
     arm = Arm(stage=1, free=60e9, cap=64, buffers=1e9, knobs=tuple((k, tuple(v)) for k, v in sorted(space.tuned.items())),
               knob_defaults=tuple(sorted(knob_defaults(space).items())))
 
