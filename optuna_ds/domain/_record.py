@@ -61,6 +61,11 @@ class ExperimentRecord:
     duration: float | None = None
     returncode: int | None = None
     peak_gpu_memory: int | None = None  # bytes, where the accelerator reports it
+    # The profiled steps the trial's value is the median of (ms each, the exit step last), and
+    # each engine timer's median over them: absent where the engine logged no step (its one-step
+    # figure is the value then).
+    step_times_ms: list[float] | None = None
+    timers_ms: dict[str, float] | None = None
     reason: FailureReason | None = None
     detail: str | None = None
     stderr_tail: str | None = None
@@ -89,11 +94,14 @@ class ExperimentRecord:
         )
 
     @classmethod
-    def outcome(cls, result: ExperimentResult) -> ExperimentRecord:
-        """What users look for after a run: the metrics, the command, and for a failure its
-        reason and the last lines of stderr."""
+    def outcome(cls, result: ExperimentResult, *, step_times_ms: list[float] | None = None,
+                timers_ms: dict[str, float] | None = None) -> ExperimentRecord:
+        """What users look for after a run: the metrics, the steps its value is made of, the
+        command, and for a failure its reason and the last lines of stderr."""
         failed = result.reason is not None
         return cls(
+            step_times_ms=step_times_ms or None,
+            timers_ms=timers_ms or None,
             lost=result.reason is FailureReason.INTERRUPTED,  # lost to the node: runs again, a bounded number of times
             metrics=result.metrics,
             cmd=result.cmd,

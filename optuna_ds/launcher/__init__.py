@@ -4,6 +4,7 @@ from optuna_ds.launcher._classify import BadMetrics
 from optuna_ds.launcher._classify import classify
 from optuna_ds.launcher._classify import is_measurement
 from optuna_ds.launcher._classify import read_metrics
+from optuna_ds.launcher._classify import read_tail
 from optuna_ds.launcher._classify import telling_line
 from optuna_ds.launcher._commands import CommandBuilder
 from optuna_ds.launcher._commands import shell_line
@@ -30,6 +31,10 @@ from optuna_ds.launcher._runner import deferred_signals
 from optuna_ds.launcher._runner import kill_process_group
 from optuna_ds.launcher._slots import Lease
 from optuna_ds.launcher._slots import SlotPool
+from optuna_ds.launcher._steps import StepMeasurement
+from optuna_ds.launcher._steps import measure_steps
+from optuna_ds.launcher._steps import profiled_steps
+from optuna_ds.launcher._steps import read_step_timers
 from optuna_ds.launcher._tracking import MARK_VAR
 from optuna_ds.launcher._tracking import end_marked
 from optuna_ds.launcher._tracking import new_mark
@@ -49,6 +54,11 @@ __all__ = [
     "PeakGpuMemory",
     "Resources",
     "Slot",
+    "StepMeasurement",
+    "measure_steps",
+    "profiled_steps",
+    "read_step_timers",
+    "read_tail",
     "SlotPool",
     "check_ports",
     "child_environment",

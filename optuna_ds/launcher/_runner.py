@@ -40,6 +40,7 @@ from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import rank_logs
 from optuna_ds.launcher._ports import lease_port
 from optuna_ds.launcher._resources import Slot
+from optuna_ds.launcher._steps import read_step_timers
 from optuna_ds.launcher._slots import default_lock_dir
 from optuna_ds.launcher._tracking import MARK_VAR
 from optuna_ds.launcher._tracking import end_marked
@@ -329,8 +330,11 @@ class ExperimentRunner:
         duration = time.monotonic() - start
 
         stdout_tail, stderr_tail = read_tail(stdout_path), read_tail(stderr_path)
+        rank0 = ""
         if rank_dir:  # --enable_each_rank_log: the ranks' output is there, not in stdout/stderr
-            stderr_tail += "".join(read_tail(path) for path in rank_logs(rank_dir))
+            ranks = rank_logs(rank_dir)
+            stderr_tail += "".join(read_tail(path) for path in ranks)
+            rank0 = "".join(read_tail(path) for path in ranks if path.endswith("_rank0.log"))
         problem = ""
         try:
             if experiment.phase is Phase.PROFILE:
@@ -354,4 +358,5 @@ class ExperimentRunner:
             detail=detail,
             stderr_tail=last_lines(tail_source) if reason is not None else "",
             peak_memory=memory.peak,
+            logged_steps=tuple(read_step_timers(stdout_tail + "\n" + rank0)) if experiment.phase is not Phase.PROFILE else (),
         )

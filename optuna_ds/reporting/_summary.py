@@ -376,6 +376,31 @@ def choice_lines(result: TuningResult) -> list[str]:
     return [why + ".", equal]
 
 
+# DeepSpeed's global timers, as a user reads them: backward includes its gradient all-reduce.
+_TIMERS = (("fwd", "forward"), ("bwd", "backward"), ("step", "optimizer step"))
+
+
+def step_line(result: TuningResult) -> str:
+    """Where the optimum's step time goes, by the engine's own timers over its profiled steps:
+    a large all-reduce share says communication bounds it (a faster interconnect, larger
+    buckets or ZeRO++ may pay), a large optimizer share says the optimizer does (offload costs
+    most there)."""
+    best = result.best
+    timers = best.timers_ms if best is not None else {}
+    if best is None or not all(k in timers for k, _ in _TIMERS):
+        return ""
+    total = sum(timers[k] for k, _ in _TIMERS)
+    if total <= 0:
+        return ""
+    parts = []
+    for key, label in _TIMERS:
+        part = f"{label} {timers[key]:,.4g} ms ({timers[key] / total:.0%}"
+        if key == "bwd" and "bwd_allreduce" in timers:
+            part += f", of which gradient all-reduce {timers['bwd_allreduce']:,.4g} ms"
+        parts.append(part + ")")
+    return f"Step time of {best.name} by DeepSpeed's timers (median of its profiled steps): " + ", ".join(parts) + "."
+
+
 def _runs(n: int) -> str:
     return f"{n} run{'s' if n > 1 else ''}"
 
@@ -402,6 +427,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     lines += choice_lines(result)
+    if step := step_line(result):
+        lines.append(step)
     if note := optuna_best_note(result):
         lines.append(note)
     lines += stage_notes(result)

@@ -35,6 +35,8 @@ from optuna_ds.domain import ExperimentResult
 from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Phase
 from optuna_ds.launcher import Lease
+from optuna_ds.launcher import measure_steps
+from optuna_ds.launcher import profiled_steps
 from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import shell_line
 from optuna_ds.space import KnobSpace
@@ -230,11 +232,13 @@ class StageExperiments:
             except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
                 ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                 raise
-            outcome = ExperimentRecord.outcome(result)
+            measured = measure_steps(metric=ctx.metric, metrics=result.metrics, logged=result.logged_steps,
+                                     profiled=profiled_steps(experiment.ds_config)) if result.ok else None
+            outcome = ExperimentRecord.outcome(result, **(measured.to_attrs() if measured else {}))
             try:
                 _store(trial, outcome)
             except optuna.exceptions.UpdateFinishedTrialError:
-                value = float(result.metrics[ctx.metric.key]) if result.ok else None
+                value = measured.value if measured else None
                 kept = _keep_stale(self._study, trial, outcome, value=value)
                 ctx.observer.log(f"[z{self._stage}] trial {trial.number}: failed as stale by another process while its experiment "
                                  f"ran (no heartbeat for {GRACE_PERIOD} s); the experiment finished: result kept as trial {kept}")
@@ -250,7 +254,8 @@ class StageExperiments:
                 if result.reason in (FailureReason.SCRIPT, FailureReason.PORT):
                     attempt.stops = result
                 return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
-            value = float(result.metrics[ctx.metric.key])
+            assert measured is not None
+            value = measured.value
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
                                   duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
             return value

@@ -22,7 +22,11 @@ from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
+from optuna_ds.launcher import measure_steps
+from optuna_ds.launcher import profiled_steps
 from optuna_ds.launcher import read_metrics
+from optuna_ds.launcher import read_step_timers
+from optuna_ds.launcher import read_tail
 
 
 def _start_time(pid: int) -> str | None:
@@ -132,8 +136,12 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
         set_user_attr = functools.partial(storage.set_trial_user_attr, trial_id(t))
         try:
             if metrics is not None:
-                ExperimentRecord(metrics=metrics, recovered="its process died; the experiment finished and wrote its metrics").write(set_user_attr)
-                storage.set_trial_state_values(trial_id(t), TrialState.COMPLETE, [float(metrics[metric.key])])
+                # Measured as a watched run is: over its profiled steps, where its output logged them.
+                measured = measure_steps(metric=metric, metrics=metrics, logged=read_step_timers(read_tail(ExperimentFiles(str(record.result_dir)).stdout)),
+                                         profiled=profiled_steps(record.ds_config or {}))
+                ExperimentRecord(metrics=metrics, recovered="its process died; the experiment finished and wrote its metrics",
+                                 **measured.to_attrs()).write(set_user_attr)
+                storage.set_trial_state_values(trial_id(t), TrialState.COMPLETE, [measured.value])
                 completed.append(t.number)
                 if mark:
                     end_marked(mark)  # what it left running outside its group

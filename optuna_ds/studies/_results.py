@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Mapping
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,6 +64,8 @@ class Optimum:
     estimate: float | None = None  # the planner's, where this is its choice
     chosen: bool = False  # the planner's final choice, not the best mean so far
     peak_memory: int | None = None  # bytes per device, the highest of its runs, where the accelerator reports it
+    # Each engine timer's median over every profiled step of its runs (ms), where the engine logged them.
+    timers_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def stage(self) -> int:
@@ -126,6 +129,7 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
     first = picked[0]
     record = ExperimentRecord.from_trial(first)
     peaks = [p for t in picked if (p := ExperimentRecord.from_trial(t).peak_gpu_memory)]
+    timers = [ts for t in picked if isinstance(ts := ExperimentRecord.from_trial(t).timers_ms, dict)]
     assert record.exp_name is not None and record.config is not None
     return Optimum(
         name=record.exp_name,
@@ -139,6 +143,7 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
         estimate=estimate,
         chosen=final,
         peak_memory=max(peaks) if peaks else None,
+        timers_ms={k: statistics.median(float(ts[k]) for ts in timers) for k in timers[0] if all(k in ts for ts in timers)} if timers else {},
     )
 
 
