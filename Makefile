@@ -31,7 +31,7 @@ PLANNER_ARGS ?= --random 200 --physical 200 --blind 200 --replays
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 
-.PHONY: venv example test bench bench-planner bench-parallel bench-launch clean
+.PHONY: venv example test bench bench-planner bench-parallel bench-launch bench-steps clean
 
 venv: $(VENV)/.installed
 
@@ -75,3 +75,6 @@ bench-parallel: venv
 
 bench-launch: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/launch.py $(BENCH_ARGS)
+
+bench-steps: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/steps.py $(STEPS_ARGS)
