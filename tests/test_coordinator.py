@@ -40,7 +40,7 @@ class _Stage:
     def reap(self) -> None:
         pass
 
-    def run_config(self, config: Config, lease: object, **_: Any) -> bool:
+    def run(self, config: Config, lease: object, **_: Any) -> bool:
         self.asked.append(config)
         return False
 
@@ -55,7 +55,7 @@ def test_a_proposal_that_never_launches_ends_the_tuning_in_one_line_at_its_secon
     ctx = SimpleNamespace(pool=_Pool(), stop=threading.Event(), observer=observer,
                           metric=Metric(name="throughput", key="throughput", direction="maximize"))
     problem = Problem(arms=(Arm(stage=1, free=60e9, cap=64),), device_memory=80e9)
-    coordinator = Coordinator(problem=problem, tuners={1: stage}, ctx=ctx, root=None)  # type: ignore[arg-type]
+    coordinator = Coordinator(problem=problem, stages={1: stage}, ctx=ctx, root=None)  # type: ignore[arg-type]
     with pytest.raises(PlannerLoop) as raised:
         coordinator.run()
     assert len(stage.asked) == 2 and stage.asked[0] == stage.asked[1]

@@ -49,7 +49,7 @@ def _assert_report_draws_plots(report: Path, png: Path) -> None:
     """Open the report in headless Chromium: the screenshot must show the plots drawn."""
     from PIL import Image
 
-    from optuna_ds.reporting._report import _STAGE_COLORS
+    from optuna_ds.reporting._figures import _STAGE_COLORS
 
     screenshot(report.as_uri(), str(png), width=1280)
     image = Image.open(png).convert("RGB")

@@ -70,9 +70,9 @@ def test_absent_without_pynvml_and_said_so(fresh: None, monkeypatch: pytest.Monk
 
 def test_the_report_has_a_peak_memory_column_where_it_was_recorded() -> None:
     from optuna_ds.config import Metric
-    from optuna_ds.reporting._report import ExperimentRow
-    from optuna_ds.reporting._report import ReportData
-    from optuna_ds.reporting._report import render_report
+    from optuna_ds.reporting import ReportData
+    from optuna_ds.reporting import render_report
+    from optuna_ds.reporting._rows import ExperimentRow
 
     from optuna_ds.domain import Config
     from optuna_ds.domain import ExperimentRecord

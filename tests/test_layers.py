@@ -12,7 +12,7 @@ _ROOT = Path(optuna_ds.__file__).parent
 # Serve any layer and import none but the helpers below them: _errors quotes through _text's
 # cleaner, _files raises an _errors error.
 _HELPERS = {"_text": -3, "_errors": -2, "_redact": -1, "_optuna_compat": -1, "_files": -1}
-_TOP = {"_tune": 5, "__init__": 6, "__main__": 7}  # the root package's own modules
+_TOP = {"__init__": 6, "__main__": 7}  # the root package's own modules
 
 
 def _layer_of_package(name: str) -> int:

@@ -368,7 +368,7 @@ def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings
     def coordinator() -> _coordinator.Coordinator:
         knobs = KnobCandidates(ctx=ctx, spaces={1: space}, buffers=lambda stage, offload, knobs: 1e9)  # type: ignore[arg-type]
         return _coordinator.Coordinator(problem=Problem(arms=(arm,), device_memory=80e9, sizes=(8,), gpus=1), knobs=knobs,
-                                        tuners={1: SimpleNamespace(study=study)}, ctx=ctx, root=study)  # type: ignore[arg-type]
+                                        stages={1: SimpleNamespace(study=study)}, ctx=ctx, root=study)  # type: ignore[arg-type]
 
     handed: list[dict] = []
 

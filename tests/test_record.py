@@ -26,7 +26,7 @@ from optuna_ds.domain import StageRecord
 from optuna_ds.domain import given_up
 from optuna_ds.planner import Status
 from optuna_ds.pruners import TunerEarlyStopping
-from optuna_ds.reporting._report import experiment_rows
+from optuna_ds.reporting._rows import experiment_rows
 from optuna_ds.studies import observation_of
 from optuna_ds.studies._owner import fail_orphaned_trials
 from optuna_ds.studies._owner import process_identity

@@ -15,8 +15,8 @@ from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import failure_text
 from optuna_ds.studies._results import leader
+from optuna_ds.studies._results import load_result
 from optuna_ds.studies._tuning import Tuning
-from optuna_ds.studies._tuning import load_result
 
 __all__ = [
     "Baseline",

@@ -30,8 +30,8 @@ from optuna_ds.planner import Status
 from optuna_ds.planner import measured_noise
 from optuna_ds.planner import plan
 from optuna_ds.studies._context import StageContext
+from optuna_ds.studies._experiments import StageExperiments
 from optuna_ds.studies._knob_search import KnobCandidates
-from optuna_ds.studies._stage import StageTuner
 
 _REFINEMENTS = 3  # the progress display's guess of the experiments an explored arm still takes
 _WAIT_SECONDS = 2.0  # a slot with nothing to start looks again after this (or when one of ours ends)
@@ -141,12 +141,12 @@ class Coordinator:
     study.
     """
 
-    def __init__(self, *, problem: Problem, tuners: dict[int, StageTuner], ctx: StageContext, root: optuna.Study,
+    def __init__(self, *, problem: Problem, stages: dict[int, StageExperiments], ctx: StageContext, root: optuna.Study,
                  knobs: KnobCandidates | None = None) -> None:
         self._problem = problem
         self._knobs = knobs
         self._root = root
-        self._tuners = tuners
+        self._stages = stages
         self._ctx = ctx
         self._pool = ctx.pool
         self._stop = ctx.stop
@@ -168,8 +168,8 @@ class Coordinator:
 
     def observations(self) -> list[Observation]:
         seen: list[Observation] = []
-        for tuner in self._tuners.values():
-            trials = tuner.study.get_trials(deepcopy=False)
+        for stage in self._stages.values():
+            trials = stage.study.get_trials(deepcopy=False)
             dead = given_up(trials)
             seen += [o for t in trials if (o := observation_of(t, metric=self._ctx.metric, dead=dead,
                                                                memory_limit=self._ctx.memory_limit)) is not None]
@@ -192,7 +192,7 @@ class Coordinator:
         running = {o.config for o in observations if o.status is Status.RUNNING}
         pending = [Observation(config=p.config, status=Status.RUNNING) for p in self._handed if p.config not in running]
         noise = _noise(observations)
-        candidates = (self._knobs(self._problem.arms, {s: t.study for s, t in self._tuners.items()}, noise)
+        candidates = (self._knobs(self._problem.arms, {s: e.study for s, e in self._stages.items()}, noise)
                       if self._knobs is not None else None)
         decision = plan(self._problem, observations + pending, free_slots=1, knob_candidates=candidates)
         self.decision = decision
@@ -206,10 +206,10 @@ class Coordinator:
         with self._lock:
             if self._phase_done or time.monotonic() < self._idle_until:
                 return None  # nothing changed here since a slot found nothing to start
-            for tuner in self._tuners.values():
+            for stage in self._stages.values():
                 # A dead worker's running experiment holds the planner up until it is failed,
                 # and with nothing proposed no experiment would start here to fail it.
-                tuner.reap()
+                stage.reap()
             decision = self._decide()
             if decision.proposals:
                 proposal = decision.proposals[0]
@@ -255,8 +255,8 @@ class Coordinator:
         a resumed tuning with nothing left to launch must not wait on someone else's experiment."""
         with self._lock:
             if not self._phase_done:
-                for tuner in self._tuners.values():
-                    tuner.reap()  # as _next does: a dead worker's running experiment must not pass for one under way
+                for stage in self._stages.values():
+                    stage.reap()  # as _next does: a dead worker's running experiment must not pass for one under way
                 decision = self._decide()
                 if decision.done and not decision.proposals:
                     self._phase_done = True
@@ -279,8 +279,8 @@ class Coordinator:
                 handed = self._next()
                 if handed is not None:
                     proposal, seen = handed
-                    launched = self._tuners[proposal.stage].run_config(proposal.config, lease, free_since=free_since,
-                                                                       repeat=proposal.repeat, why=proposal.why)
+                    launched = self._stages[proposal.stage].run(proposal.config, lease, free_since=free_since,
+                                                                repeat=proposal.repeat, why=proposal.why)
                     with self._lock:
                         if launched:
                             self._unlaunched.clear()

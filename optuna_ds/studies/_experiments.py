@@ -43,6 +43,7 @@ from optuna_ds.space import KnobSpace
 from optuna_ds.storage import GRACE_PERIOD
 from optuna_ds.storage import TrialCache
 from optuna_ds.storage import database_error
+from optuna_ds.storage import open_stage_study
 from optuna_ds.studies._claims import Reaper
 from optuna_ds.studies._claims import competitor
 from optuna_ds.studies._context import StageContext
@@ -149,22 +150,38 @@ def record_params(trial: optuna.Trial, config: Config, distributions: Mapping[st
 
 
 class StageExperiments:
-    """Runs experiments of one ZeRO stage, one trial each, in its study.
+    """Runs the experiments of one ZeRO stage in its own Optuna study, one trial each.
 
-    A trial claims its experiment by name, and of two claimants of one experiment one runs it and
-    the other stands down (:func:`competitor`): any number of slots, of this process and of
-    workers elsewhere, can run the same stage.
+    The planner decides every experiment, knob settings included (:meth:`run`: trials with fixed
+    params, :func:`record_params`). Everything is read back from the storage, so a rerun
+    continues where it stopped. A trial claims its experiment by name, and of two claimants of
+    one experiment one runs it and the other stands down (:func:`competitor`): any number of
+    slots, of this process and of workers elsewhere, can run the same stage.
+
+    Every study of a stage this process opens shares :attr:`study`'s storage cache, which reads
+    again only the trials that are new or still running: a step reads little however many trials
+    the study has.
     """
 
-    def __init__(self, *, ctx: StageContext, stage: int, study: optuna.Study, space: KnobSpace, reaper: Reaper,
+    def __init__(self, *, ctx: StageContext, tuning: str, stage: int, space: KnobSpace,
                  distributions: Mapping[str, BaseDistribution]) -> None:
         self._ctx = ctx
         self._stage = stage
-        self._study = study
+        storage = TrialCache(ctx.storage) if isinstance(ctx.storage, optuna.storages.RDBStorage) else ctx.storage
+        self._study = open_stage_study(storage, tuning=tuning, stage=stage, direction=ctx.metric.direction)
         self._space = space
-        self._reaper = reaper
+        self._reaper = Reaper(self._study, stage=stage, metric=ctx.metric, observer=ctx.observer)
         self._distributions = distributions
         self._settled: set[int] = set()  # settled trials the planner's experiments stood down to
+        self.reap(force=True)
+
+    @property
+    def study(self) -> optuna.Study:
+        return self._study
+
+    def reap(self, *, force: bool = False) -> None:
+        """Fail the trials of dead workers so that their experiments run again (:meth:`Reaper.reap`)."""
+        self._reaper.reap(force=force)
 
     def run(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> bool:
         """Run the planner's experiment of ``config`` on ``lease``, one trial, and say whether it

@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.config import Metric
+from optuna_ds.config import UserConfig
 from optuna_ds.config import format_number
 from optuna_ds.domain import DEFINITIVE_FAILURES
 from optuna_ds.domain import ChoiceRecord
@@ -18,9 +19,13 @@ from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Phase
+from optuna_ds.domain import RecordedResources
+from optuna_ds.domain import RootRecord
 from optuna_ds.domain import launched
 from optuna_ds.launcher import telling_line
 from optuna_ds.planner import measured_noise
+from optuna_ds.storage import TuningPlan
+from optuna_ds.storage import load_stage_study
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
 # or three runs, scatter beyond the noise itself is common (the noise is their average).
@@ -380,3 +385,63 @@ class TuningResult:
     @property
     def num_experiments(self) -> int:
         return sum(s.num_experiments for s in self.stages)
+
+
+def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: UserConfig) -> TuningResult:
+    """Rebuild a tuning's result from the storage alone (``optuna-ds report`` does this)."""
+    a = user.autotuning
+    root = RootRecord.from_attrs(optuna.load_study(study_name=plan.study_name, storage=storage).user_attrs)
+    choice = root.choice
+    results = []
+    trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
+    for stage in user.stages:
+        entry = root.stages.get(stage)
+        study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
+        if study is not None:
+            trials[stage] = study.get_trials(deepcopy=False)
+        if entry is not None and entry.status in ("skipped", "pending"):
+            results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
+        elif study is not None:
+            mine = choice if choice is not None and choice.stage == stage else None
+            result = stage_result(study, stage, metric=a.tuned_metric, choice=mine)
+            if result.best is None:
+                result = dataclasses.replace(result, reason="no experiment ran successfully")
+            results.append(result)
+        else:
+            results.append(StageResult(stage=stage, status="pending", reason="not reached yet"))
+    leaders = [r.best for r in results if r.best is not None]
+    # The planner's choice; before it chose (an interrupted or running tuning), the best mean so far.
+    best = next((b for b in leaders if b.chosen), None) or a.tuned_metric.best(leaders, key=lambda b: b.value)
+    every = [t for ts in trials.values() for t in ts]
+    resources = root.resources or RecordedResources()
+    return TuningResult(
+        metric=a.tuned_metric,
+        stages=results,
+        duration=float(root.elapsed or 0.0),
+        model_info=root.model_info or {},
+        baseline=find_baseline(stages=trials, order=list(user.stages),
+                               skipped={r.stage: r.reason for r in results if r.status == "skipped"},
+                               micro_batch_size=user.baseline_micro_batch_size, user_list=bool(user.micro_batch_sizes)),
+        spend=tuning_spend(every, profile_seconds=root.profile_duration, gpus_per_experiment=resources.gpus_per_experiment,
+                           device=resources.device),
+        noise=measurement_noise(every),
+        best=best,
+        optuna_best=_optuna_best(storage, plan.study_name, best),
+        device_memory=resources.device_memory,
+        memory_margin=plan.memory_margin,
+        measured=tuple(measured_configs(every)),
+    )
+
+
+def _optuna_best(storage: optuna.storages.BaseStorage, tuning: str, best: Optimum | None) -> OptunaBest | None:
+    """Optuna's own best trial of the optimum's stage study, where it is another config's run."""
+    study = load_stage_study(storage, tuning=tuning, stage=best.stage) if best is not None else None
+    if study is None or best is None:
+        return None
+    try:
+        trial = study.best_trial
+    except ValueError:
+        return None
+    if trial.number in best.trials or trial.value is None:
+        return None
+    return OptunaBest(stage=best.stage, number=trial.number, name=ExperimentRecord.from_trial(trial).exp_name or "", value=trial.value)

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import threading
 import time
@@ -41,7 +40,6 @@ from optuna_ds.space import knob_defaults
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
 from optuna_ds.storage import TuningPlan
-from optuna_ds.storage import load_stage_study
 from optuna_ds.storage import open_root_study
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._context import StageContext
@@ -50,19 +48,12 @@ from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import dead
 from optuna_ds.studies._owner import this_process
-from optuna_ds.studies._results import Optimum
-from optuna_ds.studies._results import OptunaBest
 from optuna_ds.studies._results import Spend
-from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
-from optuna_ds.studies._results import find_baseline
-from optuna_ds.studies._results import measured_configs
-from optuna_ds.studies._results import measurement_noise
-from optuna_ds.studies._results import stage_result
-from optuna_ds.studies._results import tuning_spend
+from optuna_ds.studies._results import load_result
+from optuna_ds.studies._experiments import StageExperiments
 from optuna_ds.studies._experiments import stage_distributions
 from optuna_ds.studies._knob_search import KnobCandidates
-from optuna_ds.studies._stage import StageTuner
 
 _MIN_TIMEOUT = 300.0
 _TIMEOUT_PER_PROFILE = 20.0
@@ -395,16 +386,16 @@ class Tuning:
                   for stage in self._user.stages}
         arms = self._arms(info, estimates, spaces)
         ctx = self._context(self._observer)
-        tuners: dict[int, StageTuner] = {}
+        stages: dict[int, StageExperiments] = {}
         for stage in dict.fromkeys(arm.stage for arm in arms):
             space = spaces[stage]
-            tuner = StageTuner(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space,
-                               distributions=self._distributions(stage, space))
-            tuner.study.set_user_attr("memory", estimates[stage].to_dict())
-            tuner.study.set_user_attr("model_info", info)
-            tuner.study.set_user_attr("knob_space", space.to_dict())
-            tuner.study.set_metric_names([a.metric])
-            tuners[stage] = tuner
+            experiments = StageExperiments(ctx=ctx, tuning=self._plan.study_name, stage=stage, space=space,
+                                           distributions=self._distributions(stage, space))
+            experiments.study.set_user_attr("memory", estimates[stage].to_dict())
+            experiments.study.set_user_attr("model_info", info)
+            experiments.study.set_user_attr("knob_space", space.to_dict())
+            experiments.study.set_metric_names([a.metric])
+            stages[stage] = experiments
         if not arms:
             return
         zero = self._user.zero_section()
@@ -413,9 +404,9 @@ class Tuning:
             return self._estimate(stage, info, {**zero, **(offload_sections(offload) if offload else {}), **knobs}).buffers
 
         knob_search = None if a.fast else KnobCandidates(ctx=ctx, spaces=spaces, buffers=buffers)
-        coordinator = Coordinator(problem=self._problem(info, arms), tuners=tuners, ctx=ctx, root=self._root, knobs=knob_search)
-        for stage, tuner in tuners.items():
-            for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        coordinator = Coordinator(problem=self._problem(info, arms), stages=stages, ctx=ctx, root=self._root, knobs=knob_search)
+        for stage, experiments in stages.items():
+            for t in experiments.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
                 name = ExperimentRecord.from_trial(t).exp_name
                 if t.value is not None and name is not None:
                     ctx.observer.resumed(stage=stage, name=name, value=t.value, metric=a.tuned_metric)
@@ -424,14 +415,14 @@ class Tuning:
             coordinator.run()
             # The planner sees the runs measured alike (a resumed tuning would): where they
             # change its mind, its search goes on now, not at the next run of the command.
-            while self._measure_alike(coordinator, tuners):
+            while self._measure_alike(coordinator, stages):
                 coordinator.reopen()
                 coordinator.run()
             ended = True
         finally:
-            self._record_outcome(coordinator, tuners, estimates, ended=ended)
+            self._record_outcome(coordinator, stages, estimates, ended=ended)
 
-    def _measure_alike(self, coordinator: Coordinator, tuners: dict[int, StageTuner]) -> bool:
+    def _measure_alike(self, coordinator: Coordinator, stages: dict[int, StageExperiments]) -> bool:
         """Once the planner chose, the headline's two configs, the user's and the optimum, run
         alternately, one at a time, until each ran at least twice: its figures must not rest on
         one run of the user's config taken first (cold, or beside another slot's experiment)
@@ -442,9 +433,9 @@ class Tuning:
         if self._worker or decision is None or decision.choice is None or not decision.done or self._stop.is_set():
             return False
         base = self.result().baseline
-        if base is None or not base.name or base.stage is None or base.stage not in tuners or base.status != "complete":
+        if base is None or not base.name or base.stage is None or base.stage not in stages or base.status != "complete":
             return False
-        base_config = next((r.config for t in tuners[base.stage].study.get_trials(deepcopy=False)
+        base_config = next((r.config for t in stages[base.stage].study.get_trials(deepcopy=False)
                             if (r := ExperimentRecord.from_trial(t)).exp_name == base.name), None)
         chosen = decision.choice.config
         if base_config is None or base_config == chosen:
@@ -452,7 +443,7 @@ class Tuning:
 
         def runs(config: Config) -> tuple[int, int]:
             """Its completed runs, and its launches (each names the next one's ``_r<n>``)."""
-            trials = [t for t in tuners[config.stage].study.get_trials(deepcopy=False)
+            trials = [t for t in stages[config.stage].study.get_trials(deepcopy=False)
                       if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed and r.config == config]
             return sum(t.state == TrialState.COMPLETE for t in trials), len(trials)
 
@@ -475,19 +466,19 @@ class Tuning:
                 break
             try:
                 why = "your config, measured alike with the optimum" if config == base_config else "the optimum, measured alike with your config"
-                tuners[config.stage].run_config(config, lease, free_since=time.monotonic(), repeat=launched, why=why)
+                stages[config.stage].run(config, lease, free_since=time.monotonic(), repeat=launched, why=why)
             finally:
                 self._pool.release(lease)
         return True
 
-    def _record_outcome(self, coordinator: Coordinator, tuners: dict[int, StageTuner],
+    def _record_outcome(self, coordinator: Coordinator, stages: dict[int, StageExperiments],
                         estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
         """Each stage's status, the chosen config and the noise, on the root study. A stage left
         out and the choice are the planner's verdicts once its search ``ended``; interrupted,
         an unexplored stage is only not reached yet (unless a process whose search ended said more)."""
         observations = coordinator.observations()
         recorded = self._recorded().stages
-        for stage in tuners:
+        for stage in stages:
             mine = [o for o in observations if o.stage == stage]
             memory = estimates[stage].to_dict()
             if not mine:
@@ -505,7 +496,7 @@ class Tuning:
             return
         c = decision.choice
         metric = self._user.autotuning.tuned_metric
-        trials = [t for t in tuners[c.stage].study.get_trials(deepcopy=False)
+        trials = [t for t in stages[c.stage].study.get_trials(deepcopy=False)
                   if t.state == TrialState.COMPLETE and t.value is not None
                   and (o := observation_of(t, metric=metric, dead={})) is not None and o.config == c.config]
         if not trials:
@@ -516,62 +507,3 @@ class Tuning:
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
 
-
-def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: UserConfig) -> TuningResult:
-    """Rebuild a tuning's result from the storage alone (``optuna-ds report`` does this)."""
-    a = user.autotuning
-    root = RootRecord.from_attrs(optuna.load_study(study_name=plan.study_name, storage=storage).user_attrs)
-    choice = root.choice
-    results = []
-    trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
-    for stage in user.stages:
-        entry = root.stages.get(stage)
-        study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
-        if study is not None:
-            trials[stage] = study.get_trials(deepcopy=False)
-        if entry is not None and entry.status in ("skipped", "pending"):
-            results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
-        elif study is not None:
-            mine = choice if choice is not None and choice.stage == stage else None
-            result = stage_result(study, stage, metric=a.tuned_metric, choice=mine)
-            if result.best is None:
-                result = dataclasses.replace(result, reason="no experiment ran successfully")
-            results.append(result)
-        else:
-            results.append(StageResult(stage=stage, status="pending", reason="not reached yet"))
-    leaders = [r.best for r in results if r.best is not None]
-    # The planner's choice; before it chose (an interrupted or running tuning), the best mean so far.
-    best = next((b for b in leaders if b.chosen), None) or a.tuned_metric.best(leaders, key=lambda b: b.value)
-    every = [t for ts in trials.values() for t in ts]
-    resources = root.resources or RecordedResources()
-    return TuningResult(
-        metric=a.tuned_metric,
-        stages=results,
-        duration=float(root.elapsed or 0.0),
-        model_info=root.model_info or {},
-        baseline=find_baseline(stages=trials, order=list(user.stages),
-                               skipped={r.stage: r.reason for r in results if r.status == "skipped"},
-                               micro_batch_size=user.baseline_micro_batch_size, user_list=bool(user.micro_batch_sizes)),
-        spend=tuning_spend(every, profile_seconds=root.profile_duration, gpus_per_experiment=resources.gpus_per_experiment,
-                           device=resources.device),
-        noise=measurement_noise(every),
-        best=best,
-        optuna_best=_optuna_best(storage, plan.study_name, best),
-        device_memory=resources.device_memory,
-        memory_margin=plan.memory_margin,
-        measured=tuple(measured_configs(every)),
-    )
-
-
-def _optuna_best(storage: optuna.storages.BaseStorage, tuning: str, best: Optimum | None) -> OptunaBest | None:
-    """Optuna's own best trial of the optimum's stage study, where it is another config's run."""
-    study = load_stage_study(storage, tuning=tuning, stage=best.stage) if best is not None else None
-    if study is None or best is None:
-        return None
-    try:
-        trial = study.best_trial
-    except ValueError:
-        return None
-    if trial.number in best.trials or trial.value is None:
-        return None
-    return OptunaBest(stage=best.stage, number=trial.number, name=ExperimentRecord.from_trial(trial).exp_name or "", value=trial.value)

@@ -1,0 +1,289 @@
+"""The report's figures (plotly), which optuna-dashboard shows too: one colour, dash and marker
+per ZeRO stage throughout, the optimum a red ring in each."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import warnings
+from typing import Any
+
+import markupsafe
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import TrialState
+
+from optuna_ds.config import Metric
+from optuna_ds.config import format_number
+from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import Phase
+from optuna_ds.domain import RootRecord
+from optuna_ds.domain import ZERO_KEY
+from optuna_ds.reporting._rows import ExperimentRow
+from optuna_ds.reporting._rows import format_value
+from optuna_ds.studies import Optimum
+from optuna_ds.studies import TuningResult
+
+
+_MIN_TRIALS_FOR_IMPORTANCE = 4
+# One colour, line dash and marker per ZeRO stage, shared by its line, its knob experiments,
+# its failures and its timeline bars.
+_STAGE_COLORS = {0: "#1f77b4", 1: "#e8710a", 2: "#2ca02c", 3: "#9467bd"}
+_STAGE_DASH = {0: "solid", 1: "dash", 2: "dot", 3: "dashdot"}
+_STAGE_SYMBOL = {0: "circle", 1: "square", 2: "triangle-up", 3: "pentagon"}
+_FAILURE_SYMBOL = {"oom": "x", "timeout": "hourglass", "no-metrics": "circle-open", "interrupted": "asterisk-open"}
+_BASELINE_MARKER = {"symbol": "star", "size": 18, "color": "#ffd60a", "line": {"color": "#000", "width": 1.5}}
+# The optimum, in every figure: a trace of this name, drawn as a red ring.
+CHOSEN = "chosen"
+_CHOSEN_COLOR = "#d62728"
+_CHOSEN_MARKER = {"symbol": "circle-open", "size": 22, "color": _CHOSEN_COLOR, "line": {"width": 3, "color": _CHOSEN_COLOR}}
+_PROFILE_COLOR = "#6c757d"
+# The title sits below plotly's modebar (shown on hover only), not under it.
+_FIGURE_LAYOUT = {"height": 430, "margin": {"l": 60, "r": 20, "t": 80, "b": 50}, "legend": {"orientation": "h", "y": -0.18}}
+
+
+def _title(text: str) -> dict[str, Any]:
+    return {"text": text, "x": 0.01, "xanchor": "left", "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 36}}
+
+
+def _safe(text: object) -> str:
+    """Figures embed their text in a <script> block and plotly renders some HTML in it: every
+    string that comes from the user or an experiment's output is escaped."""
+    return str(markupsafe.escape(str(text)))
+
+
+def _stage_name(stage: int) -> str:
+    return f"z{stage}"
+
+
+def _chosen_label(best: Optimum, metric: Metric) -> str:
+    """The optimum as a figure's hover and legend say it: the same figure as the headline."""
+    return _safe(f"{CHOSEN}: {best.name}") + "<br>" + _safe(best.figure(metric))
+
+
+def _error_bars(best: Optimum) -> dict[str, Any]:
+    """Its runs' range about their mean."""
+    return {"type": "data", "symmetric": False, "array": [max(best.runs) - best.value], "arrayminus": [best.value - min(best.runs)],
+            "color": _CHOSEN_COLOR, "thickness": 2, "width": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every figure is drawn against: the metric, the user's config, the optimum, and the
+    name of the devices."""
+
+    metric: Metric
+    baseline: ExperimentRow | None
+    best: Optimum | None
+    device: str  # "GPU", "CPU device"...
+
+
+def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
+    fig = go.Figure()
+    metric, baseline = ctx.metric, ctx.baseline
+    label = metric.label
+    hover = "%{text}<br>mbs %{x}<br>" + _safe(metric.name) + " %{y:,.4r}<extra></extra>"
+    floor = min((r.value for r in rows if r.value is not None), default=0.0)
+    for stage in sorted({r.stage for r in rows}):
+        color = _STAGE_COLORS.get(stage, "#333")
+        ok = sorted((r for r in rows if r.stage == stage and r.status == "complete" and r.mbs), key=lambda r: r.mbs)  # type: ignore[arg-type,return-value]
+        curve = [r for r in ok if r.phase != "knobs"]
+        knobs = [r for r in ok if r.phase == "knobs"]
+        group = _stage_name(stage)
+        fig.add_trace(go.Scatter(
+            x=[r.mbs for r in curve], y=[r.value for r in curve], mode="lines+markers", name=group, legendgroup=group,
+            line={"color": color, "dash": _STAGE_DASH.get(stage, "solid"), "width": 2},
+            marker={"symbol": _STAGE_SYMBOL.get(stage, "circle"), "size": 8, "color": color},
+            text=[_safe(r.name) for r in curve], hovertemplate=hover))
+        if knobs:
+            fig.add_trace(go.Scatter(
+                x=[r.mbs for r in knobs], y=[r.value for r in knobs], mode="markers", name=f"{group} knobs", legendgroup=group,
+                marker={"symbol": "diamond-open", "size": 11, "color": color, "line": {"width": 2}},
+                text=[_safe(r.name) for r in knobs], hovertemplate=hover))
+        failed = [r for r in rows if r.stage == stage and r.status not in ("complete", "duplicate", "not launched", "running") and r.mbs]
+        if failed:
+            # At its stage and size, on the level of the stage's nearest size that ran.
+            def level(r: ExperimentRow) -> float:
+                near = min(curve or ok, key=lambda o: abs((o.mbs or 0) - (r.mbs or 0)), default=None)
+                return near.value if near is not None and near.value is not None else floor
+
+            fig.add_trace(go.Scatter(
+                x=[r.mbs for r in failed], y=[level(r) for r in failed], mode="markers", name=f"{group} failed", legendgroup=group,
+                marker={"symbol": [_FAILURE_SYMBOL.get(r.status, "x-thin-open") for r in failed], "size": 13, "color": color,
+                        "line": {"width": 2, "color": color}},
+                text=[_safe(f"{r.name}: {r.status}" + (f" ({r.detail})" if r.detail else "")) for r in failed],
+                hovertemplate="%{text}<br>mbs %{x}: no measurement<extra></extra>"))
+    if baseline is not None and baseline.value is not None:
+        fig.add_trace(go.Scatter(x=[baseline.mbs], y=[baseline.value], mode="markers+text", name="your config",
+                                 marker=_BASELINE_MARKER, text=["your config"], textposition="top right",
+                                 hovertemplate=_safe(baseline.name) + "<br>your config<br>%{y:,.4r}<extra></extra>"))
+    if ctx.best is not None:
+        best = ctx.best
+        fig.add_trace(go.Scatter(x=[best.config.micro_batch], y=[best.value], mode="markers+text", name=CHOSEN, marker=_CHOSEN_MARKER,
+                                 error_y=_error_bars(best), text=[CHOSEN], textposition="bottom right",
+                                 hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
+    fig.update_layout(title=_title(f"{_safe(label)} against micro-batch size per {ctx.device}"),
+                      xaxis_title=f"micro-batch size per {ctx.device}", yaxis_title=_safe(label), **_FIGURE_LAYOUT)
+    return fig
+
+
+def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
+    """Each stage's best config (the chosen stage's is the optimum) by the mean of its runs,
+    with their range."""
+    metric, baseline = ctx.metric, ctx.baseline
+    stages = sorted(leaders)
+    label = metric.label
+    chosen = ctx.best.stage if ctx.best is not None else None
+    fig = go.Figure(go.Bar(
+        x=[_stage_name(s) for s in stages], y=[leaders[s].value for s in stages], name="best",
+        marker_color=[_STAGE_COLORS.get(s, "#333") for s in stages],
+        error_y={"type": "data", "symmetric": False, "array": [max(leaders[s].runs) - leaders[s].value for s in stages],
+                 "arrayminus": [leaders[s].value - min(leaders[s].runs) for s in stages]},
+        text=[("<b>chosen</b><br>" if s == chosen else "") + f"{format_number(leaders[s].value)}<br>mbs {leaders[s].config.micro_batch}"
+              for s in stages],
+        textposition="outside", cliponaxis=False,
+        customdata=[_safe(leaders[s].name) + "<br>" + _safe(leaders[s].figure(metric)) for s in stages],
+        hovertemplate="%{customdata}<extra></extra>"))
+    if ctx.best is not None:
+        best = ctx.best
+        fig.add_trace(go.Bar(x=[_stage_name(best.stage)], y=[best.value], name=CHOSEN, hovertemplate=_chosen_label(best, metric) + "<extra></extra>",
+                             marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 4}}))
+    if baseline is not None and baseline.value is not None:
+        fig.add_hline(y=baseline.value, line={"color": "#000", "dash": "dash"},
+                      annotation_text=f"your config {format_number(baseline.value)}", annotation_position="top left")
+    top = max((max(b.runs) for b in leaders.values()), default=1.0)
+    fig.update_layout(title=_title(f"Best {_safe(metric.name)} per ZeRO stage (mean of each config's runs)"), xaxis_title="ZeRO stage",
+                      yaxis_title=_safe(label), showlegend=False, yaxis_range=[0, top * 1.3], barmode="overlay", **_FIGURE_LAYOUT)
+    return fig
+
+
+def _history(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
+    metric, baseline, best = ctx.metric, ctx.baseline, ctx.best
+    ordered = sorted((r for r in rows if r.end), key=lambda r: r.end)  # type: ignore[arg-type,return-value]
+    fig = go.Figure()
+    for stage in sorted({r.stage for r in ordered}):
+        pts = [(i, r) for i, r in enumerate(ordered) if r.stage == stage and r.value is not None]
+        fig.add_trace(go.Scatter(x=[i for i, _ in pts], y=[r.value for _, r in pts], mode="markers", name=_stage_name(stage),
+                                 marker={"symbol": _STAGE_SYMBOL.get(stage, "circle"), "size": 9, "color": _STAGE_COLORS.get(stage, "#333")},
+                                 text=[_safe(r.name) for _, r in pts], hovertemplate="%{text}<br>%{y:,.4r}<extra></extra>"))
+    if best is not None:
+        runs = [(i, r) for i, r in enumerate(ordered) if r.chosen and r.value is not None]
+        fig.add_trace(go.Scatter(x=[i for i, _ in runs], y=[r.value for _, r in runs], mode="markers", name=CHOSEN, marker=_CHOSEN_MARKER,
+                                 hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
+        fig.add_hline(y=best.value, line={"color": _CHOSEN_COLOR, "dash": "dot"},
+                      annotation_text=_safe(f"{CHOSEN}: {metric.with_unit(best.value)}"), annotation_position="bottom right")
+    mine = [i for i, r in enumerate(ordered) if baseline is not None and r.name == baseline.name and r.stage == baseline.stage]
+    if mine and baseline is not None and baseline.value is not None:
+        fig.add_trace(go.Scatter(x=mine[:1], y=[baseline.value], mode="markers+text", name="your config", marker=_BASELINE_MARKER,
+                                 text=["your config"], textposition="top right", hovertemplate="your config<br>%{y:,.4r}<extra></extra>"))
+    fig.update_layout(title=_title("Optimization history"), xaxis={"title": "experiment (in order of completion)", "tickformat": "d"},
+                      yaxis_title=_safe(metric.label), **_FIGURE_LAYOUT)
+    return fig
+
+
+@dataclasses.dataclass(frozen=True)
+class _Profile:
+    start: datetime.datetime
+    seconds: float
+    slot: str
+
+
+def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None, spend: str) -> go.Figure:
+    baseline = ctx.baseline
+    fig = go.Figure()
+    timed = [r for r in rows if r.start and r.end]
+    if profile is not None:
+        fig.add_trace(go.Bar(base=[profile.start.isoformat()], x=[profile.seconds * 1000], y=[_safe(profile.slot)], orientation="h",
+                             name="profile run", marker_color=_PROFILE_COLOR, text=["profile"], textposition="inside",
+                             hovertemplate="profile run<br>%{x:,.0f} ms<extra></extra>"))
+    for stage in sorted({r.stage for r in timed}):
+        group = [r for r in timed if r.stage == stage]
+        fig.add_trace(go.Bar(
+            base=[r.start.isoformat() for r in group],  # type: ignore[union-attr]
+            x=[r.duration * 1000 for r in group],  # type: ignore[operator]
+            y=[_safe(r.slot or "?") for r in group], orientation="h", name=_stage_name(stage),
+            marker={"color": _STAGE_COLORS.get(stage, "#333"),
+                    "pattern": {"shape": ["x" if r.status not in ("complete", "running") else "" for r in group]},
+                    "line": {"color": ["#000" if baseline is not None and r.name == baseline.name else "#fff" for r in group],
+                             "width": [3 if baseline is not None and r.name == baseline.name else 0.5 for r in group]}},
+            text=[_safe(r.name + (" (your config)" if baseline is not None and r.name == baseline.name else "")) for r in group],
+            textposition="none", hovertemplate="%{text}<br>%{x:,.0f} ms<extra></extra>",
+        ))
+    chosen = [r for r in timed if r.chosen]
+    if ctx.best is not None and chosen:
+        fig.add_trace(go.Bar(
+            base=[r.start.isoformat() for r in chosen],  # type: ignore[union-attr]
+            x=[r.duration * 1000 for r in chosen],  # type: ignore[operator]
+            y=[_safe(r.slot or "?") for r in chosen], orientation="h", name=CHOSEN,
+            marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 3}},
+            text=[_safe(r.name) for r in chosen], textposition="none",
+            hovertemplate=_chosen_label(ctx.best, ctx.metric) + "<br>this run: %{text}<extra></extra>"))
+    fig.update_layout(title=_title(f"{ctx.device} slots: {_safe(spend)}"), xaxis={"type": "date", "title": "time"},
+                      yaxis_title=f"{ctx.device} slot", barmode="overlay", **_FIGURE_LAYOUT)
+    return fig
+
+
+def _importances(study: optuna.Study, stage: int, ctx: _Context) -> go.Figure | None:
+    knob_trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if ExperimentRecord.from_trial(t).phase is Phase.KNOBS]
+    if len(knob_trials) < _MIN_TRIALS_FOR_IMPORTANCE:
+        return None
+    params = sorted({k for t in knob_trials for k in t.params if k != GAS_KEY and len({str(u.params.get(k)) for u in knob_trials}) > 1})
+    if not params:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            # PED-ANOVA: needs no scikit-learn, unlike fANOVA.
+            scores = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), params=params
+            )
+        except (RuntimeError, ValueError, ImportError):
+            return None
+    names = list(scores)[::-1]
+    best = ctx.best
+    # Each knob's setting in the optimum, beside its bar; another stage's optimum is named.
+    setting = {}
+    if best is not None and best.stage == stage:
+        setting = {**(best.ds_config.get(ZERO_KEY) or {}), MBS_KEY: best.config.micro_batch}
+    chosen = {n: f"{CHOSEN}: {format_value(setting[n])}" for n in names if n in setting}
+    fig = go.Figure(go.Bar(x=[scores[n] for n in names], y=[_safe(n) for n in names], orientation="h", name="importance",
+                           text=[_safe(chosen.get(n, "")) for n in names], textposition="outside", cliponaxis=False))
+    if best is not None:
+        where = f"{CHOSEN}: {best.name}" + ("" if best.stage == stage else f" (z{best.stage})")
+        fig.add_annotation(text=_safe(where), xref="paper", yref="paper", x=1, y=1.02, xanchor="right", yanchor="bottom",
+                           showarrow=False, font={"color": _CHOSEN_COLOR})
+    fig.update_layout(title=_title(f"Knob importances, z{stage} (PED-ANOVA over {len(knob_trials)} experiments)"),
+                      xaxis={"title": "importance", "range": [0, max(scores.values(), default=1.0) * 1.35]}, height=430,
+                      margin=_FIGURE_LAYOUT["margin"])
+    return fig
+
+
+def _profile(root: RootRecord, rows: list[ExperimentRow]) -> _Profile | None:
+    end, seconds = root.profile_end, root.profile_duration
+    if not end or seconds is None:
+        return None
+    slots = sorted({r.slot for r in rows if r.slot})
+    start = datetime.datetime.fromisoformat(end) - datetime.timedelta(seconds=float(seconds))
+    return _Profile(start=start, seconds=float(seconds), slot=slots[0] if slots else "?")
+
+
+def figures(result: TuningResult, *, studies: dict[int, optuna.Study], rows: list[ExperimentRow], baseline: ExperimentRow | None,
+            root: RootRecord) -> dict[str, go.Figure]:
+    """The report's figures, by id, the optimum marked in each; a stage's knob importances where
+    enough of its knob experiments ran."""
+    spend = result.spend
+    ctx = _Context(metric=result.metric, baseline=baseline, best=result.best, device=spend.noun)
+    out = {
+        "metric_vs_mbs": _metric_vs_mbs(rows, ctx),
+        "best_per_stage": _best_per_stage({s.stage: s.best for s in result.stages if s.best is not None}, ctx),
+        "history": _history(rows, ctx),
+        "timeline": _timeline(rows, ctx, _profile(root, rows), f"{spend.hours}, {spend.experiments} runs"),
+    }
+    for stage, study in studies.items():
+        fig = _importances(study, stage, ctx)
+        if fig is not None:
+            out[f"importance_z{stage}"] = fig
+    return out
