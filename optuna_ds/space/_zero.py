@@ -45,7 +45,8 @@ def default_tuning_space(stage: int, *, hidden_size: int | None = None) -> dict[
         for key in NOT_STAGE3:
             space.pop(key, None)
         hs2 = float(hidden_size * hidden_size) if hidden_size else 5e8
-        space["stage3_prefetch_bucket_size"] = _unique([0.9 * hs2, 5e7, 5e8])
+        # A whole number of elements: DeepSpeed's config model takes an int (0.9 x 1023² is not one).
+        space["stage3_prefetch_bucket_size"] = _unique([float(round(0.9 * hs2)), 5e7, 5e8])
         space["stage3_param_persistence_threshold"] = _unique(
             [float(10 * hidden_size) if hidden_size else 1e5, 1e6]
         )
