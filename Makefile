@@ -31,7 +31,7 @@ PLANNER_ARGS ?= --random 200 --physical 200 --blind 200 --replays
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 
-.PHONY: venv example test bench bench-planner bench-parallel bench-launch bench-steps clean
+.PHONY: venv example test bench bench-planner bench-parallel bench-launch bench-steps bench-real clean
 
 venv: $(VENV)/.installed
 
@@ -78,3 +78,6 @@ bench-launch: venv
 
 bench-steps: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/steps.py $(STEPS_ARGS)
+
+bench-real: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/real_job.py $(REAL_ARGS)
