@@ -16,6 +16,7 @@ from optuna_ds.domain import TBS_KEY
 from optuna_ds.domain import ZERO_KEY
 
 ALL_STAGES = (0, 1, 2, 3)
+HPZ_KEY = "zero_hpz_partition_size"  # ZeRO++'s secondary partition, in ranks
 # The flags a Hugging Face Trainer script resolves "auto" from: used when arg_mappings is silent.
 HF_FLAGS = {MBS_KEY: "--per_device_train_batch_size", GAS_KEY: "--gradient_accumulation_steps"}
 ADAM_TYPE_OPTIMIZERS = frozenset(
@@ -276,11 +277,17 @@ def parse_user_config(
 
 def check_gpus(user: UserConfig, *, total_gpus: int) -> None:
     """What the config says about the GPUs of one experiment, checked once they are known:
-    ``mp_size`` must divide them, and a fixed micro-batch, accumulation and global batch must
+    ``mp_size`` and each ZeRO++ ``zero_hpz_partition_size`` must divide them, and a fixed micro-batch, accumulation and global batch must
     agree, as DeepSpeed's engine requires (they would otherwise be silently reinterpreted)."""
     mp = user.autotuning.mp_size
     if mp > total_gpus or total_gpus % mp:
         raise ConfigError(f"autotuning.mp_size ({mp}) must divide the {total_gpus} GPU(s) of one experiment")
+    hpz = user.zero_section().get(HPZ_KEY)
+    for size in hpz if isinstance(hpz, list) else [hpz]:
+        # DeepSpeed splits the ranks into groups of min(size, ranks), asserting they divide them.
+        if isinstance(size, (int, float)) and not isinstance(size, bool) and size >= 1 and total_gpus % min(int(size), total_gpus):
+            raise ConfigError(f"{ZERO_KEY}.{HPZ_KEY} ({size:g}) must divide the {total_gpus} GPU(s) of one experiment "
+                              "(DeepSpeed groups the ranks by it): use the GPUs of a node or a divisor of them")
     mbs, gas, tbs = (user.raw.get(k) for k in (MBS_KEY, GAS_KEY, TBS_KEY))
     if isinstance(mbs, int) and isinstance(gas, int) and isinstance(tbs, int) and not any(type(v) is bool for v in (mbs, gas, tbs)):
         dp = total_gpus // mp
