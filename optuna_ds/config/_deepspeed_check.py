@@ -39,8 +39,11 @@ def check_with_deepspeed(user: UserConfig) -> None:
             try:
                 DeepSpeedConfig(_Reads(config, read=read))
             except ValidationError as e:
-                # The message names the key and its value: the tuned value is in it.
-                raise ConfigError(f"{name}{stage}: {_describe(e, config)}") from None
+                # The message names the key and its value; a check of the whole section (a
+                # validator's assertion) names neither: then the tuned value is said.
+                why = _describe(e, config)
+                tuned = value if value.removeprefix(" with ") not in why else ""
+                raise ConfigError(f"{name}{stage}{tuned}: {why}") from None
             except Exception as e:  # noqa: BLE001 - DeepSpeed asserts and indexes: any error is its verdict
                 raise ConfigError(f"{name}{stage}{value}: DeepSpeed rejects the config: {type(e).__name__}: {e}") from None
     _check_top_level(user, read=read, name=name)
@@ -176,7 +179,8 @@ def _describe(error: Any, config: dict[str, Any]) -> str:
     path = ".".join(_section_of(loc, config, error.title) + loc)
     if first["type"] == "extra_forbidden":
         return f"DeepSpeed does not know {path}{_suggest(loc, error.title)}"
-    shown = f" = {first['input']!r}" if "input" in first and not isinstance(first["input"], dict) else ""
+    # A value, not a section (a validator of the whole section gets the parsed model as its input).
+    shown = f" = {first['input']!r}" if isinstance(first.get("input"), (str, int, float, list, type(None))) else ""
     return f"DeepSpeed rejects {path}{shown}: {first['msg']}"
 
 

@@ -104,7 +104,10 @@ _ZERO_BOOLS = frozenset({
     "overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
     "elastic_checkpoint", "load_from_fp32_weights", "stage3_gather_16bit_weights_on_model_save",
     "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
+    "zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
 })
+# The switches of an offload section, listed the same way (``"pin_memory": [true, false]``).
+_OFFLOAD_BOOLS = frozenset({"pin_memory", "super_offload", "pipeline_read", "pipeline_write", "fast_init"})
 _ZERO_SECTIONS = frozenset({"offload_optimizer", "offload_param"})
 _OFFLOAD_DEVICES = ("cpu", "nvme", "none")
 
@@ -121,6 +124,9 @@ def _check_zero_section(zero: dict[str, Any]) -> None:
             device = value.get("device", "none")
             if device not in _OFFLOAD_DEVICES:
                 raise ConfigError(f"{name}.device must be one of {', '.join(_OFFLOAD_DEVICES)}, got {device!r}")
+            for sub, v in value.items():
+                if sub in _OFFLOAD_BOOLS and not all(isinstance(b, bool) for b in (v if isinstance(v, list) else [v])):
+                    raise ConfigError(f"{name}.{sub} must be true, false or a list of them, got {v!r}")
             continue
         values = value if isinstance(value, list) else [value]
         if key in _ZERO_NUMBERS:

@@ -168,8 +168,8 @@ def build_knob_space(
     """Merge DeepSpeed's default space of ``stage`` with the user's ``zero_optimization``.
 
     A user value fixes a knob; a user list tunes it with those values, also inside an offload
-    section (``"pin_memory": [true, false]``; not its ``device``: the offload variants are the
-    planner's). In fast mode nothing is tuned but the micro-batch size, so lists collapse to
+    section (``"pin_memory": [true, false]``; the config refuses one under ``device``: the
+    offload variants are the planner's). In fast mode nothing is tuned but the micro-batch size, so lists collapse to
     DeepSpeed's defaults. Numbers are read here in their one form
     (:func:`~optuna_ds.domain.knob_value`), once: ``[5e8, 500000000]`` is one value.
 
@@ -209,9 +209,6 @@ def build_knob_space(
         if key == "stage" or (stage != 3 and key in STAGE3_ONLY):
             continue
         if key in OFFLOAD_KEYS and isinstance(value, dict):
-            if isinstance(value.get(OFFLOAD_DEVICE), list):
-                raise ConfigError(f"zero_optimization.{key}.{OFFLOAD_DEVICE} takes one device, not a list: "
-                                  "leave the offload sections out and the tuning tries the offload variants itself")
             fixed[key] = {}
             offloaded = value.get(OFFLOAD_DEVICE) in ("cpu", "nvme")  # a setting of no offload sets nothing
             for sub, v in value.items():
