@@ -35,11 +35,15 @@ def test_zeropp_is_a_dimension_only_at_stage_3_between_ranks() -> None:
     assert not ZEROPP & build_knob_space(3, {}, fast=False, ranks=1).tuned.keys()
     assert not ZEROPP & build_knob_space(2, {}, fast=False, ranks=16, ranks_per_node=8).tuned.keys()
     one_node = build_knob_space(3, {}, fast=False, ranks=8, ranks_per_node=8).tuned
-    # On one node the secondary partition would be the primary one: no hpZ.
-    assert one_node["zero_quantized_weights"] == [False, True] and one_node["zero_quantized_gradients"] == [False, True]
-    assert "zero_hpz_partition_size" not in one_node
+    # On one node the secondary partition would be the primary one, and DeepSpeed reduces the
+    # gradients unquantized whatever qgZ says: quantized weights only.
+    assert one_node["zero_quantized_weights"] == [False, True]
+    assert "zero_hpz_partition_size" not in one_node and "zero_quantized_gradients" not in one_node
     two_nodes = build_knob_space(3, {}, fast=False, ranks=16, ranks_per_node=8).tuned
-    assert two_nodes["zero_hpz_partition_size"] == [1, 8]
+    assert two_nodes["zero_hpz_partition_size"] == [1, 8] and two_nodes["zero_quantized_gradients"] == [False, True]
+    one_node_lists = build_knob_space(3, {"zero_quantized_gradients": [False, True], "zero_hpz_partition_size": [1, 2]}, fast=False,
+                                      ranks=8, ranks_per_node=8).tuned
+    assert "zero_quantized_gradients" not in one_node_lists and one_node_lists["zero_hpz_partition_size"] == [1, 2]
     assert not build_knob_space(3, {}, fast=True, ranks=16, ranks_per_node=8).tuned
 
 
@@ -190,9 +194,10 @@ def test_a_setting_the_accelerator_cannot_run_is_a_reason_of_its_own(stderr: str
     reason, text = classify(returncode=1, timed_out=False, metrics=None, stdout_tail="", stderr_tail=stderr)
     assert reason is FailureReason.UNSUPPORTED and text == detail
     assert reason.judges_config  # the setting fails wherever it runs here: never run again
-    # Memory still says memory.
-    oom, _ = classify(returncode=1, timed_out=False, metrics=None, stdout_tail="", stderr_tail=stderr + "torch.OutOfMemoryError: x\n")
-    assert oom is FailureReason.OOM
+    # DeepSpeed's ranks hung after the quantizer's error until the trial timeout killed them: its reason still.
+    hung, text = classify(returncode=-15, timed_out=True, metrics=None, stdout_tail="", stderr_tail=stderr)
+    assert hung is FailureReason.UNSUPPORTED and text.startswith(detail) and "hung" in text
+    assert classify(returncode=1, timed_out=False, metrics=None, stdout_tail="", stderr_tail="ValueError: x")[0] is FailureReason.ERROR
 
 
 def test_deepcompile_is_no_dimension() -> None:

@@ -171,6 +171,10 @@ def classify(
     :attr:`FailureReason.INTERRUPTED`, a run to make again. A failure to rendezvous because the
     port was in use is :attr:`FailureReason.PORT`, the node's.
     """
+    if (returncode != 0 or timed_out) and (cause := unsupported(stderr_tail)):
+        # Before the timeout: DeepSpeed's ranks can hang once they raised it (0.19.8's ZeRO++
+        # quantizer on the CPU accelerator did, until killed).
+        return FailureReason.UNSUPPORTED, f"not supported here: {cause}" + (" (its ranks then hung until the trial timeout)" if timed_out else "")
     if timed_out:
         return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
     if returncode in (0, None) and metrics is not None:
@@ -188,8 +192,6 @@ def classify(
         r"return code = -9\b", stdout_tail + stderr_tail
     ):
         return FailureReason.OOM, "a process was killed by SIGKILL, most likely by the kernel's OOM killer"
-    if returncode != 0 and (cause := unsupported(stderr_tail)):
-        return FailureReason.UNSUPPORTED, f"not supported here: {cause}"
     if returncode != 0 and (cause := script_failure(stderr_tail)):
         return FailureReason.SCRIPT, f"exit status {returncode}: {cause[:300]}"
     if returncode != 0:

@@ -31,17 +31,24 @@ def zeropp_space(stage: int, *, ranks: int, ranks_per_node: int) -> dict[str, li
     """The ZeRO++ dimensions proposed at ``stage`` for ``ranks`` data-parallel ranks,
     ``ranks_per_node`` to a node.
 
-    qwZ and qgZ quantize what ranks send each other: they need ZeRO-3 and more than one rank.
+    qwZ quantizes the all-gather of the weights: it needs ZeRO-3 and more than one rank. qgZ
+    acts only where the ranks span nodes: on one node DeepSpeed 0.19.8's stage 3 reduces the
+    gradients unquantized whatever the setting (``num_nodes > 1`` in ``__avg_scatter_grads``).
     hpZ keeps a secondary copy of the parameters within ``zero_hpz_partition_size`` ranks, so
     the backward all-gather stays there: DeepSpeed's tutorial sets it to the GPUs of a node, and
     it pays only where the ranks span nodes (on one node the secondary group is the primary).
     """
     if stage != 3 or ranks <= 1:
         return {}
-    space: dict[str, list[Any]] = {"zero_quantized_weights": [False, True], "zero_quantized_gradients": [False, True]}
-    if ranks > ranks_per_node > 1 and ranks % ranks_per_node == 0:
+    space: dict[str, list[Any]] = {"zero_quantized_weights": [False, True]}
+    if spans_nodes(ranks=ranks, ranks_per_node=ranks_per_node):
+        space["zero_quantized_gradients"] = [False, True]
         space["zero_hpz_partition_size"] = [1, ranks_per_node]
     return space
+
+
+def spans_nodes(*, ranks: int, ranks_per_node: int) -> bool:
+    return ranks > ranks_per_node >= 1 and ranks % ranks_per_node == 0
 
 
 def offload_space(stage: int, section: dict[str, Any], *, superchip: bool) -> dict[str, list[Any]]:
@@ -69,10 +76,12 @@ def is_superchip() -> bool:
     return str(get_accelerator().device_name()) == "cuda"
 
 
-def applies(path: str, *, stage: int, ranks: int) -> bool:
+def applies(path: str, *, stage: int, ranks: int, ranks_per_node: int) -> bool:
     """Whether a list under ``path`` (dotted, inside ``zero_optimization``) is a dimension at
     ``stage`` with ``ranks`` data-parallel ranks: ZeRO++ and SuperOffload act at stage 3 only,
-    ZeRO++ only between ranks."""
+    ZeRO++ only between ranks, qgZ only between nodes (see :func:`zeropp_space`)."""
+    if path == "zero_quantized_gradients":
+        return stage == 3 and spans_nodes(ranks=ranks, ranks_per_node=ranks_per_node)
     if path in (*ZEROPP, ZEROPP_STORED):
         return stage == 3 and (ranks > 1 or path == ZEROPP_STORED)
     if path == SUPER_OFFLOAD:

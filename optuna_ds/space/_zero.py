@@ -176,7 +176,7 @@ def build_knob_space(
     Beyond DeepSpeed's autotuner's space, ZeRO++ is proposed at stage 3 over ``ranks`` > 1
     data-parallel ranks (``ranks_per_node`` to a node) and SuperOffload with stage-3 optimizer
     offload on a ``superchip`` (detected where ``None``); see :mod:`optuna_ds.space._levers`.
-    A list of a lever that cannot act there (ZeRO++ on one rank) tunes nothing.
+    A list of a lever that cannot act there (ZeRO++ on one rank, qgZ on one node) tunes nothing.
     """
     superchip = is_superchip() if superchip is None and not fast and stage == 3 else bool(superchip)
     tuned = {} if fast else {**default_tuning_space(stage, hidden_size=hidden_size),
@@ -197,7 +197,7 @@ def build_knob_space(
             if not isinstance(v, _SCALAR_TYPES):
                 raise ConfigError(f"zero_optimization.{path} lists must hold plain values, got {v!r}")
         tuned.pop(path, None)
-        if fast or not acts or not applies(path, stage=stage, ranks=ranks):
+        if fast or not acts or not applies(path, stage=stage, ranks=ranks, ranks_per_node=ranks_per_node):
             return
         choices = _unique(value)
         if len(choices) == 1:
