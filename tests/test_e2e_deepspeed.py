@@ -320,3 +320,24 @@ def test_the_fast_start_gives_the_script_what_deepspeeds_runner_gives_it(tmp_pat
     assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1,2", "1", "2", "29690")
     assert env["NCCL_DEBUG"] == "INFO" and "FROM_DEEPSPEED_ENV" not in env  # DeepSpeed reads .deepspeed_env only for multi-node runs
     assert seen[True]["0.json"]["argv"][:2] == ["--local_rank=0", "--deepspeed_config"]
+
+
+def test_a_listed_zeropp_value_reaches_deepspeeds_engine_on_two_ranks(project: Path) -> None:
+    """ZeRO++'s hpZ listed at stage 3 over two CPU ranks: each value is a config DeepSpeed's
+    engine ran with. Everything else fixed (and no offload variant) keeps it to a few launches."""
+    zero = {"stage": 3, "zero_hpz_partition_size": [1, 2], "zero_quantized_weights": False, "overlap_comm": True,
+            "reduce_bucket_size": 5e8, "contiguous_gradients": True, "stage3_prefetch_bucket_size": 5e7,
+            "stage3_param_persistence_threshold": 1e5, "stage3_max_live_parameters": 1e9, "offload_optimizer": {"device": "none"}}
+    config = {"train_micro_batch_size_per_gpu": [2], "optimizer": {"type": "Adam", "params": {"lr": 0.001}}, "zero_optimization": zero,
+              "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch", "start_profile_step": 2, "end_profile_step": 3,
+                             "model_info": {"num_params": 4810}}}
+    (project / "ds_config.json").write_text(json.dumps(config))
+    p = _cli(project, "tune", "--num_gpus", "2", "--master_port", "29690", "train.py", "--deepspeed_config", "ds_config.json",
+             *MODEL_ARGS, LOCAL_SIZE="2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    storage = f"sqlite:///{project / 'autotuning_results' / 'optuna-ds.db'}"
+    trials = optuna.load_study(study_name="optuna-ds-z3", storage=storage).get_trials()
+    ran = {json.loads((Path(t.user_attrs["result_dir"]) / "ds_config.json").read_text())["zero_optimization"].get("zero_hpz_partition_size")
+           for t in trials if t.state == TrialState.COMPLETE}
+    assert 2 in ran, [(t.user_attrs.get("exp_name"), t.state, t.user_attrs.get("reason")) for t in trials]
+    assert all(t.params.get("zero_hpz_partition_size") in (None, 1, 2) for t in trials)

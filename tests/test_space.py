@@ -144,7 +144,8 @@ def test_offload_variants_and_knob_defaults() -> None:
     space = build_knob_space(3, {}, fast=False, hidden_size=1024)
     offloaded = space.with_offload("offload-opt")
     assert offloaded.fixed["offload_optimizer"]["device"] == "cpu" and "offload_param" not in offloaded.fixed
-    assert offloaded.to_dict() == {"stage": 3, "tuned": offloaded.tuned, "fixed": offloaded.fixed, "offload": "offload-opt"}
+    assert offloaded.to_dict() == {"stage": 3, "tuned": offloaded.tuned, "fixed": offloaded.fixed, "offload": "offload-opt",
+                                   "offload_tuned": {}}
     assert user_offloads({"offload_param": {"device": "nvme"}}) and not user_offloads({"stage": 3})
     # What a config that leaves the tuned knobs out runs with: stage 3 overlaps by default, stage 2 not.
     assert knob_defaults(space)["overlap_comm"] is True and knob_defaults(build_knob_space(2, {}, fast=False))["overlap_comm"] is False

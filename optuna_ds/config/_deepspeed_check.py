@@ -39,8 +39,11 @@ def check_with_deepspeed(user: UserConfig) -> None:
             try:
                 DeepSpeedConfig(_Reads(config, read=read))
             except ValidationError as e:
-                # The message names the key and its value: the tuned value is in it.
-                raise ConfigError(f"{name}{stage}: {_describe(e, config)}") from None
+                # The message names the key and its value; a check of the whole section (a
+                # validator's assertion) names neither: then the tuned value is said.
+                why = _describe(e, config)
+                tuned = value if value.removeprefix(" with ") not in why else ""
+                raise ConfigError(f"{name}{stage}{tuned}: {why}") from None
             except Exception as e:  # noqa: BLE001 - DeepSpeed asserts and indexes: any error is its verdict
                 raise ConfigError(f"{name}{stage}{value}: DeepSpeed rejects the config: {type(e).__name__}: {e}") from None
     _check_top_level(user, read=read, name=name)
@@ -110,14 +113,42 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
     # DeepSpeed checks them against its world size (1 here); check_gpus checks the real one.
     base.update({MBS_KEY: mbs, GAS_KEY: gas, TBS_KEY: mbs * gas})
     zero = base.get(ZERO_KEY) if isinstance(base.get(ZERO_KEY), dict) else {}
-    lists = {k: v for k, v in zero.items() if isinstance(v, list) and k != "stage" and v}
+    lists = dict(_zero_lists(zero))
     first = {k: v[0] for k, v in lists.items()}
-    variants = [({}, "")] + [({k: v}, f" with {ZERO_KEY}.{k} = {v!r}") for k, vs in lists.items() for v in vs[1:]]
+    variants = [({}, "")] + [({k: v}, f" with {ZERO_KEY}.{'.'.join(k)} = {v!r}") for k, vs in lists.items() for v in vs[1:]]
     for stage in user.stages:
         at = f" at ZeRO stage {stage}" if len(user.stages) > 1 else ""
         for change, value in variants:
-            config = {**base, ZERO_KEY: {**zero, **first, **change, "stage": stage}}
+            config = {**base, ZERO_KEY: {**_setting(zero, {**first, **change}), "stage": stage}}
             yield with_integer_sizes(config), at, value
+
+
+# The sections of ``zero_optimization`` whose keys may hold lists too; their ``device`` is no
+# dimension (the offload variants are the tuning's), so a list there is DeepSpeed's to refuse.
+_LISTING_SECTIONS = ("offload_optimizer", "offload_param")
+
+
+def _zero_lists(zero: dict[str, Any]) -> Iterator[tuple[tuple[str, ...], list[Any]]]:
+    """The non-empty lists of a ``zero_optimization`` section, each with its key path: the
+    values the tuning may give the key (the space decides which it tunes where)."""
+    for key, value in zero.items():
+        if key != "stage" and isinstance(value, list) and value:
+            yield (key,), value
+        elif key in _LISTING_SECTIONS and isinstance(value, dict):
+            for sub, v in value.items():
+                if sub != "device" and isinstance(v, list) and v:
+                    yield (key, sub), v
+
+
+def _setting(zero: dict[str, Any], values: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+    """A copy of ``zero`` with the value at each path of ``values``."""
+    out = copy.deepcopy(zero)
+    for path, value in values.items():
+        section = out
+        for key in path[:-1]:
+            section = section[key]
+        section[path[-1]] = value
+    return out
 
 
 def _without_auto(value: Any) -> Any:
@@ -148,7 +179,8 @@ def _describe(error: Any, config: dict[str, Any]) -> str:
     path = ".".join(_section_of(loc, config, error.title) + loc)
     if first["type"] == "extra_forbidden":
         return f"DeepSpeed does not know {path}{_suggest(loc, error.title)}"
-    shown = f" = {first['input']!r}" if "input" in first and not isinstance(first["input"], dict) else ""
+    # A value, not a section (a validator of the whole section gets the parsed model as its input).
+    shown = f" = {first['input']!r}" if isinstance(first.get("input"), (str, int, float, list, type(None))) else ""
     return f"DeepSpeed rejects {path}{shown}: {first['msg']}"
 
 

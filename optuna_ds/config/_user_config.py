@@ -16,6 +16,7 @@ from optuna_ds.domain import TBS_KEY
 from optuna_ds.domain import ZERO_KEY
 
 ALL_STAGES = (0, 1, 2, 3)
+HPZ_KEY = "zero_hpz_partition_size"  # ZeRO++'s secondary partition, in ranks
 # The flags a Hugging Face Trainer script resolves "auto" from: used when arg_mappings is silent.
 HF_FLAGS = {MBS_KEY: "--per_device_train_batch_size", GAS_KEY: "--gradient_accumulation_steps"}
 ADAM_TYPE_OPTIMIZERS = frozenset(
@@ -103,7 +104,10 @@ _ZERO_BOOLS = frozenset({
     "overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
     "elastic_checkpoint", "load_from_fp32_weights", "stage3_gather_16bit_weights_on_model_save",
     "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
+    "zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
 })
+# The switches of an offload section, listed the same way (``"pin_memory": [true, false]``).
+_OFFLOAD_BOOLS = frozenset({"pin_memory", "super_offload", "pipeline_read", "pipeline_write", "fast_init"})
 _ZERO_SECTIONS = frozenset({"offload_optimizer", "offload_param"})
 _OFFLOAD_DEVICES = ("cpu", "nvme", "none")
 
@@ -120,6 +124,9 @@ def _check_zero_section(zero: dict[str, Any]) -> None:
             device = value.get("device", "none")
             if device not in _OFFLOAD_DEVICES:
                 raise ConfigError(f"{name}.device must be one of {', '.join(_OFFLOAD_DEVICES)}, got {device!r}")
+            for sub, v in value.items():
+                if sub in _OFFLOAD_BOOLS and not all(isinstance(b, bool) for b in (v if isinstance(v, list) else [v])):
+                    raise ConfigError(f"{name}.{sub} must be true, false or a list of them, got {v!r}")
             continue
         values = value if isinstance(value, list) else [value]
         if key in _ZERO_NUMBERS:
@@ -276,11 +283,17 @@ def parse_user_config(
 
 def check_gpus(user: UserConfig, *, total_gpus: int) -> None:
     """What the config says about the GPUs of one experiment, checked once they are known:
-    ``mp_size`` must divide them, and a fixed micro-batch, accumulation and global batch must
+    ``mp_size`` and each ZeRO++ ``zero_hpz_partition_size`` must divide them, and a fixed micro-batch, accumulation and global batch must
     agree, as DeepSpeed's engine requires (they would otherwise be silently reinterpreted)."""
     mp = user.autotuning.mp_size
     if mp > total_gpus or total_gpus % mp:
         raise ConfigError(f"autotuning.mp_size ({mp}) must divide the {total_gpus} GPU(s) of one experiment")
+    hpz = user.zero_section().get(HPZ_KEY)
+    for size in hpz if isinstance(hpz, list) else [hpz]:
+        # DeepSpeed splits the ranks into groups of min(size, ranks), asserting they divide them.
+        if isinstance(size, (int, float)) and not isinstance(size, bool) and size >= 1 and total_gpus % min(int(size), total_gpus):
+            raise ConfigError(f"{ZERO_KEY}.{HPZ_KEY} ({size:g}) must divide the {total_gpus} GPU(s) of one experiment "
+                              "(DeepSpeed groups the ranks by it): use the GPUs of a node or a divisor of them")
     mbs, gas, tbs = (user.raw.get(k) for k in (MBS_KEY, GAS_KEY, TBS_KEY))
     if isinstance(mbs, int) and isinstance(gas, int) and isinstance(tbs, int) and not any(type(v) is bool for v in (mbs, gas, tbs)):
         dp = total_gpus // mp

@@ -19,6 +19,7 @@ class FailureReason(str, enum.Enum):
     INTERRUPTED = "interrupted"  # stopped by the user, a dead worker, or lost (its exit status with the launch server): runs again
     PORT = "port"  # no rendezvous port free on the node, or its port taken at bind: the node's state; stops the tuning, runs again on resume
     SCRIPT = "script"  # failed whatever the config (the script's arguments, imports, files): stops the tuning, runs again on resume
+    UNSUPPORTED = "unsupported"  # a setting this accelerator cannot run (an op DeepSpeed has no kernel for here): the setting's, not the stage's or the size's
 
     @property
     def judges_config(self) -> bool:

@@ -47,6 +47,17 @@ _SCRIPT_FAILURES = re.compile(
 # ...unless DeepSpeed was building one of its ops (a compiler, a header or a module missing): which
 # ops it builds depends on the optimizer and offload, so on the config.
 _OP_BUILD = re.compile(r"op_builder|cpp_extension|torch_extensions")
+# A setting the accelerator cannot run: an op DeepSpeed has no kernel for on it (ZeRO++'s
+# quantizer on the CPU accelerator), or a feature it asserts for another (SuperOffload on
+# anything but CUDA). Its own reason: the setting failed, not the stage or the micro-batch size.
+_UNSUPPORTED = re.compile(
+    r"This op had not been implemented on \w+ backend\.?"
+    r"|'\w+' is not supported on the \w+ accelerator backend\.?"
+    r"|Unable to JIT load the \w+ op due to it not being compatible"
+    r"|SuperOffload only supports NVIDIA CUDA GPUs[^\n]*"
+)
+# The op DeepSpeed was loading, as its traceback names it (``QuantizerBuilder().load()``).
+_OP_LOADED = re.compile(r"\b(\w+)Builder\(\)\.load\(")
 
 
 def read_tail(path: str, *, max_bytes: int = _TAIL_BYTES) -> str:
@@ -84,6 +95,16 @@ def script_failure(stderr_tail: str) -> str:
         if match:
             return match.group(1)
     return ""
+
+
+def unsupported(stderr_tail: str) -> str:
+    """What a failed run's stderr says this accelerator cannot run (see ``_UNSUPPORTED``), with
+    the op DeepSpeed was loading where its traceback names it; ``""`` when nothing says so."""
+    match = _UNSUPPORTED.search(stderr_tail)
+    if match is None:
+        return ""
+    ops = _OP_LOADED.findall(stderr_tail[: match.start()])
+    return (f"DeepSpeed's {ops[-1]} op: " if ops else "") + match.group(0).strip()
 
 
 class BadMetrics(ValueError):
@@ -150,6 +171,10 @@ def classify(
     :attr:`FailureReason.INTERRUPTED`, a run to make again. A failure to rendezvous because the
     port was in use is :attr:`FailureReason.PORT`, the node's.
     """
+    if (returncode != 0 or timed_out) and (cause := unsupported(stderr_tail)):
+        # Before the timeout: DeepSpeed's ranks can hang once they raised it (0.19.8's ZeRO++
+        # quantizer on the CPU accelerator did, until killed).
+        return FailureReason.UNSUPPORTED, f"not supported here: {cause}" + (" (its ranks then hung until the trial timeout)" if timed_out else "")
     if timed_out:
         return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
     if returncode in (0, None) and metrics is not None:

@@ -1,5 +1,6 @@
 """Layer 1: what to search, per ZeRO stage: knobs, micro-batch sizes, memory bounds."""
 
+from optuna_ds.space._levers import is_superchip
 from optuna_ds.space._memory import MemoryEstimate
 from optuna_ds.space._memory import estimate_memory
 from optuna_ds.space._offload import OFFLOAD_VARIANTS
@@ -17,6 +18,7 @@ __all__ = [
     "build_knob_space",
     "default_tuning_space",
     "estimate_memory",
+    "is_superchip",
     "knob_defaults",
     "offload_sections",
     "user_offloads",

@@ -72,7 +72,7 @@ class ExperimentBuilder:
         result_dir = self.result_dir(name)
         files = ExperimentFiles(result_dir)
         ds_config = self._base(stage=config.stage, mbs=config.micro_batch, gas=config.accumulation,
-                               zero={**copy.deepcopy(space.fixed), **config.knob_dict})
+                               zero=space.zero_section(config.knob_dict))
         a = self._user.autotuning
         ds_config["autotuning"] = {
             "enabled": True,

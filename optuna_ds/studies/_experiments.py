@@ -129,11 +129,11 @@ def stage_distributions(*, mbs_high: int, gas_high: int, offloads: Sequence[str]
     optuna-dashboard's plots and importances (PED-ANOVA groups trials by distribution) and
     ``optuna best-trial`` read it as any Optuna study: the micro-batch size and accumulation up
     to ``mbs_high`` and ``gas_high``, the offload variant among ``offloads`` (labels, ``""`` for
-    none) where the stage has several, and each tuned knob among its values."""
+    none) where the stage has several, and each knob tuned with or without offload among its values."""
     distributions: dict[str, BaseDistribution] = {MBS_KEY: IntDistribution(1, mbs_high), GAS_KEY: IntDistribution(1, gas_high)}
     if len(offloads) > 1:
         distributions[OFFLOAD_PARAM] = CategoricalDistribution([label or _NO_OFFLOAD for label in offloads])
-    distributions.update({k: CategoricalDistribution(v) for k, v in space.tuned.items()})
+    distributions.update({k: CategoricalDistribution(v) for k, v in space.dimensions.items()})
     return distributions
 
 

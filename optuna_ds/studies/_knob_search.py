@@ -58,9 +58,12 @@ class KnobCandidates:
             return {}
         out: dict[tuple[int, str], list[KnobSetting]] = {}
         for arm in arms:
-            space = self._spaces.get(arm.stage)
+            stage_space = self._spaces.get(arm.stage)
             study = studies.get(arm.stage)
-            if space is None or study is None or not space.tuned:
+            if stage_space is None or study is None:
+                continue
+            space = stage_space.with_offload(arm.offload)  # an offload variant tunes its own knobs too
+            if not space.tuned:
                 continue
             trials = study.get_trials(deepcopy=False)
             if self._budget(noise).exhausted(study):

@@ -347,8 +347,8 @@ class Tuning:
                           f"states, more than the {_humanize(e.device_memory)}B available")
             self._skip(stage, reason, e, self._log)
         return [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers,
-                    knobs=tuple((k, tuple(v)) for k, v in sorted(spaces[stage].tuned.items())),
-                    knob_defaults=Knobs(knob_defaults(spaces[stage])))
+                    knobs=tuple((k, tuple(v)) for k, v in sorted(spaces[stage].with_offload(label).tuned.items())),
+                    knob_defaults=Knobs(knob_defaults(spaces[stage].with_offload(label))))
                 for stage, label, e in chosen]
 
     def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
@@ -382,7 +382,8 @@ class Tuning:
             f"{self._resources.total_gpus} {device}(s) per experiment, {self._pool.size} at once; metric {a.metric} ({a.tuned_metric.direction})"
         )
         estimates = self._estimates(info)
-        spaces = {stage: build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"))
+        spaces = {stage: build_knob_space(stage, self._user.zero_section(), fast=a.fast, hidden_size=info.get("hidden_size"),
+                                          ranks=self._builder.data_parallel_size, ranks_per_node=self._resources.gpus_per_node)
                   for stage in self._user.stages}
         arms = self._arms(info, estimates, spaces)
         ctx = self._context(self._observer)
