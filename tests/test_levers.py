@@ -31,7 +31,14 @@ def _user(zero: dict[str, Any], **raw: Any) -> Any:
     return parse_user_config({"zero_optimization": zero, "autotuning": {"enabled": True, "fast": False}, **raw}, path="/x/ds.json", script_args=[])
 
 
-def test_zeropp_is_a_dimension_only_at_stage_3_between_ranks() -> None:
+def test_zeropp_is_a_dimension_only_at_stage_3_between_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from optuna_ds.space import _levers
+
+    # Where the accelerator has no quantizer kernels (DeepSpeed's CPU one), qwZ and qgZ are no
+    # dimension: every rank raises, then hangs until the trial's timeout.
+    monkeypatch.setattr(_levers, "quantizer_kernels", lambda: False)
+    assert build_knob_space(3, {}, fast=False, ranks=16, ranks_per_node=8).tuned.keys() & ZEROPP == {"zero_hpz_partition_size"}
+    monkeypatch.setattr(_levers, "quantizer_kernels", lambda: True)
     assert not ZEROPP & build_knob_space(3, {}, fast=False, ranks=1).tuned.keys()
     assert not ZEROPP & build_knob_space(2, {}, fast=False, ranks=16, ranks_per_node=8).tuned.keys()
     one_node = build_knob_space(3, {}, fast=False, ranks=8, ranks_per_node=8).tuned
@@ -93,7 +100,10 @@ def test_superoffload_is_proposed_for_stage3_cpu_offload_on_a_superchip_only() -
     assert not build_knob_space(3, {}, fast=False, superchip=False).offload_tuned
 
 
-def test_knob_defaults_are_deepspeeds() -> None:
+def test_knob_defaults_are_deepspeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from optuna_ds.space import _levers
+
+    monkeypatch.setattr(_levers, "quantizer_kernels", lambda: True)  # a GPU node's
     space = build_knob_space(3, {"offload_optimizer": {"device": "cpu", "pin_memory": [False, True]}}, fast=False, ranks=16,
                              ranks_per_node=8, superchip=True)
     defaults = knob_defaults(space)

@@ -40,11 +40,24 @@ def zeropp_space(stage: int, *, ranks: int, ranks_per_node: int) -> dict[str, li
     """
     if stage != 3 or ranks <= 1:
         return {}
-    space: dict[str, list[Any]] = {"zero_quantized_weights": [False, True]}
+    # The quantizers are CUDA kernels: DeepSpeed's CPU accelerator raises "not implemented on
+    # CPU backend" in every rank, which then hang until the trial's timeout.
+    quantizes = quantizer_kernels()
+    space: dict[str, list[Any]] = {"zero_quantized_weights": [False, True]} if quantizes else {}
     if spans_nodes(ranks=ranks, ranks_per_node=ranks_per_node):
-        space["zero_quantized_gradients"] = [False, True]
+        if quantizes:
+            space["zero_quantized_gradients"] = [False, True]
         space["zero_hpz_partition_size"] = [1, ranks_per_node]
     return space
+
+
+@functools.cache
+def quantizer_kernels() -> bool:
+    """Whether DeepSpeed's accelerator here has the quantizer kernels ZeRO++'s qwZ and qgZ run
+    (not its CPU accelerator)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return str(get_accelerator().device_name()) != "cpu"
 
 
 def spans_nodes(*, ranks: int, ranks_per_node: int) -> bool:
