@@ -265,7 +265,9 @@ def test_launcher_flags_that_cannot_work_are_one_line(ws: Workspace, argv: list[
 
 # -- quoting -----------------------------------------------------------------------------------------
 
-HOSTILE = ["--note", "a b", "--q", "it's \"quoted\"", "--d", "$HOME $(touch pwned) `touch pwned2`", "--s", "x; touch pwned3 #", "--e", ""]
+# No flag an ambiguous abbreviation of DeepSpeed's launcher's (`--s`: --save_pid or --ssh_port?):
+# its parser refuses those even after the script.
+HOSTILE = ["--note", "a b", "--q", "it's \"quoted\"", "--d", "$HOME $(touch pwned) `touch pwned2`", "--sh", "x; touch pwned3 #", "--empty", ""]
 
 
 def test_written_commands_run_exactly_their_argv(ws: Workspace) -> None:
