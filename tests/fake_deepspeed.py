@@ -28,7 +28,7 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
     knob_room   {knob: {value: sizes}}               raises oom_above: a smaller buffer leaves room
     duration, duration_at {mbs: seconds}             how long an experiment takes
     knob_duration {knob: {value: seconds}}           ...with that knob set so (say, to interrupt one knob experiment)
-    noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ)
+    noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ), and per step timed
     offload_factor  throughput with the optimizer offloaded, as a share   default 0.5 (a real offload is never faster)
 
 A config without autotuning enabled is a training run: it prints and exits with
