@@ -110,6 +110,66 @@ def run_in_process(args: Sequence[str], *, cwd: Path, env: Mapping[str, str] | N
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> str:
+    """Refused as bad input is refused everywhere: exit status 2, one line on stderr that starts
+    ``optuna-ds: error`` and holds each of ``words``, no traceback. Returns the line."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("optuna-ds: error"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def safe_component(name: str) -> bool:
+    """``name`` is one path component: no climbing, no separator, within a file name's length."""
+    return name not in ("", ".", "..") and os.sep not in name and "\0" not in name and len(name.encode()) <= 255
+
+
+def assert_tuned_or_refused(raw: Any, *, script_args: Sequence[str], gpus: int) -> None:
+    """Any config is either tuned -- each stage's experiment builds, named safely inside the
+    results folder, with the stage and size it was built for -- or refused with one line (a
+    ``ConfigError``: the CLI's exit status 2, see :func:`assert_one_line_error`), never a crash."""
+    import math
+
+    from optuna_ds._errors import ConfigError
+    from optuna_ds.config import check_gpus
+    from optuna_ds.config import check_with_deepspeed
+    from optuna_ds.config import parse_user_config
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import Phase
+    from optuna_ds.space import build_knob_space
+    from optuna_ds.studies import ExperimentBuilder
+
+    def one_line(error: ConfigError) -> None:
+        assert str(error) and "\n" not in str(error), str(error)
+
+    try:
+        user = parse_user_config(raw, path="ds_config.json", script_args=list(script_args))
+        check_gpus(user, total_gpus=gpus)
+        check_with_deepspeed(user)
+    except ConfigError as e:
+        one_line(e)
+        return
+    builder = ExperimentBuilder(user=user, results_dir="/results", total_gpus=gpus)
+    for stage in user.stages:
+        assert type(stage) is int and stage in (0, 1, 2, 3)
+        try:
+            space = build_knob_space(stage, user.zero_section(), fast=user.autotuning.fast)
+        except ConfigError as e:
+            one_line(e)
+            continue
+        mbs = user.min_micro_batch_size
+        experiment = builder.build(Config(stage=stage, micro_batch=mbs, knobs={k: v[0] for k, v in space.tuned.items()}),
+                                   phase=Phase.KNOBS, space=space)
+        assert os.path.dirname(experiment.result_dir) == "/results" and safe_component(experiment.name), experiment.result_dir
+        json.dumps(experiment.ds_config)
+        assert experiment.ds_config["zero_optimization"]["stage"] == stage
+        assert experiment.ds_config["train_micro_batch_size_per_gpu"] == mbs
+    assert math.isfinite(user.autotuning.max_train_micro_batch_size_per_gpu)
+
+
 class Workspace:
     """A temporary project: a training script, its DeepSpeed config, and the CLI to run on them."""
 

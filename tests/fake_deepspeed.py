@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""A stand-in for the ``deepspeed`` launcher, for fast orchestration tests.
+"""The fake ``deepspeed`` launcher of the tests and the benchmarks.
 
-It parses the launcher's command line as ``deepspeed`` does, reads the experiment's config,
-and writes what DeepSpeed's engine would: ``model_info.json`` for a profile run, the metrics
-file for an experiment. The performance surface and the faults come from the JSON in
-``FAKE_DS_SURFACE``:
+It reads the command line with DeepSpeed's own launcher parser, reads the experiment's config (a
+path, or base64 JSON as DeepSpeed's autotuner passes it), and answers as DeepSpeed's engine does
+in autotuning mode: ``model_info.json`` for a profile run; for an experiment, one timer line per
+optimizer step on rank 0's stdout, then the metrics file. What a config measures comes from a
+surface: run as a script, the tests' surface below (``FAKE_DS_SURFACE``);
+benchmarks/simulated_deepspeed.py answers from the benchmarks' physics and
+tests/adversarial/hostile_deepspeed.py from a table of misbehaviours, both through this module.
+
+The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
 
     base        {stage: throughput scale}            default {"0": 100, "1": 120, "2": 110, "3": 80}
     peak        micro-batch size of peak throughput   default 24
@@ -23,14 +28,22 @@ file for an experiment. The performance surface and the faults come from the JSO
     knob_room   {knob: {value: sizes}}               raises oom_above: a smaller buffer leaves room
     duration, duration_at {mbs: seconds}             how long an experiment takes
     knob_duration {knob: {value: seconds}}           ...with that knob set so (say, to interrupt one knob experiment)
-    noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ)
+    noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ), and per step timed
     offload_factor  throughput with the optimizer offloaded, as a share   default 0.5 (a real offload is never faster)
 
-A config without an ``autotuning`` section is a training run: it prints and exits with
+A config without autotuning enabled is a training run: it prints and exits with
 ``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times
 and the ``FAKE_DS_NODE`` label (one machine posing as several nodes: their GPU ids repeat).
 """
+from __future__ import annotations
 
+import argparse
+import ast
+import base64
+import dataclasses
+import fcntl
+import functools
+import importlib.machinery
 import json
 import os
 import random
@@ -38,138 +51,290 @@ import signal
 import subprocess
 import sys
 import time
-
-LAUNCHER_VALUE_OPTIONS = {"--include", "--exclude", "--hostfile", "--master_port", "--master_addr", "--num_gpus", "--num_nodes",
-                          "--launcher", "--launcher_args", "--enable_each_rank_log", "--bind_core_list", "--ssh_port",
-                          "--venv_script", "--log_level"}
-
-
-def parse(argv):
-    launcher, i = {}, 0
-    while i < len(argv) and argv[i].startswith("--"):
-        key = argv[i].split("=", 1)[0]
-        if "=" in argv[i]:
-            launcher[key] = argv[i].split("=", 1)[1]
-            i += 1
-        elif key in LAUNCHER_VALUE_OPTIONS:
-            launcher[key] = argv[i + 1]
-            i += 2
-        else:
-            launcher[key] = True
-            i += 1
-    return launcher, argv[i], argv[i + 1 :]
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 
-def config_path(args):
+class _Built(argparse.ArgumentParser):
+    """An argument parser whose ``parse_args`` hands back the parser itself, unparsed."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        return self
+
+
+@functools.cache
+def deepspeed_parser(module: str = "runner") -> argparse.ArgumentParser:
+    """The parser of DeepSpeed's ``deepspeed`` launcher (``deepspeed.launcher.runner``) or of its
+    per-node launcher (``deepspeed.launcher.launch``), compiled from DeepSpeed's source without
+    importing DeepSpeed (torch's import would cost each launch seconds): the flags, and which
+    of them take a value, are DeepSpeed's own, never a copy of its table."""
+    spec = importlib.machinery.PathFinder.find_spec("deepspeed")  # on disk, whatever stands in for it in sys.modules
+    assert spec is not None and spec.origin, "the fake launcher reads DeepSpeed's launcher parsers: install deepspeed"
+    root = Path(spec.origin).parent
+    shim = types.ModuleType("argparse")
+    shim.__dict__.update(vars(argparse))
+    shim.ArgumentParser = _Built  # type: ignore[attr-defined]
+    namespace: dict[str, Any] = {"argparse": shim, "ArgumentParser": _Built, "REMAINDER": argparse.REMAINDER, "os": os}
+    for constants in (root / "constants.py", root / "launcher" / "constants.py"):  # plain assignments, no imports of DeepSpeed's
+        exec(compile(constants.read_text(), str(constants), "exec"), namespace)
+    source = root / "launcher" / f"{module}.py"
+    tree = ast.parse(source.read_text())
+    parse_args = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "parse_args")
+    used = {node.id for node in ast.walk(parse_args) if isinstance(node, ast.Name)}
+    # The module's constants that the parser reads (its default hostfile path, say).
+    wanted = [node for node in tree.body if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in used for t in node.targets)]
+    exec(compile(ast.Module(body=[*wanted, parse_args], type_ignores=[]), str(source), "exec"), namespace)
+    parser = namespace["parse_args"]()
+    assert isinstance(parser, _Built)
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One launch as DeepSpeed's launcher and engine see it."""
+
+    argv: list[str]
+    options: argparse.Namespace  # the launcher's, DeepSpeed's defaults filled in
+    script: str
+    args: list[str]
+    config: dict[str, Any]
+    config_path: str | None  # None where the config came as base64
+
+    @property
+    def include(self) -> str | None:
+        return getattr(self.options, "include", None) or None
+
+    @property
+    def gpus(self) -> int:
+        """The ranks: the per-node launcher's world, the slots ``--include`` names, else
+        ``--num_gpus`` x ``--num_nodes`` (one each where unset)."""
+        world = getattr(self.options, "world_info", "None")
+        if world != "None":
+            return sum(len(slots) for slots in json.loads(base64.urlsafe_b64decode(world)).values())
+        if self.include:
+            return sum(len(part.split(":", 1)[1].split(",")) if ":" in part else 1 for part in self.include.split("@"))
+        return max(self.options.num_gpus, 1) * max(self.options.num_nodes, 1)
+
+    @property
+    def autotuning(self) -> dict[str, Any]:
+        return self.config.get("autotuning") or {}
+
+    @property
+    def training(self) -> bool:
+        """Autotuning off: the engine trains as asked."""
+        return not self.autotuning.get("enabled")
+
+    @property
+    def profile(self) -> bool:
+        """The model-info profile run: stopped after the first forward pass."""
+        return not self.training and bool((self.autotuning.get("model_info") or {}).get("profile"))
+
+    @property
+    def zero(self) -> dict[str, Any]:
+        return self.config.get("zero_optimization") or {}
+
+    @property
+    def stage(self) -> int:
+        return int(self.zero.get("stage", 0))
+
+    @property
+    def mbs(self) -> int:
+        return int(self.config.get("train_micro_batch_size_per_gpu", 1))
+
+    @property
+    def gas(self) -> int:
+        return int(self.config.get("gradient_accumulation_steps", 1))
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.mbs * self.gas * self.gpus
+
+    @property
+    def metric_path(self) -> str:
+        return self.autotuning.get("metric_path") or os.path.join(os.getcwd(), "autotuning_metric.json")  # the engine's default
+
+    @property
+    def name(self) -> str:
+        """The experiment's name: its result folder, where the tuner puts its metrics."""
+        return os.path.basename(os.path.dirname(os.path.abspath(self.metric_path)))
+
+    @property
+    def rank_log_dir(self) -> str | None:
+        return None if self.options.enable_each_rank_log == "None" else self.options.enable_each_rank_log
+
+
+def parse(argv: Sequence[str], *, launcher: str = "runner") -> Launch:
+    """The launch ``deepspeed ARGV`` asks for (``python -m deepspeed.launcher.launch ARGV`` with
+    ``launcher="launch"``); a flag DeepSpeed's launcher refuses is refused as it does (its usage
+    and exit status 2), an ambiguous abbreviation among the script's arguments included."""
+    options = argparse.ArgumentParser.parse_args(deepspeed_parser(launcher), list(argv))
+    script, args = (options.user_script, options.user_args) if launcher == "runner" else (options.training_script, options.training_script_args)
+    config, path = _config(args)
+    return Launch(argv=list(argv), options=options, script=script, args=args, config=config, config_path=path)
+
+
+def _config(args: list[str]) -> tuple[dict[str, Any], str | None]:
     for flag in ("--deepspeed_config", "--deepspeed"):
         for j, a in enumerate(args):
-            if a == flag and j + 1 < len(args) and args[j + 1].endswith(".json"):
-                return args[j + 1]
-            if a.startswith(flag + "="):
-                return a.split("=", 1)[1]
-    sys.exit("fake deepspeed: no config in the script arguments")
+            value = a.split("=", 1)[1] if a.startswith(flag + "=") else args[j + 1] if a == flag and j + 1 < len(args) else None
+            if value is None or value.startswith("--"):
+                continue
+            if os.path.isfile(value):
+                with open(value) as f:
+                    return json.load(f), value
+            return json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))), None
+    sys.exit("fake deepspeed: no --deepspeed_config/--deepspeed in the script arguments")
 
 
-def _key(value):
+# Shares of an optimizer step's time, as a small model's timers show them: the backward pass
+# holds the gradients' allreduce.
+_FWD, _BWD_INNER, _BWD_ALLREDUCE, _STEP = 0.3, 0.45, 0.15, 0.1
+
+
+def _timers(seconds: float) -> dict[str, float]:
+    """One optimizer step's timers, in milliseconds."""
+    ms = seconds * 1e3
+    return {"fwd": _FWD * ms, "bwd": (_BWD_INNER + _BWD_ALLREDUCE) * ms, "bwd_inner": _BWD_INNER * ms, "bwd_allreduce": _BWD_ALLREDUCE * ms,
+            "step": _STEP * ms}
+
+
+def report(launch: Launch, *, throughput: float, steps: Sequence[float] = (), flops_per_gpu: float, seconds: float = 0.0) -> None:
+    """What DeepSpeed's engine does in autotuning mode once the model runs: it logs its global
+    timers on rank 0 at every optimizer step, ``[Rank 0] time (ms) | fwd: ...``, for global
+    steps 1..end_profile_step (``steps``: each one's throughput, samples/s; where fewer are given,
+    the rest at ``throughput``), then at step end_profile_step + 1 writes the metrics file from
+    that step's timers alone and exits. ``throughput`` is that last step's. The metrics file
+    holds ``fwd``, ``bwd``, ``step`` (each micro-step's mean) and ``latency`` (the optimizer
+    step) in microseconds, though DeepSpeed calls them milliseconds, and throughput =
+    train_batch_size * 1e6 / latency. ``seconds``: how long it all takes, spread over the steps."""
+    end = int(launch.autotuning.get("end_profile_step", 5))
+    for k in range(end):
+        time.sleep(seconds / (end + 1))
+        timers = _timers(launch.train_batch_size / (steps[k] if k < len(steps) else throughput))
+        print("[Rank 0] time (ms) | " + " | ".join(f"{name}: {value:.2f}" for name, value in timers.items()), flush=True)
+    time.sleep(seconds / (end + 1))
+    latency = launch.train_batch_size * 1e6 / throughput
+    last = {name: value * 1e3 / launch.gas for name, value in _timers(latency / 1e6).items() if name in ("fwd", "bwd", "step")}
+    write_json(launch.metric_path, {**last, "latency": latency, "FLOPS_per_gpu": flops_per_gpu, "throughput": throughput, "rank": 0})
+
+
+def jittered(throughput: float, noise: float, *, count: int, seed: str) -> list[float]:
+    """``count`` steps' throughputs around ``throughput``, each off by a relative sd of ``noise``."""
+    rng = random.Random(seed)
+    return [throughput * (1.0 + noise * rng.gauss(0.0, 1.0)) for _ in range(count)] if noise else []
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def append_line(path: str | None, entry: dict[str, Any]) -> None:
+    """``entry`` as a JSON line of ``path`` (launches at once append whole lines)."""
+    if path:
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(json.dumps(entry) + "\n")
+
+
+def _key(value: Any) -> str:
     """A knob value as a table key: 5e8 and 500000000 are one size."""
     return json.dumps(float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value)
 
 
-def log(entry):
-    path = os.environ.get("FAKE_DS_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+def surface_throughput(surface: dict[str, Any], launch: Launch) -> float:
+    """The tests' one throughput surface, noise-free: a curve in the micro-batch size peaking at
+    ``peak``, scaled per stage, by the knobs' gains and by an offloaded optimizer."""
+    base = float(surface.get("base", {"0": 100, "1": 120, "2": 110, "3": 80}).get(str(launch.stage), 100))
+    peak = float(surface.get("peak", 24))
+    throughput = base * launch.mbs / (1 + (launch.mbs / peak) ** 2)
+    tables = [*surface.get("knob_gain", {}).items(), *surface.get("knob_gain_at", {}).get(str(launch.stage), {}).items()]
+    for knob, gains in tables:
+        gains = {_key(json.loads(value)): factor for value, factor in gains.items()}
+        throughput *= float(gains.get(_key(launch.zero.get(knob)), 1.0))
+    offload = launch.zero.get("offload_optimizer")
+    if isinstance(offload, dict) and offload.get("device", "none") != "none":
+        throughput *= float(surface.get("offload_factor", 0.5))
+    return throughput
 
 
-def main():
+def _answer(surface: dict[str, Any], launch: Launch) -> int:
+    if surface.get("script_error"):
+        print(surface["script_error"], file=sys.stderr)
+        print(f"[ERROR] [launch.py:325:sigkill_handler] ['python', '-u', '{launch.script}'] exits with return code = 2", file=sys.stderr)
+        return 2
+    if launch.profile:
+        if surface.get("profile_fail"):
+            print("Traceback (most recent call last):\nValueError: model has no parameters", file=sys.stderr)
+            return 1
+        while surface.get("profile_gate") and not os.path.exists(surface["profile_gate"]):
+            time.sleep(0.01)
+        params = surface.get("num_params", 1_000_000)
+        write_json(launch.autotuning["model_info_path"], {"num_params": params, "trainable_num_params": params,
+                                                          "activation_mem_per_gpu": surface.get("activation_mem_per_gpu", 1_000_000), "rank": 0})
+        return 0
+    mbs, zero = launch.mbs, launch.zero
+    if mbs in surface.get("hang_at", []):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        print(f"child pid {child.pid}", flush=True)
+        time.sleep(3600)
+    oom_above = surface.get("oom_above", {}).get(str(launch.stage))
+    for knob, rooms in surface.get("knob_room", {}).items():
+        if oom_above is not None:
+            oom_above += int({_key(json.loads(v)): n for v, n in rooms.items()}.get(_key(zero.get(knob)), 0))
+    if oom_above is not None and mbs > oom_above:
+        print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
+        if "stderr_text" in surface:
+            print(surface["stderr_text"], file=sys.stderr)
+        return 1
+    if mbs in surface.get("error_at", []):
+        print("Traceback (most recent call last):\nRuntimeError: NCCL communicator was aborted", file=sys.stderr)
+        return 1
+    if mbs in surface.get("no_metrics_at", []):
+        return 0
+    true = surface_throughput(surface, launch)
+    noise = float(surface.get("noise", 0.0))
+    # The measured step: one draw per experiment name, so that repeats differ.
+    measured = true * (1.0 + noise * random.Random(launch.name).gauss(0.0, 1.0)) if noise else true
+    seconds = float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0)))
+    for knob, table in surface.get("knob_duration", {}).items():
+        seconds = float({_key(json.loads(value)): t for value, t in table.items()}.get(_key(zero.get(knob)), seconds))
+    steps = jittered(true, noise, count=int(launch.autotuning.get("end_profile_step", 5)), seed=f"{launch.name}/steps")
+    report(launch, throughput=measured, steps=steps, flops_per_gpu=measured * 1e9, seconds=seconds)
+    return 0
+
+
+def main() -> int:
     # Ended by its process group (a timeout, an interrupt, an orphan): still log the launch.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     surface = json.loads(os.environ.get("FAKE_DS_SURFACE") or "{}")
-    launcher, script, args = parse(sys.argv[1:])
-    if not os.path.isfile(script):
-        sys.exit(f"fake deepspeed: script {script} not found")
-    with open(config_path(args)) as f:
-        config = json.load(f)
-    auto = config.get("autotuning", {})
-    zero = config.get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
-    mbs = int(config.get("train_micro_batch_size_per_gpu", 1))
-    gas = int(config.get("gradient_accumulation_steps", 1))
-    start = time.time()
-    entry = {"start": start, "include": launcher.get("--include"), "master_port": launcher.get("--master_port"),
-             "stage": stage, "mbs": mbs, "gas": gas, "args": args, "pid": os.getpid(), "launcher": launcher,
-             "argv": sys.argv[1:], "node": os.environ.get("FAKE_DS_NODE")}
-    print(f"[INFO] fake deepspeed launching {script} pid {os.getpid()}", flush=True)
+    launch = parse(sys.argv[1:])
+    if not os.path.isfile(launch.script):
+        sys.exit(f"fake deepspeed: script {launch.script} not found")
+    entry: dict[str, Any] = {
+        "start": time.time(), "include": launch.include, "master_port": launch.options.master_port, "stage": launch.stage,
+        "mbs": launch.mbs, "gas": launch.gas, "args": launch.args, "pid": os.getpid(), "argv": launch.argv, "node": os.environ.get("FAKE_DS_NODE"),
+    }
+    print(f"[INFO] fake deepspeed launching {launch.script} pid {os.getpid()}", flush=True)
     # A harmless warning that mentions "Error": it must not fail the run.
     print("UserWarning: torch.distributed ErrorHandler is deprecated", file=sys.stderr, flush=True)
-    rank_dir = launcher.get("--enable_each_rank_log")
-    if rank_dir and surface.get("rank_log_text"):
-        os.makedirs(rank_dir, exist_ok=True)
-        with open(os.path.join(rank_dir, time.strftime("%Y%m%d%H%M%S") + "_rank0.log"), "w") as f:
+    if launch.rank_log_dir and surface.get("rank_log_text"):
+        os.makedirs(launch.rank_log_dir, exist_ok=True)
+        with open(os.path.join(launch.rank_log_dir, time.strftime("%Y%m%d%H%M%S") + "_rank0.log"), "w") as f:
             f.write(surface["rank_log_text"] + "\n")
     try:
-        if not auto:
+        if launch.training:
             entry["training"] = True
-            print(f"training with micro-batch {mbs}", flush=True)
+            print(f"training with micro-batch {launch.mbs}", flush=True)
             return int(os.environ.get("FAKE_DS_TRAIN_EXIT", "0"))
-        if surface.get("script_error"):
-            print(surface["script_error"], file=sys.stderr)
-            print(f"[ERROR] [launch.py:325:sigkill_handler] ['python', '-u', '{script}'] exits with return code = 2", file=sys.stderr)
-            return 2
-        if auto.get("model_info", {}).get("profile"):
-            entry["profile"] = True
-            if surface.get("profile_fail"):
-                print("Traceback (most recent call last):\nValueError: model has no parameters", file=sys.stderr)
-                return 1
-            while surface.get("profile_gate") and not os.path.exists(surface["profile_gate"]):
-                time.sleep(0.01)
-            info = {"num_params": surface.get("num_params", 1_000_000), "trainable_num_params": surface.get("num_params", 1_000_000),
-                    "activation_mem_per_gpu": surface.get("activation_mem_per_gpu", 1_000_000), "rank": 0}
-            with open(auto["model_info_path"], "w") as f:
-                json.dump(info, f)
-            return 0
-        if mbs in surface.get("hang_at", []):
-            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-            print(f"child pid {child.pid}", flush=True)
-            time.sleep(3600)
-        oom_above = surface.get("oom_above", {}).get(str(stage))
-        for knob, rooms in surface.get("knob_room", {}).items():
-            if oom_above is not None:
-                oom_above += int({_key(json.loads(v)): n for v, n in rooms.items()}.get(_key(zero.get(knob)), 0))
-        if oom_above is not None and mbs > oom_above:
-            print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
-            if "stderr_text" in surface:
-                print(surface["stderr_text"], file=sys.stderr)
-            return 1
-        if mbs in surface.get("error_at", []):
-            print("Traceback (most recent call last):\nRuntimeError: NCCL communicator was aborted", file=sys.stderr)
-            return 1
-        if mbs in surface.get("no_metrics_at", []):
-            return 0
-        base = float(surface.get("base", {"0": 100, "1": 120, "2": 110, "3": 80}).get(str(stage), 100))
-        peak = float(surface.get("peak", 24))
-        throughput = base * mbs / (1 + (mbs / peak) ** 2)
-        tables = [*surface.get("knob_gain", {}).items(), *surface.get("knob_gain_at", {}).get(str(stage), {}).items()]
-        for knob, gains in tables:
-            gains = {_key(json.loads(value)): factor for value, factor in gains.items()}
-            throughput *= float(gains.get(_key(zero.get(knob)), 1.0))
-        if isinstance(zero.get("offload_optimizer"), dict) and zero["offload_optimizer"].get("device", "none") != "none":
-            throughput *= float(surface.get("offload_factor", 0.5))
-        if surface.get("noise"):
-            throughput *= 1.0 + float(surface["noise"]) * random.Random(os.path.basename(os.path.dirname(auto["metric_path"]))).gauss(0.0, 1.0)
-        latency = mbs * gas * 1e6 / throughput
-        metrics = {"throughput": throughput, "latency": latency, "FLOPS_per_gpu": throughput * 1e9, "rank": 0}
-        seconds = float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0)))
-        for knob, table in surface.get("knob_duration", {}).items():
-            seconds = float({_key(json.loads(value)): t for value, t in table.items()}.get(_key(zero.get(knob)), seconds))
-        time.sleep(seconds)
-        with open(auto["metric_path"], "w") as f:
-            json.dump(metrics, f)
-        return 0
+        entry["profile"] = launch.profile or None
+        return _answer(surface, launch)
     finally:
         entry["end"] = time.time()
-        log(entry)
+        append_line(os.environ.get("FAKE_DS_LOG"), {k: v for k, v in entry.items() if v is not None or k in ("include", "master_port", "node")})
 
 
 if __name__ == "__main__":

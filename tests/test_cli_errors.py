@@ -6,18 +6,9 @@ import pytest
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from conftest import assert_one_line_error
 
 GOOD = {"train_micro_batch_size_per_gpu": 2, "autotuning": {"enabled": True}}
-
-
-def _assert_clean_error(p, *needles: str) -> None:
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith("optuna-ds: error")
-    assert "Traceback" not in p.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.mark.parametrize(
@@ -34,39 +25,39 @@ def _assert_clean_error(p, *needles: str) -> None:
 )
 def test_invalid_configs(ws: Workspace, config: dict, needles: tuple[str, ...]) -> None:
     ws.config(config)
-    _assert_clean_error(ws.tune(), *needles)
+    assert_one_line_error(ws.tune(), *needles)
 
 
 def test_invalid_json_names_line_and_column(ws: Workspace) -> None:
     (ws.root / "ds_config.json").write_text('{\n "autotuning": {"enabled": true,}\n}')
-    _assert_clean_error(ws.tune(), "ds_config.json is not valid JSON", "line 2 column")
+    assert_one_line_error(ws.tune(), "ds_config.json is not valid JSON", "line 2 column")
 
 
 def test_missing_config_script_and_launcher(ws: Workspace) -> None:
-    _assert_clean_error(ws.tune("absent.json"), "absent.json not found")
+    assert_one_line_error(ws.tune("absent.json"), "absent.json not found")
     ws.config(GOOD)
-    _assert_clean_error(ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "nope.py", "--deepspeed", "ds_config.json"), "training script nope.py not found")
-    _assert_clean_error(ws.cli("tune", LAUNCHER_OPTION, "/no/such/deepspeed", "train.py", "--deepspeed", "ds_config.json"), "--deepspeed-bin /no/such/deepspeed not found")
-    _assert_clean_error(ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--lr", "1"), "no DeepSpeed config in the script arguments")
+    assert_one_line_error(ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "nope.py", "--deepspeed", "ds_config.json"), "training script nope.py not found")
+    assert_one_line_error(ws.cli("tune", LAUNCHER_OPTION, "/no/such/deepspeed", "train.py", "--deepspeed", "ds_config.json"), "--deepspeed-bin /no/such/deepspeed not found")
+    assert_one_line_error(ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--lr", "1"), "no DeepSpeed config in the script arguments")
 
 
 def test_unknown_option_and_bad_storage(ws: Workspace) -> None:
     ws.config(GOOD)
-    _assert_clean_error(ws.cli("tune", "--num_gpus", "two", "train.py", "--deepspeed", "ds_config.json"), "--num_gpus")
+    assert_one_line_error(ws.cli("tune", "--num_gpus", "two", "train.py", "--deepspeed", "ds_config.json"), "--num_gpus")
     p = ws.tune("ds_config.json", "--storage", "postgresql+psycopg://user:s3cret@127.0.0.1:1/db")
-    _assert_clean_error(p, "127.0.0.1:1")
+    assert_one_line_error(p, "127.0.0.1:1")
     assert "s3cret" not in p.stderr + p.stdout
-    _assert_clean_error(ws.tune("ds_config.json", "--storage", "not a url"), "invalid storage URL")
+    assert_one_line_error(ws.tune("ds_config.json", "--storage", "not a url"), "invalid storage URL")
     p = ws.tune("ds_config.json", "--storage", "postgresql+psycopg://user@127.0.0.1:1/db", env=ws.env(OPTUNA_DS_CONNECT_PATIENCE="soon"))
-    _assert_clean_error(p, "OPTUNA_DS_CONNECT_PATIENCE must be a number of seconds", "'soon'")
+    assert_one_line_error(p, "OPTUNA_DS_CONNECT_PATIENCE must be a number of seconds", "'soon'")
 
 
 def test_hostfile_errors(ws: Workspace) -> None:
     ws.config(GOOD)
-    _assert_clean_error(ws.tune("ds_config.json", "--hostfile", "missing-hostfile"), "hostfile missing-hostfile not found")
+    assert_one_line_error(ws.tune("ds_config.json", "--hostfile", "missing-hostfile"), "hostfile missing-hostfile not found")
     (ws.root / "hostfile").write_text("worker-0 slots=2\nworker-0 slots=2\n")
-    _assert_clean_error(ws.tune("ds_config.json", "--hostfile", "hostfile"), "multiple entries for worker-0")
-    _assert_clean_error(ws.tune("ds_config.json", "--num_gpus", "8"), "--num_gpus 8 but a node has only 1")
+    assert_one_line_error(ws.tune("ds_config.json", "--hostfile", "hostfile"), "multiple entries for worker-0")
+    assert_one_line_error(ws.tune("ds_config.json", "--num_gpus", "8"), "--num_gpus 8 but a node has only 1")
 
 
 def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
@@ -74,7 +65,7 @@ def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
     assert ws.tune().returncode == 0
     ws.config({**GOOD, "train_micro_batch_size_per_gpu": 3})
     p = ws.tune()
-    _assert_clean_error(p, "already holds a tuning of ", "whose config differs in train_micro_batch_size_per_gpu", "--overwrite")
+    assert_one_line_error(p, "already holds a tuning of ", "whose config differs in train_micro_batch_size_per_gpu", "--overwrite")
     assert p.stdout.strip() == ""  # the refusal alone, no line of the tuning it refused before it
 
 
@@ -84,4 +75,4 @@ def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
 ])
 def test_a_storage_url_of_another_spelling_names_the_one_that_works(ws: Workspace, url: str, hint: str) -> None:
     ws.config(GOOD)
-    _assert_clean_error(ws.tune("ds_config.json", "--storage", url), hint)
+    assert_one_line_error(ws.tune("ds_config.json", "--storage", url), hint)

@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from conftest import assert_one_line_error
 from optuna_ds.config import Metric
 from optuna_ds.config import format_number
 from optuna_ds.domain import Config
@@ -254,7 +255,7 @@ def test_a_run_above_the_memory_margin_counts_as_out_of_memory_for_the_planner()
 def test_bad_budget_options_are_one_line(ws: Workspace, extra: list[str], words: str) -> None:
     ws.config(CONFIG)
     p = ws.tune("ds_config.json", *extra, surface=SURFACE)
-    assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert_one_line_error(p, words)
     assert not ws.launches()
 
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from conftest import assert_one_line_error
 from conftest import run_in_process
 from optuna_ds._errors import ResourceError
 from optuna_ds.launcher import CommandBuilder
@@ -257,15 +258,15 @@ def test_deepspeeds_short_flags_and_pass_through_flags_reach_every_launch(ws: Wo
 def test_launcher_flags_that_cannot_work_are_one_line(ws: Workspace, argv: list[str], needle: str) -> None:
     ws.config(GOOD)
     p = ws.tune("ds_config.json", *argv)
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert_one_line_error(p, needle)
     assert not ws.launches()
 
 
 # -- quoting -----------------------------------------------------------------------------------------
 
-HOSTILE = ["--note", "a b", "--q", "it's \"quoted\"", "--d", "$HOME $(touch pwned) `touch pwned2`", "--s", "x; touch pwned3 #", "--e", ""]
+# No flag an ambiguous abbreviation of DeepSpeed's launcher's (`--s`: --save_pid or --ssh_port?):
+# its parser refuses those even after the script.
+HOSTILE = ["--note", "a b", "--q", "it's \"quoted\"", "--d", "$HOME $(touch pwned) `touch pwned2`", "--sh", "x; touch pwned3 #", "--empty", ""]
 
 
 def test_written_commands_run_exactly_their_argv(ws: Workspace) -> None:

@@ -129,7 +129,7 @@ def test_runner_writes_deepspeeds_files_and_maps_args(tmp_path: Path, script: Pa
     assert files == ["cmd.txt", "ds_config.json", "exp.json", "metrics.json", "stderr.log", "stdout.log"]
     assert (tmp_path / "exps" / "z1_gas1_tmbspg8.json").exists()
     launch = json.loads(log.read_text())
-    assert launch["include"] == "localhost:1" and launch["master_port"] == "29701"
+    assert launch["include"] == "localhost:1" and launch["master_port"] == 29701
     assert launch["args"] == ["--deepspeed_config", f"{exp.result_dir}/ds_config.json", "--bs", "8"]
     assert "--include localhost:1 --master_port 29701" in (Path(exp.result_dir) / "cmd.txt").read_text()
 

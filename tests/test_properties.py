@@ -1,19 +1,13 @@
 """Property: any config is either tuned or refused with one clean line, never a crash."""
 from __future__ import annotations
 
-import json
-
 from hypothesis import HealthCheck
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from optuna_ds._errors import ConfigError
-from optuna_ds.config import parse_user_config
-from optuna_ds.domain import Config
-from optuna_ds.domain import Phase
-from optuna_ds.space import build_knob_space
-from optuna_ds.studies import ExperimentBuilder
+from conftest import assert_tuned_or_refused
+
 
 KEYS = ["enabled", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step", "end_profile_step", "fast",
         "max_train_batch_size", "min_train_micro_batch_size_per_gpu", "max_train_micro_batch_size_per_gpu", "mp_size",
@@ -69,17 +63,4 @@ args = st.lists(st.sampled_from(["--deepspeed", "ds.json", "--per_device_train_b
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=configs, extra=args)
 def test_every_config_is_tuned_or_cleanly_refused(raw: dict, extra: list[str]) -> None:
-    try:
-        user = parse_user_config(raw, path="ds.json", script_args=["--deepspeed_config", "ds.json", *extra])
-        builder = ExperimentBuilder(user=user, results_dir="/r", total_gpus=2)
-        for stage in user.stages:
-            space = build_knob_space(stage, user.zero_section(), fast=user.autotuning.fast)
-            mbs = user.min_micro_batch_size
-            config = Config(stage=stage, micro_batch=mbs, knobs={k: v[0] for k, v in space.tuned.items()})
-            exp = builder.build(config, phase=Phase.KNOBS, space=space)
-            json.dumps(exp.ds_config)
-            assert exp.ds_config["zero_optimization"]["stage"] == stage
-            assert exp.ds_config["train_micro_batch_size_per_gpu"] == mbs
-    except ConfigError as e:
-        message = str(e)
-        assert message and "\n" not in message
+    assert_tuned_or_refused(raw, script_args=["--deepspeed_config", "ds.json", *extra], gpus=2)

@@ -22,6 +22,7 @@ import pytest
 from browser import measure
 from browser import screenshot
 from conftest import Workspace
+from conftest import assert_one_line_error
 from optuna_ds.config import format_number
 from optuna_ds.config import parse_user_config
 from optuna_ds.domain import MBS_KEY
@@ -316,7 +317,7 @@ def test_report_command_rebuilds_from_the_storage(tuned: Workspace) -> None:
     assert "| global " in p.stdout and out.exists()
     assert 'id="metric_vs_mbs"' in out.read_text()
     p = tuned.cli("report", "--storage", tuned.storage, "--study-name", "nope")
-    assert p.returncode == 2 and "holds no tuning named 'nope'" in p.stderr
+    assert_one_line_error(p, "holds no tuning named 'nope'")
 
 
 def test_studies_carry_what_the_dashboard_shows(tuned: Workspace) -> None:

@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 from conftest import FAKE_LAUNCHER
 from conftest import LAUNCHER_OPTION
 from conftest import Workspace
+from conftest import assert_one_line_error
 from conftest import reachable
 
 SERVERS = {
@@ -119,17 +120,6 @@ def role() -> Iterator[LimitedRole]:
         role.drop()
 
 
-def _one_line_error(p: subprocess.CompletedProcess[str] | tuple[int, str, str], *words: str) -> str:
-    code, out, err = (p.returncode, p.stdout, p.stderr) if isinstance(p, subprocess.CompletedProcess) else p
-    assert code == 2, (code, out[-2000:], err[-2000:])
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("optuna-ds: error"), err[-3000:]
-    assert "Traceback" not in out + err and "S3cretRole" not in out + err
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
-
-
 def test_a_role_at_its_connection_limit_is_one_line_and_exit_2(ws: Workspace, role: LimitedRole) -> None:
     """Opening Optuna's storage takes two connections at once: with one allowed, `tune`, `worker`
     and `report` each say why in one line, after waiting in case others' connections close (for
@@ -144,7 +134,9 @@ def test_a_role_at_its_connection_limit_is_one_line_and_exit_2(ws: Workspace, ro
                                  stderr=subprocess.PIPE, text=True) for k, a in args.items()}
     for command, proc in procs.items():
         out, err = proc.communicate(timeout=120)
-        line = _one_line_error((proc.returncode, out, err), "too many connections for role", "connection limit")
+        line = assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), "too many connections for role",
+                                     "connection limit")
+        assert "S3cretRole" not in out + err
         assert role.name in line and "127.0.0.1:5432" in line, (command, line)
     assert time.monotonic() - start >= 3  # each waited out its patience (how much longer is the machine's load)
     assert not ws.launches()
@@ -273,7 +265,8 @@ def test_a_database_lost_mid_tuning_keeps_the_finished_experiments(ws: Workspace
     assert len(finished) >= 2, proc.communicate()
     role.refuse()
     out, err = proc.communicate(timeout=120)
-    _one_line_error((proc.returncode, out, err), "lost the storage", "run the same command again to resume")
+    assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), "lost the storage", "run the same command again to resume")
+    assert "S3cretRole" not in out + err
 
     role.admit()
     names = {t.user_attrs["exp_name"]: t.number for t in optuna.load_study(study_name="optuna-ds-z1", storage=role.url).get_trials()

@@ -4,7 +4,8 @@
 ``HOSTILE_DS_TABLE`` is a JSON object: ``{"<mbs>": behaviour, "profile": behaviour,
 "default": behaviour}``. Behaviours:
 
-    ok              metrics with throughput 10 x mbs
+    ok              throughput 10 x mbs, reported as DeepSpeed's engine does (tests/fake_deepspeed.py:
+                    a timer line per step, then the metrics file); the other good metrics below alike
     huge_stderr     8 MiB of stderr, then a crash
     control_bytes   terminal escapes and control bytes on stderr, then a crash
     no_metrics      exit 0 without a metrics file
@@ -48,15 +49,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fake_deepspeed import config_path  # noqa: E402
-from fake_deepspeed import parse  # noqa: E402
+import fake_deepspeed  # noqa: E402
 
 
 def log(entry):
-    path = os.environ.get("FAKE_DS_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+    fake_deepspeed.append_line(os.environ.get("FAKE_DS_LOG"), entry)
 
 
 def launches_of(name):
@@ -81,19 +78,14 @@ def pause(default):
         time.sleep(0.01)
 
 
-def main():
+def main(launcher="runner"):
+    """``launcher``: which of DeepSpeed's launchers this one poses as (``launch``: the per-node one)."""
     table = json.loads(os.environ.get("HOSTILE_DS_TABLE") or "{}")
-    launcher, script, args = parse(sys.argv[1:])
-    cfg_path = config_path(args)
-    with open(cfg_path) as f:
-        config = json.load(f)
-    auto = config.get("autotuning", {})
-    mbs = int(config.get("train_micro_batch_size_per_gpu", 1))
-    profile = bool(auto.get("model_info", {}).get("profile"))
-    training = not auto
+    launch = fake_deepspeed.parse(sys.argv[1:], launcher=launcher)
+    auto, mbs, profile, training = launch.autotuning, launch.mbs, launch.profile, launch.training
     key = "profile" if profile else ("training" if training else str(mbs))
     behaviour = table.get(key, table.get("default", "ok")) if not training else table.get("training", "ok")
-    entry = {"name": os.path.basename(os.path.dirname(os.path.abspath(cfg_path))), "mbs": mbs, "behaviour": behaviour,
+    entry = {"name": os.path.basename(os.path.dirname(os.path.abspath(launch.config_path or launch.metric_path))), "mbs": mbs, "behaviour": behaviour,
              "pid": os.getpid(), "children": [], "profile": profile, "training": training, "metrics": False,
              "storage_env": os.environ.get("OPTUNA_STORAGE")}
     log(dict(entry, event="start"))
@@ -138,7 +130,7 @@ def main():
         log(dict(entry, event="child"))
         pause("0")
     if behaviour == "rendezvous":
-        port = int(launcher.get("--master_port", 29500))
+        port = launch.options.master_port
         store = socket.socket()
         store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -158,9 +150,8 @@ def main():
         info = {"num_params": 1_000_000, "trainable_num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000, "rank": 0}
         write(auto["model_info_path"], json.dumps(info))
         return done(0)
-    value = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"', "zero": "0", "huge": "1e300",
-             "tie": "100.0", "tiny": "5e-324", "bigint": "1" + "0" * 400}.get(behaviour, str(10.0 * mbs))
-    latency = value if behaviour in ("tiny", "bigint") else "1.0"
+    bad = {"inf": "Infinity", "nan": "NaN", "negative": "-5.0", "string": '"fast"', "zero": "0", "huge": "1e300",
+           "tiny": "5e-324", "bigint": "1" + "0" * 400}.get(behaviour)
     if behaviour == "fifo":
         os.mkfifo(auto["metric_path"])
         return done(0)
@@ -172,8 +163,11 @@ def main():
         return done(0)
     if behaviour == "malformed":
         write(auto["metric_path"], '{"throughput": 12')
+    elif bad is not None:  # a metrics file alone, no step timers
+        latency = bad if behaviour in ("tiny", "bigint") else "1.0"
+        write(auto["metric_path"], f'{{"throughput": {bad}, "latency": {latency}, "FLOPS_per_gpu": 1e9, "rank": 0}}')
     else:
-        write(auto["metric_path"], f'{{"throughput": {value}, "latency": {latency}, "FLOPS_per_gpu": 1e9, "rank": 0}}')
+        fake_deepspeed.report(launch, throughput=100.0 if behaviour == "tie" else 10.0 * mbs, flops_per_gpu=1e9)
     entry["metrics"] = True
     if behaviour == "linger":
         log(dict(entry, event="metrics"))

@@ -132,16 +132,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:
-    """Bad input: one line naming the problem, exit status 2, no traceback."""
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("optuna-ds: error"), proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-
-
 def assert_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert "internal error" not in proc.stderr, proc.stderr

@@ -12,9 +12,9 @@ import select
 import subprocess
 import time
 
+from conftest import assert_one_line_error
 from invariants import Hostile
 from invariants import assert_no_traceback
-from invariants import assert_one_line_error
 from invariants import base_config
 from invariants import hws  # noqa: F401
 
@@ -26,7 +26,7 @@ def test_concurrent_tunings_on_one_study_and_on_its_stage_name(hws: Hostile) -> 
     same = [hws.popen("tune", *hws.hostile_args("--num_gpus", "1", "--study-name", "gpt2"), table=table, **env) for _ in range(2)]
     stage_named = hws.popen("tune", *hws.hostile_args("--num_gpus", "1", "--study-name", "gpt2-z1"), table=table, **env)
     out, err = stage_named.communicate(timeout=120)
-    assert_one_line_error(type("P", (), {"returncode": stage_named.returncode, "stdout": out, "stderr": err}), "gpt2-z1")  # type: ignore[arg-type]
+    assert_one_line_error(subprocess.CompletedProcess(stage_named.args, stage_named.returncode, out, err), "gpt2-z1")
     for p in same:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err

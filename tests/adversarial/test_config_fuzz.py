@@ -4,8 +4,6 @@ with a :class:`ConfigError` (the CLI's one line and exit status 2)."""
 
 from __future__ import annotations
 
-import math
-import os
 import string
 
 import pytest
@@ -15,17 +13,14 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from conftest import assert_tuned_or_refused
+from conftest import safe_component
 from optuna_ds._errors import ConfigError
 from optuna_ds.config import AutotuningConfig
-from optuna_ds.config import check_gpus
-from optuna_ds.config import check_with_deepspeed
 from optuna_ds.config import parse_user_config
 from optuna_ds.config._user_config import _ZERO_BOOLS
 from optuna_ds.config._user_config import _ZERO_NUMBERS
 from optuna_ds.domain import Config
-from optuna_ds.domain import Phase
-from optuna_ds.space import build_knob_space
-from optuna_ds.studies._builder import ExperimentBuilder
 
 _SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-2**70, 2**70), st.sampled_from([0, 1, 2, 3, 4, 1024, -1]),
@@ -51,32 +46,10 @@ def configs(draw: st.DrawFn) -> dict:
     return config
 
 
-def _safe_component(name: str) -> bool:
-    return name not in ("", ".", "..") and os.sep not in name and "\0" not in name and len(name.encode()) <= 255
-
-
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configs(), gpus=st.integers(1, 8), args=st.lists(st.sampled_from(["--per_device_train_batch_size", "4", "x", "-1", "--fp16"]), max_size=3))
 def test_a_config_is_refused_in_one_line_or_tuned(config: dict, gpus: int, args: list[str]) -> None:
-    try:
-        user = parse_user_config(config, path="ds_config.json", script_args=args)
-        check_gpus(user, total_gpus=gpus)
-        check_with_deepspeed(user)
-    except ConfigError as e:
-        assert str(e) and "\n" not in str(e)
-        return
-    builder = ExperimentBuilder(user=user, results_dir="/results", total_gpus=gpus)
-    for stage in user.stages:
-        assert type(stage) is int and stage in (0, 1, 2, 3)
-        try:
-            space = build_knob_space(stage, user.zero_section(), fast=user.autotuning.fast)
-        except ConfigError:
-            continue
-        knobs = {k: v[0] for k, v in space.tuned.items()}
-        mbs = user.min_micro_batch_size
-        experiment = builder.build(Config(stage=stage, micro_batch=mbs, knobs=knobs), phase=Phase.KNOBS, space=space)
-        assert os.path.dirname(experiment.result_dir) == "/results" and _safe_component(experiment.name)
-        assert math.isfinite(user.autotuning.max_train_micro_batch_size_per_gpu)
+    assert_tuned_or_refused(config, script_args=args, gpus=gpus)
 
 
 _KEYS = st.text(alphabet=string.printable + "é\0", min_size=1, max_size=30)
@@ -88,7 +61,7 @@ _KNOB_VALUES = st.one_of(st.booleans(), st.integers(), st.integers(10**299, 10**
 def test_experiment_names_are_safe_identities(a: dict, b: dict) -> None:
     name_a = Config(stage=1, micro_batch=2, knobs=a).name
     name_b = Config(stage=1, micro_batch=2, knobs=b).name
-    assert _safe_component(name_a) and _safe_component(name_b)
+    assert safe_component(name_a) and safe_component(name_b)
     if name_a == name_b:
         # The same name must mean the same config (as the names show values, up to their format).
         assert sorted(a) == sorted(b)

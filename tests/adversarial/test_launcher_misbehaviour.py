@@ -8,6 +8,7 @@ import os
 
 import optuna
 
+from conftest import assert_one_line_error
 from invariants import Hostile
 from invariants import assert_no_traceback
 from invariants import base_config
@@ -172,9 +173,7 @@ def test_no_free_rendezvous_port_is_the_nodes_fault_never_the_configs(hws: Hosti
         squatter.bind(("", 65535))
         squatter.listen()
         proc = hws.main("--master_port", "65535")
-        assert proc.returncode == 2 and "no rendezvous port free on this node from 65535" in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert_no_traceback(proc)
+        assert_one_line_error(proc, "no rendezvous port free on this node from 65535")
     assert hws.experiments() == []
     assert {t.user_attrs.get("reason") for t in _trials(hws).values()} == {"port"}
     proc = hws.main("--master_port", "65535")

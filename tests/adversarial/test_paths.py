@@ -12,8 +12,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from conftest import assert_one_line_error
 from invariants import Hostile
-from invariants import assert_one_line_error
 from invariants import base_config
 from invariants import hws  # noqa: F401
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from invariants import HOSTILE
-from invariants import assert_one_line_error
 from invariants import base_config
 from invariants import shared_tree  # noqa: F401
+from conftest import assert_one_line_error
 from conftest import LAUNCHER_OPTION
 
 SETPRIV = shutil.which("setpriv")

@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from conftest import assert_one_line_error
 from invariants import Hostile
 from invariants import assert_no_secret
-from invariants import assert_one_line_error
 from invariants import base_config
 from invariants import hws  # noqa: F401
 from optuna_ds._redact import redact_text

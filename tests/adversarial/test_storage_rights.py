@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from conftest import assert_one_line_error
 from conftest import reachable
 from invariants import Hostile
-from invariants import assert_one_line_error
 from invariants import base_config
 from invariants import hws  # noqa: F401
 

@@ -8,7 +8,7 @@ import hostile_deepspeed  # noqa: E402
 
 
 def main():
-    sys.exit(hostile_deepspeed.main())
+    sys.exit(hostile_deepspeed.main(launcher="launch"))
 
 
 if __name__ == "__main__":
