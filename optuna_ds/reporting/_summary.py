@@ -18,8 +18,10 @@ from optuna_ds.config import set_arg
 from optuna_ds.config import with_integer_sizes
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import shell_line
+from optuna_ds.studies import Measured
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import departures
 
 SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "runs", "best_exp_name")
 
@@ -341,6 +343,13 @@ _EQUIVALENT_Z = 2.0
 _NAMED = 4  # equivalent configs named, at most
 
 
+def _equivalent(other: Measured | Optimum, best: Optimum, *, noise: float) -> bool:
+    """Whether ``other``'s mean is ``best``'s within the noise: the two means of their runs
+    differ by less than ``_EQUIVALENT_Z`` deviations of their difference, at ``noise`` a run."""
+    deviation = noise * (1 / len(other.runs) + 1 / len(best.runs)) ** 0.5
+    return abs(other.value - best.value) <= _EQUIVALENT_Z * deviation * best.value
+
+
 def choice_lines(result: TuningResult) -> list[str]:
     """Why the optimum is the optimum, and which configs are as good within the noise: what a
     DeepSpeed user, who can predict DeepSpeed's own search, asks of this one."""
@@ -356,13 +365,8 @@ def choice_lines(result: TuningResult) -> list[str]:
                 f"that its curve and the noise do not bear out")
     if noise.value is None:
         return [why + ".", "Equivalent configs: none can be named, the run-to-run noise was not measured."]
-
-    def equivalent(m: Any) -> bool:
-        deviation = noise.value * (1 / len(m.runs) + 1 / len(best.runs)) ** 0.5
-        return abs(m.value - best.value) <= _EQUIVALENT_Z * deviation * best.value
-
     ranked = sorted(others, key=lambda m: metric.oriented(m.value), reverse=True)
-    alike = [m for m in ranked if equivalent(m)]
+    alike = [m for m in ranked if _equivalent(m, best, noise=noise.value)]
     if alike:
         named = ", ".join(f"{m.name} ({metric.with_unit(m.value)}, {_runs(len(m.runs))})" for m in alike[:_NAMED])
         more = f" and {len(alike) - _NAMED} more" if len(alike) > _NAMED else ""
@@ -374,6 +378,34 @@ def choice_lines(result: TuningResult) -> list[str]:
     else:
         equal = "Equivalent configs: none, no other config ran."
     return [why + ".", equal]
+
+
+def knob_line(result: TuningResult) -> str:
+    """What the optimum's knob settings were worth: its mean against the best config of its
+    stage and offload that ran at the defaults (at its own micro-batch size where one ran), by
+    the same noise rule as the equivalent configs; "" where it sets none or no such config ran."""
+    best, metric, noise = result.best, result.metric, result.noise
+    if best is None or not (settings := departures(best.config)):
+        return ""
+    plain = [m for m in result.measured if m.config.arm == best.config.arm and not departures(m.config)]
+    mbs = best.config.micro_batch
+    same = [m for m in plain if m.config.micro_batch == mbs]
+    other = metric.best(same or plain, key=lambda m: m.value)
+    if other is None or not other.value:
+        return ""
+    named = ", ".join(f"{k}={json.dumps(v)}" for k, v in settings)
+    who = "the optimum's" if best.chosen else "the best so far's"
+    gap = best.value / other.value - 1
+    where = ("at the same micro-batch size" if same
+             else f"at micro-batch {other.config.micro_batch} (none was measured at {mbs} without them)")
+    if noise.value is None:
+        verdict = "the run-to-run noise was not measured, so whether they matter is unknown"
+    elif _equivalent(other, best, noise=noise.value):
+        verdict = f"within the noise ({noise.value:.1%} per run)"
+    else:
+        verdict = f"more than the noise explains ({noise.value:.1%} per run)"
+    return (f"Knobs: {who} settings ({named}) measured {abs(gap):.1%} {'above' if gap >= 0 else 'below'} the best config "
+            f"without them {where} ({other.name}: {metric.with_unit(other.value)}, {_runs(len(other.runs))}), {verdict}.")
 
 
 # DeepSpeed's global timers, as a user reads them: backward includes its gradient all-reduce.
@@ -418,8 +450,9 @@ def stage_notes(result: TuningResult) -> list[str]:
 
 
 def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None) -> list[str]:
-    """What follows the table: the time, what its values are, Optuna's own best trial where it
-    differs, skipped stages, failures, the learning-rate advice."""
+    """What follows the table: the time, what its values are, why the optimum, what its knob
+    settings were worth, Optuna's own best trial where it differs, skipped stages, failures, the
+    learning-rate advice."""
     lines = []
     duration = datetime.timedelta(seconds=round(result.duration))
     lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}. "
@@ -427,6 +460,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     lines += choice_lines(result)
+    if knobs := knob_line(result):
+        lines.append(knobs)
     if step := step_line(result):
         lines.append(step)
     if note := optuna_best_note(result):

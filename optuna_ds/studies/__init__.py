@@ -7,12 +7,14 @@ from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._observer import started_line
 from optuna_ds.studies._owner import live_trials
 from optuna_ds.studies._results import Baseline
+from optuna_ds.studies._results import Measured
 from optuna_ds.studies._results import Noise
 from optuna_ds.studies._results import Optimum
 from optuna_ds.studies._results import OptunaBest
 from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
+from optuna_ds.studies._results import departures
 from optuna_ds.studies._results import failure_text
 from optuna_ds.studies._results import leader
 from optuna_ds.studies._results import load_result
@@ -21,6 +23,7 @@ from optuna_ds.studies._tuning import Tuning
 __all__ = [
     "Baseline",
     "ExperimentBuilder",
+    "Measured",
     "Noise",
     "Optimum",
     "OptunaBest",
@@ -30,6 +33,7 @@ __all__ = [
     "Tuning",
     "TuningObserver",
     "TuningResult",
+    "departures",
     "failure_text",
     "leader",
     "live_trials",

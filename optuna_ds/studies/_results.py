@@ -18,12 +18,15 @@ from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
+from optuna_ds.domain import Knobs
 from optuna_ds.domain import Phase
 from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import launched
 from optuna_ds.launcher import telling_line
 from optuna_ds.planner import measured_noise
+from optuna_ds.space import KnobSpace
+from optuna_ds.space import knob_defaults
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import load_stage_study
 
@@ -163,6 +166,14 @@ class Measured:
     @property
     def value(self) -> float:
         return statistics.fmean(self.runs)
+
+
+def departures(config: Config) -> Knobs:
+    """The knobs ``config`` sets otherwise than a config that leaves them out runs with
+    (DeepSpeed's defaults, compared as the planner compares them): the settings a tuning found,
+    not those it restates. A knob with no known default is always one."""
+    defaults = knob_defaults(KnobSpace(stage=config.stage, tuned={k: [v] for k, v in config.knobs}, fixed={}))
+    return Knobs(kv for kv in config.knobs if kv not in defaults.items())
 
 
 def measured_configs(trials: Iterable[FrozenTrial]) -> list[Measured]:
