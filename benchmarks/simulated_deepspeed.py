@@ -60,7 +60,8 @@ def main() -> int:
         throughput = surface.measure_nth(config, sum(all(e.get(k) == entry[k] for k in same) for e in before))
     else:
         throughput = surface.measure(config, len(before))
-    steps = fake_deepspeed.jittered(outcome.throughput, surface.noise, count=int(launch.autotuning.get("end_profile_step", 5)),
+    # Around this run's draw, as in the tests' fake: the run's noise is shared by its steps.
+    steps = fake_deepspeed.jittered(throughput, surface.noise / 2, count=int(launch.autotuning.get("end_profile_step", 5)),
                                     seed=f"{launch.name}/{len(before)}")
     fake_deepspeed.report(launch, throughput=throughput, steps=steps, flops_per_gpu=throughput * 1e11 / gpus)
     fake_deepspeed.append_line(ledger, {**entry, "measured": throughput, "true": outcome.throughput})

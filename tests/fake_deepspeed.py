@@ -302,7 +302,9 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
     seconds = float(surface.get("duration_at", {}).get(str(mbs), surface.get("duration", 0.0)))
     for knob, table in surface.get("knob_duration", {}).items():
         seconds = float({_key(json.loads(value)): t for value, t in table.items()}.get(_key(zero.get(knob)), seconds))
-    steps = jittered(true, noise, count=int(launch.autotuning.get("end_profile_step", 5)), seed=f"{launch.name}/steps")
+    # The other steps jitter around this run's draw: the run-to-run noise is the run's (its
+    # placement, its neighbours), shared by its steps; a step adds half as much of its own.
+    steps = jittered(measured, noise / 2, count=int(launch.autotuning.get("end_profile_step", 5)), seed=f"{launch.name}/steps")
     report(launch, throughput=measured, steps=steps, flops_per_gpu=measured * 1e9, seconds=seconds)
     return 0
 

@@ -94,10 +94,15 @@ def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> N
         assert {"throughput", "latency", "FLOPS_per_gpu"} <= set(metrics)  # written by DeepSpeed's engine
         # The value: the median of the profiled steps (2-3) the engine logged and the step it
         # wrote metrics.json from, not that one step alone.
-        steps = t.user_attrs["step_times_ms"]
-        assert len(steps) == 3 and steps[-1] == pytest.approx(metrics["latency"] / 1000, abs=1e-3)
-        assert t.value == pytest.approx(metrics["throughput"] * steps[-1] / statistics.median(steps), rel=1e-3)
-        assert {"fwd", "bwd", "bwd_allreduce", "step"} <= set(t.user_attrs["timers_ms"])
+        # Where the steps are too short for the lines' 0.01 ms (this tiny model's, on an idle
+        # CPU), the engine's own figure.
+        steps = t.user_attrs.get("step_times_ms")
+        if steps:
+            assert len(steps) == 3 and steps[-1] == pytest.approx(metrics["latency"] / 1000, abs=1e-3)
+            assert t.value == pytest.approx(metrics["throughput"] * steps[-1] / statistics.median(steps), rel=1e-3)
+            assert {"fwd", "bwd", "bwd_allreduce", "step"} <= set(t.user_attrs["timers_ms"])
+        else:
+            assert t.value == pytest.approx(metrics["throughput"])
         assert (Path(t.user_attrs["result_dir"]) / "metrics.json").exists()
     knob_trials = [t for t in trials if t.user_attrs["phase"] == "knobs" and not t.user_attrs.get("repeat")]
     assert {t.params["reduce_bucket_size"] for t in knob_trials} <= {5e7, 5e8}

@@ -53,7 +53,7 @@ def test_the_figure_is_the_median_of_the_profiled_steps_and_the_exit_step(name: 
     assert m.value == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("case", ["no lines", "too few lines", "no latency", "other units"])
+@pytest.mark.parametrize("case", ["no lines", "too few lines", "no latency", "other units", "too coarse"])
 def test_the_engines_own_figure_where_the_steps_cannot_be_read(case: str) -> None:
     logged = read_step_timers(OUTPUT)
     metrics = dict(METRICS)
@@ -63,8 +63,12 @@ def test_the_engines_own_figure_where_the_steps_cannot_be_read(case: str) -> Non
         logged = logged[-2:]
     elif case == "no latency":
         del metrics["latency"]
-    else:
+    elif case == "other units":
         metrics["latency"] = 1.2  # a DeepSpeed that wrote milliseconds: 1000x off the lines
+    else:
+        # A tiny model's 0.6 ms steps: the lines' 0.01 ms per timer is 2.5% of a step.
+        logged = read_step_timers("\n".join("time (ms) | fwd: 0.12 | bwd: 0.24 | bwd_allreduce: 0.10 | step: 0.23" for _ in range(6)))
+        metrics.update(latency=590.0, throughput=8 / 590e-6)
     m = measure_steps(metric=Metric.named("throughput"), metrics=metrics, logged=logged, profiled=4)
     assert m.value == metrics["throughput"] and m.step_times_ms == () and m.to_attrs() == {}
 
