@@ -3,7 +3,6 @@ output files, resume, failures, stage heuristics, samplers."""
 from __future__ import annotations
 
 import json
-import statistics
 import re
 import subprocess
 import sys
@@ -62,9 +61,8 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     # The optimum is the planner's choice, by its estimate: near the peak, not only the highest measurement.
     choice = _study(ws, "optuna-ds").user_attrs["choice"]
     best = next(t for t in complete if t.number == choice["trial"])
-    # The median of its profiled steps and the step the engine's metrics file holds.
-    steps = best.user_attrs["step_times_ms"]
-    assert best.value == pytest.approx(best.user_attrs["metrics"]["throughput"] * steps[-1] / statistics.median(steps), rel=1e-3)
+    assert best.value == pytest.approx(best.user_attrs["metrics"]["throughput"])
+    assert len(best.user_attrs["step_times_ms"]) == 4  # steps 3-5 the engine logged, and the one its metrics file holds
     assert 16 <= best.params["train_micro_batch_size_per_gpu"] <= 32  # the peak is at 24
     root = _study(ws, "optuna-ds")
     assert root.user_attrs["model_info"]["num_params"] == 1_000_000

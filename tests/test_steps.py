@@ -1,4 +1,4 @@
-"""A run's figure over its profiled steps, from the engine's timer lines (in-process)."""
+"""What a run measured step by step, from the engine's timer lines (in-process)."""
 from __future__ import annotations
 
 import pytest
@@ -35,26 +35,18 @@ def test_the_global_step_lines_are_read_in_order_and_nothing_else() -> None:
 
 
 @pytest.mark.parametrize("name", ["throughput", "latency", "flops"])
-def test_the_figure_is_the_median_of_the_profiled_steps_and_the_exit_step(name: str) -> None:
-    # Steps 3-6 (1.0, 1.2, 3.4 and 1.1 s) and step 7 (1.2 s): the median is 1.2 s, the straggler
-    # step 5 moves it no more than one step does; the engine's one step is 1.2 s by chance here,
-    # so a second case moves the exit step.
+def test_the_figure_is_the_engines_and_the_profiled_steps_are_kept_beside_it(name: str) -> None:
+    # Steps 3-6 (1.0, 1.2, 3.4 and 1.1 s) and step 7 (1.2 s), whose timers metrics.json holds.
     metric = Metric.named(name)
-    logged = read_step_timers(OUTPUT)
-    m = measure_steps(metric=metric, metrics=METRICS, logged=logged, profiled=4)
+    m = measure_steps(metric=metric, metrics=METRICS, logged=read_step_timers(OUTPUT), profiled=4)
+    assert m.value == METRICS[metric.key]
     assert m.step_times_ms == pytest.approx((1000.0, 1200.0, 3400.0, 1100.0, 1200.0))
-    assert m.value == pytest.approx(METRICS[metric.key])
     assert m.timers_ms["bwd_allreduce"] == pytest.approx(100.0) and m.timers_ms["step"] == pytest.approx(150.0)
-    fast_exit = {**METRICS, "latency": 600000.0, "throughput": 8 / 0.6, "FLOPS_per_gpu": 1e10}
-    m = measure_steps(metric=metric, metrics=fast_exit, logged=logged, profiled=4)
-    assert m.step_times_ms[-1] == 600.0
-    median = 1100.0  # of 1000, 1200, 3400, 1100, 600
-    expected = {"throughput": 8 / 1.1, "latency": median * 1000, "flops": 1e10 * 600 / median}[name]
-    assert m.value == pytest.approx(expected)
+    assert m.to_attrs()["step_times_ms"] == [1000.0, 1200.0, 3400.0, 1100.0, 1200.0]
 
 
-@pytest.mark.parametrize("case", ["no lines", "too few lines", "no latency", "other units", "too coarse"])
-def test_the_engines_own_figure_where_the_steps_cannot_be_read(case: str) -> None:
+@pytest.mark.parametrize("case", ["no lines", "too few lines", "no latency", "other units"])
+def test_no_steps_where_they_cannot_be_read(case: str) -> None:
     logged = read_step_timers(OUTPUT)
     metrics = dict(METRICS)
     if case == "no lines":
@@ -63,12 +55,8 @@ def test_the_engines_own_figure_where_the_steps_cannot_be_read(case: str) -> Non
         logged = logged[-2:]
     elif case == "no latency":
         del metrics["latency"]
-    elif case == "other units":
-        metrics["latency"] = 1.2  # a DeepSpeed that wrote milliseconds: 1000x off the lines
     else:
-        # A tiny model's 0.6 ms steps: the lines' 0.01 ms per timer is 2.5% of a step.
-        logged = read_step_timers("\n".join("time (ms) | fwd: 0.12 | bwd: 0.24 | bwd_allreduce: 0.10 | step: 0.23" for _ in range(6)))
-        metrics.update(latency=590.0, throughput=8 / 590e-6)
+        metrics["latency"] = 1.2  # a DeepSpeed that wrote milliseconds: 1000x off the lines
     m = measure_steps(metric=Metric.named("throughput"), metrics=metrics, logged=logged, profiled=4)
     assert m.value == metrics["throughput"] and m.step_times_ms == () and m.to_attrs() == {}
 
