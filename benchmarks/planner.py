@@ -387,9 +387,10 @@ def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:
     """Launches per job by kind (launch_kind) and by outcome, per group; then the jobs that spend
     most beside DeepSpeed and the worst chosen, each with its launches by kind."""
     groups = {"random": "random-", "physical": "phys-", "blind": "blind-", "replays": replays.PREFIX}
+    hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}  # the generated jobs only, as the summaries count them
     print("launches per job  " + " ".join(f"{k:>9.9}" for k in ("profile",) + KINDS) + "      oom    crash    total")
     for label, prefix in groups.items():
-        group = [r for n, _, r in rows if n.startswith(prefix)]
+        group = [r for n, _, r in rows if n.startswith(prefix) and n not in hand]
         if not group:
             continue
         by = {k: statistics.mean(sum(kind == k for kind, _ in r["kinds"]) for r in group) for k in KINDS}
@@ -412,7 +413,7 @@ def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:
         return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
     for label, prefix in groups.items():
-        group = [(n, s, r) for n, s, r in rows if n.startswith(prefix)]
+        group = [(n, s, r) for n, s, r in rows if n.startswith(prefix) and n not in hand]
         spend = sorted((r["launches"] / ds[n]["launches"], n, s, r) for n, s, r in group if n in ds and ds[n].get("launches"))
         print(f"{label}: most launches beside DeepSpeed")
         for ratio, n, s, r in spend[::-1][:5]:
