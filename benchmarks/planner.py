@@ -172,6 +172,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
     nonce = knob_launches = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
+    kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
     while True:
         t0 = time.perf_counter()
         candidates = knob_candidates(surface, problem, observations, noise, tuner) if full else None
@@ -193,6 +194,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             if trace:
                 print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
+            kinds.append((launch_kind(p, observations + [r[2] for r in running]), status.value))
             heapq.heappush(running, (now + outcome.seconds, nonce, done))
             launches += 1
             knob_launches += bool(p.knobs)
@@ -207,7 +209,33 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     chosen = config_of(choice.stage, choice.offload, choice.mbs, choice.knobs) if choice else None
     return {"launches": launches, "knob_launches": knob_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
-            "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve}
+            "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve,
+            "kinds": kinds}
+
+
+KINDS = ("first run", "size", "knobs", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
+
+
+def launch_kind(p, before: list[Observation]) -> str:
+    """What a proposal is, by its ``why`` and what ran before it: an arm's first run, another
+    size of an arm, a knob setting, the noise replicate, a re-measurement of a finalist, a
+    size or stage the user listed, a fallback (a first run again while nothing ran), one while the
+    first results are pending, a batch member."""
+    if p.why.startswith("a slot free"):
+        return "batch"
+    if p.why.startswith("measure again: the run-to-run noise"):
+        return "noise replicate"
+    if p.repeat or p.why.startswith("measure again"):
+        return "re-measure"
+    if p.why.startswith(("a stage you listed", "a size you listed", "your micro-batch")):
+        return "listed"
+    if p.why.startswith("while the first"):
+        return "pending"
+    if p.why.startswith("the size expected to run fastest") and before:
+        return "fallback"
+    if p.knobs:
+        return "knobs"
+    return "size" if any(o.arm == p.arm for o in before) else "first run"
 
 
 def _knobs(knobs: tuple) -> str:
@@ -247,6 +275,8 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) for a what-if")
+    parser.add_argument("--audit", action="store_true",
+                        help="where the launches go: per job and group, by kind and outcome; the costliest and worst jobs")
     parser.add_argument("--curve", action="store_true",
                         help="the share of the optimum after each number of launches (with --set MIN_GAIN=0: never stopping)")
     args = parser.parse_args()
@@ -284,6 +314,8 @@ def main() -> None:
                   f"chose {r['chosen']} optimum {best}", flush=True)
     if args.curve:
         _curve([r for n, _, r in rows if n.startswith("random")])
+    if args.audit:
+        _audit(rows, ds)
     hand = {s.name for s in surfaces.SURFACES}
     physical_hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}
     replayed = [r for r in rows if r[0].startswith(replays.PREFIX)]
@@ -349,6 +381,46 @@ def _replay_summary(rows: list[tuple[str, float, dict]], ds: dict, mode: str) ->
               f"within noise on {sum(ok for _, _, ok, _, _ in theirs) / len(theirs):.0%}, mean {statistics.mean(s for *_, s, _ in theirs):.4f}; "
               f"launches {sum(o for *_, o in theirs) / sum(n for _, n, _, _, _ in theirs):.2f}x of DeepSpeed's", end="")
     print()
+
+
+def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:
+    """Launches per job by kind (launch_kind) and by outcome, per group; then the jobs that spend
+    most beside DeepSpeed and the worst chosen, each with its launches by kind."""
+    groups = {"random": "random-", "physical": "phys-", "blind": "blind-", "replays": replays.PREFIX}
+    hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}  # the generated jobs only, as the summaries count them
+    print("launches per job  " + " ".join(f"{k:>9.9}" for k in ("profile",) + KINDS) + "      oom    crash    total")
+    for label, prefix in groups.items():
+        group = [r for n, _, r in rows if n.startswith(prefix) and n not in hand]
+        if not group:
+            continue
+        by = {k: statistics.mean(sum(kind == k for kind, _ in r["kinds"]) for r in group) for k in KINDS}
+        oom = statistics.mean(sum(s == "oom" for _, s in r["kinds"]) for r in group)
+        crash = statistics.mean(sum(s == "failed" for _, s in r["kinds"]) for r in group)
+        total = statistics.mean(r["launches"] for r in group)
+        print(f"{label:17} " + " ".join(f"{v:9.2f}" for v in [1.0] + list(by.values())) + f" {oom:8.2f} {crash:8.2f} {total:8.2f}")
+        # Of the first runs and sizes, the share that ran out of memory.
+        for k in ("first run", "size"):
+            n = sum(kind == k for r in group for kind, _ in r["kinds"])
+            o = sum(kind == k and s == "oom" for r in group for kind, s in r["kinds"])
+            print(f"  {k}: {o} of {n} ran out of memory", end="")
+        print()
+
+    def breakdown(r: dict) -> str:
+        counts = {}
+        for kind, status in r["kinds"]:
+            key = kind + ("/oom" if status == "oom" else "/crash" if status == "failed" else "")
+            counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+    for label, prefix in groups.items():
+        group = [(n, s, r) for n, s, r in rows if n.startswith(prefix) and n not in hand]
+        spend = sorted((r["launches"] / ds[n]["launches"], n, s, r) for n, s, r in group if n in ds and ds[n].get("launches"))
+        print(f"{label}: most launches beside DeepSpeed")
+        for ratio, n, s, r in spend[::-1][:5]:
+            print(f"  {n}: {r['launches']} / {ds[n]['launches']} = {ratio:.2f}x, share {s:.3f}: {breakdown(r)}")
+        print(f"{label}: worst chosen")
+        for n, s, r in sorted(group, key=lambda x: x[1])[:5]:
+            print(f"  {n}: share {s:.3f}, {r['launches']} launches (DeepSpeed {ds.get(n, {}).get('launches', '?')}): {breakdown(r)}")
 
 
 def _curve(runs: list[dict]) -> None:

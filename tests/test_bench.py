@@ -114,6 +114,18 @@ def test_the_planner_benchmark_prints_the_blind_group_beside_the_others(monkeypa
     assert re.search(r"^  ceiling within 1% .*: \d+\.\d% with these launches; .* with 0\.35x DeepSpeed's", blind, re.M), blind
 
 
+def test_the_planner_audit_counts_every_launch_of_a_job_once() -> None:
+    """Each launch of a tuning has one kind, so a job's launches by kind add up to its launches
+    (the profile run aside)."""
+    import planner
+    import surfaces
+
+    r = planner.tune(surfaces.by_name("blind-1"), slots=1, memory=True)
+    kinds = [kind for kind, _ in r["kinds"]]
+    assert len(kinds) == r["launches"] - 1 and set(kinds) <= set(planner.KINDS), kinds
+    assert kinds[0] == "first run" and sum(s == "oom" for _, s in r["kinds"]) == r["oom"]
+
+
 def test_blind_jobs_bring_their_own_knob_space(tmp_path: Path) -> None:
     import blind_jobs
     import planner

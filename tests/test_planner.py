@@ -154,6 +154,21 @@ def test_a_crashing_stage_is_given_up_and_nothing_running_ends_with_no_choice() 
     assert decision.done and decision.choice is None and len(observations) <= 3
 
 
+def test_a_size_that_fails_at_every_stage_from_a_threshold_up_is_bisected_not_walked() -> None:
+    """Every stage fails (not for memory) from 12 samples up, far below the memory edge (an int32
+    index over the logits): the sizes between the largest that ran and the smallest that failed
+    are bisected, and the sizes above a failure are not tried again."""
+    problem, fits = _job(half=2.0)
+
+    def surface(stage: int, mbs: int, offload: str, exact: bool = False) -> float | None | str:
+        return "crash" if mbs >= 12 and fits(stage, mbs, offload, True) is not None else fits(stage, mbs, offload, exact)
+
+    observations, decision = _drive(problem, surface)
+    failed = [o for o in observations if o.status is Status.FAILED]
+    assert len(failed) <= 6, [(o.stage, o.mbs) for o in observations]
+    assert decision.choice is not None and decision.choice.mbs >= 8
+
+
 def test_one_oom_at_one_stage_moves_every_stage_edge() -> None:
     problem, _ = _job()
     before = FeasibilityModel(problem, [])

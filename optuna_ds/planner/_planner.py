@@ -30,8 +30,9 @@ from optuna_ds.planner._surrogate import ThroughputModel
 
 _BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail at every size
 _SIZE_FAILS = 0.3  # else, once one size failed, another may
-_KNOB_CAUSE_PRIOR = 0.05
-_RIVALS = 1  # the measured configs the choice is likeliest to lose to, whose re-measurement is priced  # a knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB)
+_SHARED_THRESHOLD = 0.5  # each other stage failing above every size that ran: a threshold of the job's is likelier by half
+_KNOB_CAUSE_PRIOR = 0.05  # a knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB)
+_RIVALS = 1  # the measured configs the choice is likeliest to lose to, whose re-measurement is priced
 
 
 def _known(problem: Problem, key: tuple[int, str]) -> Arm:
@@ -55,15 +56,44 @@ def _candidate_sizes(problem: Problem, arm: Arm, growth: float) -> list[int]:
 
 
 def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation]) -> np.ndarray:
-    """The probability that each size fails for a reason other than memory: the stage is broken
-    at every size (likelier with each failure while nothing ran), or a size fails on its own."""
+    """The probability that each size fails for a reason other than memory. A stage's failures
+    are explained three ways: the stage is broken at every size (while nothing of it ran), the
+    sizes from some threshold up fail (an index or a buffer that grows with the batch), or a size
+    fails on its own; each weighed by how well it explains the stage's runs. A threshold lies
+    between the largest size that ran and the smallest that failed above it, so the sizes
+    between are bisected, not walked one by one, and the sizes above it are not tried again.
+    A threshold may be the job's rather than the stage's (an int32 index over the logits fails
+    at every stage): failures of other stages above every size that ran anywhere count too."""
     # Offload changes memory, not what crashes: every variant of a stage shares its failures.
-    failed = [o.mbs for o in finished if o.stage == arm.stage and o.status is Status.FAILED and not o.knobs]
-    ran = any(o.stage == arm.stage and o.status is Status.OK and not o.knobs for o in finished)
+    plain = [o for o in finished if not o.knobs and o.status in (Status.OK, Status.FAILED)]
+    failed = [o.mbs for o in plain if o.stage == arm.stage and o.status is Status.FAILED]
+    ran = [o.mbs for o in plain if o.stage == arm.stage and o.status is Status.OK]
+    sizes = np.asarray(sizes, dtype=float)
+    top = max((o.mbs for o in plain if o.status is Status.OK), default=0)
+    elsewhere = {o.stage: o.mbs for o in sorted(plain, key=lambda o: -o.mbs)
+                 if o.stage != arm.stage and o.status is Status.FAILED and o.mbs > top}
+    shared = ((1.0 - _SHARED_THRESHOLD ** len(elsewhere)) * _below(sizes, top, min(elsewhere.values()))
+              if elsewhere else np.zeros(len(sizes)))
     if not failed:
-        return np.zeros(len(sizes))
-    broken = 0.0 if ran else _BROKEN_PRIOR / (_BROKEN_PRIOR + (1 - _BROKEN_PRIOR) * _SIZE_FAILS ** len(failed))
-    return np.full(len(sizes), broken + (1.0 - broken) * _SIZE_FAILS)
+        return shared
+    low = max(ran, default=0)
+    above = [m for m in failed if m > low]
+    weights = {
+        "broken": 0.0 if ran else _BROKEN_PRIOR,
+        "threshold": (1.0 - _BROKEN_PRIOR) / 2 if len(above) == len(failed) else 0.0,
+        "alone": (1.0 - _BROKEN_PRIOR) / 2 * _SIZE_FAILS ** len(failed) * (1.0 - _SIZE_FAILS) ** len(ran),
+    }
+    total = sum(weights.values())
+    threshold = _below(sizes, low, min(above)) if above else np.zeros(len(sizes))
+    own = (weights["broken"] + weights["threshold"] * threshold + weights["alone"] * _SIZE_FAILS) / total
+    return np.asarray(1.0 - (1.0 - own) * (1.0 - shared))
+
+
+def _below(sizes: np.ndarray, ran: float, failed: float) -> np.ndarray:
+    """The probability that a threshold somewhere above the size that ran, up to the one that
+    failed (uniform in log size), lies at or below each size."""
+    low = max(ran, 0.5)
+    return np.asarray(np.clip(np.log(np.maximum(sizes, low) / low) / math.log(max(failed, low * 1.0001) / low), 0.0, 1.0))
 
 
 def _partitions_nothing(problem: Problem, arm: Arm) -> bool:
