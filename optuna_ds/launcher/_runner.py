@@ -222,6 +222,7 @@ class ExperimentRunner:
         stop: threading.Event | None = None,
         pass_fds: Sequence[int] = (),
         mark: str = "",
+        on_exit: Callable[[], None] | None = None,
     ) -> ExperimentResult:
         """Run one experiment to completion, timeout or interrupt, and classify the outcome.
 
@@ -235,7 +236,9 @@ class ExperimentRunner:
         :attr:`FailureReason.PORT`: its port taken) is made again at once, on another port, up to
         ``_ATTEMPTS`` runs, each told to ``on_retry``. With no port free, nothing is launched: the
         result is :attr:`FailureReason.PORT`.
-        ``on_command`` is given each run's ``deepspeed`` command line before it starts.
+        ``on_command`` is given each run's ``deepspeed`` command line before it starts;
+        ``on_exit`` is called the moment its launcher has exited by itself (the caller holds
+        signals from then until its result is stored: a finished run is not lost to a signal).
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
@@ -250,7 +253,7 @@ class ExperimentRunner:
                                         detail=f"no rendezvous port free on this node from {self.port(slot_index)} up")
             try:
                 result = self._run_once(experiment, slot=slot, port=port.port, timeout=timeout, on_start=on_start,
-                                        on_command=on_command, stop=stop, mark=mark, pass_fds=(*pass_fds, port.fd))
+                                        on_command=on_command, stop=stop, mark=mark, pass_fds=(*pass_fds, port.fd), on_exit=on_exit)
             finally:
                 port.release()
             if result.reason not in (FailureReason.INTERRUPTED, FailureReason.PORT) or attempt == _ATTEMPTS:
@@ -272,6 +275,7 @@ class ExperimentRunner:
         stop: threading.Event | None,
         mark: str,
         pass_fds: Sequence[int],
+        on_exit: Callable[[], None] | None = None,
     ) -> ExperimentResult:
         try:
             files = ExperimentFiles(experiment.result_dir, self._exps_dir)
@@ -314,6 +318,8 @@ class ExperimentRunner:
                 if on_start is not None:
                     on_start(proc.pid)  # the process group id, recorded so a resumed tuning can end it
                 returncode: int | None = _wait(proc, timeout=timeout, stop=stop)
+                if on_exit is not None:
+                    on_exit()
             except subprocess.TimeoutExpired:
                 timed_out = True
                 kill_process_group(proc.pid, leader=proc)

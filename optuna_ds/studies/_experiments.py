@@ -35,6 +35,7 @@ from optuna_ds.domain import ExperimentResult
 from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Phase
 from optuna_ds.launcher import Lease
+from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import measure_steps
 from optuna_ds.launcher import profiled_steps
 from optuna_ds.launcher import new_mark
@@ -191,7 +192,12 @@ class StageExperiments:
         its line on screen carries."""
         self._reaper.reap()
         attempt = Attempt()
-        run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat, why=why))
+        # From its launcher's exit until its trial is told, SIGINT, SIGTERM and SIGHUP wait: a run
+        # that finished is stored as it measured, then the tuning ends (one landing as the last
+        # experiment ended lost its result, and the resumed tuning ran it again).
+        with contextlib.ExitStack() as held:
+            run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat, why=why,
+                                                   hold_signals=lambda: held.enter_context(deferred_signals())))
         failed = attempt.stops
         # Recorded (reason "port" or "script", run again on resume); the other slots are stopped.
         if failed is not None and failed.reason is FailureReason.PORT:
@@ -207,7 +213,7 @@ class StageExperiments:
         return attempt.launched
 
     def _objective(self, config: Config, lease: Lease, attempt: Attempt, *, free_since: float,
-                   repeat: int, why: str = "") -> Callable[[optuna.Trial], float]:
+                   repeat: int, why: str = "", hold_signals: Callable[[], None] | None = None) -> Callable[[optuna.Trial], float]:
         """The trial of ``config``: the objective closes over the planner's config, and its trial
         records it (:func:`record_params`); no sampler is asked anything."""
         ctx = self._ctx
@@ -243,6 +249,7 @@ class StageExperiments:
                     stop=ctx.stop,
                     pass_fds=lease.fds,
                     mark=mark,
+                    on_exit=hold_signals,
                 )
             except optuna.exceptions.UpdateFinishedTrialError:
                 raise  # failed as stale before its launch was recorded: the runner ended the launch
