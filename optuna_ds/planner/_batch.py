@@ -16,8 +16,6 @@ sequential search, decision by decision.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from optuna_ds.domain import Config
@@ -26,10 +24,8 @@ from optuna_ds.planner._problem import Knobs
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Proposal
 from optuna_ds.planner._problem import Status
+from optuna_ds.planner._state import State
 from optuna_ds.planner._surrogate import ThroughputModel
-
-if TYPE_CHECKING:
-    from optuna_ds.planner._planner import _State
 
 Row = tuple[Arm, int, Knobs]  # a config as the model takes it
 Point = tuple[Arm, int, Knobs, float]  # ...with its measured (or believed) score
@@ -44,14 +40,14 @@ def under_way(proposals: list[Proposal]) -> list[Observation]:
     return [Observation(config=p.config, status=Status.RUNNING, repeat=p.repeat, seconds=0.0) for p in proposals]
 
 
-def remeasuring(state: _State) -> bool:
+def remeasuring(state: State) -> bool:
     """Whether a config that ran is running again. The noise is measured on the best so far
     while other experiments run (every later decision weighs gains against it), once at a time."""
     finished = {o.config for o in state.finished}
     return any(o.config in finished for o in state.running)
 
 
-def _seconds(state: _State, model: ThroughputModel, rows: list[Row]) -> np.ndarray:
+def _seconds(state: State, model: ThroughputModel, rows: list[Row]) -> np.ndarray:
     """The expected seconds of a run of each row. DeepSpeed's autotuning runs a fixed number of
     steps, so a run takes a start-up plus the steps times the micro-batch over the throughput:
     fitted to the runs that finished where they tell both apart, else the usual run."""
@@ -66,7 +62,7 @@ def _seconds(state: _State, model: ThroughputModel, rows: list[Row]) -> np.ndarr
     return np.asarray(np.maximum(start, 0.0) + slope * sizes / np.exp(model.mean(rows)))
 
 
-def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> float:
+def _left(state: State, model: ThroughputModel, proposals: list[Proposal]) -> float:
     """The expected seconds until the last experiment under way ends (one running of unknown
     age counts as just started; one proposed now, as starting)."""
     rows = [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running] + [
@@ -75,7 +71,7 @@ def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> f
     return float(np.max(_seconds(state, model, rows) - ran, initial=0.0))
 
 
-def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, slots: int) -> list[Proposal]:
+def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, slots: int) -> list[Proposal]:
     """Experiments for up to ``slots`` slots that would sit idle while others run (see the module).
 
     First every ZeRO stage likely to fit that no experiment measured or has under way, at the
