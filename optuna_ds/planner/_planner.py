@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -120,17 +121,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         return decision((), False, "no free slot")
     if launched >= problem.max_experiments:
         return decision((), not state.running, f"{problem.max_experiments} experiments")
-    proposals: list[Proposal] = []
-    baseline = problem.baseline
-    first = problem.arms[0] if problem.arms else None
-    if baseline is not None and first is not None and problem.config(first, baseline) not in state.tried:
-        proposals.append(Proposal(config=problem.config(first, baseline), why="your micro-batch size"))
-    if model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not remeasuring(state):
-        # The noise prices every later launch (a gain within it is none a run can show) and the
-        # summary reports it: measured once, on the best so far, not assumed.
-        again = _repeat(state, choice.config, "measure again: the run-to-run noise")
-        if again is not None:
-            proposals.append(again)
+    proposals = [p for step in OPENING if (p := step.propose(state, model, choice)) is not None]
     fantasy = list(state.points()) + _fantasies(model, [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running])
     while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
         if proposals:
@@ -138,7 +129,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
                                            proposals[-1].mbs, proposals[-1].knobs)])
         step_model = ThroughputModel(problem, state.memory, fantasy) if len(fantasy) > len(state.ok) else model
         taken = {p.config for p in proposals}
-        nxt = _next(problem, state, step_model, taken, ranked, model)
+        nxt = _next(state, step_model, taken, ranked, model)
         if nxt is None:
             break
         proposals.append(nxt)
@@ -156,66 +147,162 @@ def _fantasies(model: ThroughputModel, rows: list[tuple[Arm, int, Knobs]]) -> li
     return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]
 
 
-def _next(problem: Problem, state: State, model: ThroughputModel, taken: set[Config],
-          ranked: list[_Ranked], measured_only: ThroughputModel) -> Proposal | None:
-    """The next experiment of one slot. ``model`` counts the experiments under way at its mean
-    (so a batch spreads out), ``measured_only`` the runs alone: a launch is worth the lower of
-    its two values, as results not in yet cannot make one worth more."""
-    rows, p_run = state.candidates
-    keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
-    rows = [rows[i] for i in keep]
-    p_run = p_run[keep] if len(keep) else np.zeros(0)
-    if not rows and not state.ok:
-        return None
-    explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
-    if problem.explicit:
-        # The stages the user listed are each measured once: at the size expected to run fastest.
-        fresh = [i for i, (a, _, _) in enumerate(rows) if a.key not in explored and a.offload == ""]
-        if fresh:
-            return _best_run(problem, [rows[i] for i in fresh], p_run[fresh], model, "a stage you listed", problem.sizes)
-    if (user_sizes := problem.sizes):
-        # Sizes the user listed are each measured at every stage explored, as DeepSpeed does.
-        listed = [i for i, (a, _, _) in enumerate(rows) if a.key in explored and not a.offload]
-        if listed:
-            i = min(listed, key=lambda i: (rows[i][0].stage, user_sizes.index(rows[i][1]) if rows[i][1] in user_sizes else 0))
-            a, m, k = rows[i]
-            return Proposal(config=problem.config(a, m, k), why="a size you listed")
-    if not state.ok and not state.running and not taken:
-        # DeepSpeed's order: the lowest stage that runs communicates least.
+class YourSize:
+    """Is the user's micro-batch size untried? It runs first, at the first arm."""
+
+    def propose(self, state: State, model: ThroughputModel, choice: Choice | None) -> Proposal | None:
+        problem = state.problem
+        if problem.baseline is None or not problem.arms:
+            return None
+        config = problem.config(problem.arms[0], problem.baseline)
+        return None if config in state.tried else Proposal(config=config, why="your micro-batch size")
+
+
+class NoiseReplicate:
+    """Did enough runs succeed, none twice? The best so far runs again: the noise prices every
+    later launch (a gain within it is none a run can show) and the summary reports it, measured
+    once, not assumed."""
+
+    def propose(self, state: State, model: ThroughputModel, choice: Choice | None) -> Proposal | None:
+        if model.noise_dof != 0 or len(state.ok) < state.settings.noise_after or choice is None or remeasuring(state):
+            return None
+        return _repeat(state, choice.config, "measure again: the run-to-run noise")
+
+
+OPENING = (YourSize(), NoiseReplicate())
+"""The proposals of a decision before its slots are filled: each that proposes something does."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """What the policy's steps see when they fill one slot. ``model`` counts the experiments
+    under way at its mean (so a batch spreads out), ``measured_only`` the runs alone: a launch is
+    worth the lower of its two values, as results not in yet cannot make one worth more."""
+
+    state: State
+    model: ThroughputModel
+    measured_only: ThroughputModel
+    taken: set[Config]  # proposed earlier in this batch
+    ranked: list[_Ranked]
+    rows: list[tuple[Arm, int, Knobs]]  # the untried default-knob candidates not taken
+    p_run: np.ndarray  # the chance of each row to run
+    explored: set[tuple[int, str]]  # the arms run, running or taken
+
+    @property
+    def problem(self) -> Problem:
+        return self.state.problem
+
+
+class ListedStages:
+    """Is a stage the user listed not measured yet? Each is measured once, at the size expected
+    to run fastest."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        if not slot.problem.explicit:
+            return None
+        fresh = [i for i, (a, _, _) in enumerate(slot.rows) if a.key not in slot.explored and a.offload == ""]
+        if not fresh:
+            return None
+        return _best_run(slot.problem, [slot.rows[i] for i in fresh], slot.p_run[fresh], slot.model, "a stage you listed",
+                         slot.problem.sizes)
+
+
+class ListedSizes:
+    """Is a size the user listed not measured yet at a stage explored? Each is, at every stage
+    explored, as DeepSpeed does."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        if not (user_sizes := slot.problem.sizes):
+            return None
+        rows = slot.rows
+        listed = [i for i, (a, _, _) in enumerate(rows) if a.key in slot.explored and not a.offload]
+        if not listed:
+            return None
+        i = min(listed, key=lambda i: (rows[i][0].stage, user_sizes.index(rows[i][1]) if rows[i][1] in user_sizes else 0))
+        a, m, k = rows[i]
+        return Proposal(config=slot.problem.config(a, m, k), why="a size you listed")
+
+
+class FirstLaunch:
+    """Is nothing measured, running or proposed yet? The lowest stage likely to run, at the size
+    expected to run fastest: DeepSpeed's order, the lowest stage that runs communicates least."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        state, rows, p_run = slot.state, slot.rows, slot.p_run
+        if state.ok or state.running or slot.taken or not rows:
+            return None
         lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
         first = [i for i, (a, _, _) in enumerate(rows) if a.key == lowest] or list(range(len(rows)))
-        return _best_run(problem, [rows[i] for i in first], p_run[first], model, "the size expected to run fastest", problem.sizes)
-    if not state.ok:
-        # Waiting for the first result: the best guess of an arm not tried yet, else a smaller size.
-        busy = {(o.stage, o.offload) for o in state.running} | {p.arm for p in taken}
-        sizes = [o.mbs for o in state.running] + [p.micro_batch for p in taken]
+        return _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "the size expected to run fastest",
+                         slot.problem.sizes)
+
+
+class WhilePending:
+    """Are the first results still pending? The best guess of an arm not tried yet, else a
+    smaller size."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        state, rows = slot.state, slot.rows
+        if state.ok:
+            return None
+        busy = {(o.stage, o.offload) for o in state.running} | {p.arm for p in slot.taken}
+        sizes = [o.mbs for o in state.running] + [p.micro_batch for p in slot.taken]
         other = [i for i, (a, _, _) in enumerate(rows) if a.key not in busy]
         if not other:
             other = [i for i, (_, m, _) in enumerate(rows) if m <= 0.7 * min(sizes)] if sizes else []
         if not other:
             return None
-        return _best_run(problem, [rows[i] for i in other], p_run[other], model, "while the first results are pending")
-    # The best so far counts the experiments under way (running, or proposed in this batch) at
-    # the model's mean, as the model does: else every proposal of a batch would be measured
-    # against the first results alone, and a batch for many slots would crowd one curve.
-    # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
-    measured = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs)
-                for c in {o.config for o in state.ok} | {o.config for o in state.running} | taken]
-    incumbent = measured[int(np.argmax(model.mean(measured)))]
-    best = _best_value((model, measured_only), state, rows, p_run, incumbent)
-    if best is None:
-        # Knob settings once the sizes are settled: they are tried at an arm's best sizes, which
-        # the size search finds first, and their gain is measured against the best config there is.
-        knob_rows, knob_p = state.knob_rows(model)
-        fresh = [i for i, (a, m, k) in enumerate(knob_rows) if problem.config(a, m, k) not in taken]
-        best = _best_value((model, measured_only), state, [knob_rows[i] for i in fresh], knob_p[fresh], incumbent)
-    again = _replicate(model, state, ranked) if not taken and not state.running else None
-    if again is not None and (best is None or again[1] > best[1]):
-        return again[0]
-    if best is None:
-        return None
-    (a, m, k), value = best
-    return Proposal(config=problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
+        return _best_run(slot.problem, [rows[i] for i in other], slot.p_run[other], slot.model, "while the first results are pending")
+
+
+class MostValue:
+    """Is a launch expected to raise the final choice by ``min_gain``? The one expected to raise
+    it most: a size, else (the sizes settled) a knob setting, against a re-measurement."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        state, model, measured_only, taken = slot.state, slot.model, slot.measured_only, slot.taken
+        if not state.ok:
+            return None
+        # The best so far counts the experiments under way (running, or proposed in this batch) at
+        # the model's mean, as the model does: else every proposal of a batch would be measured
+        # against the first results alone, and a batch for many slots would crowd one curve.
+        # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
+        measured = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs)
+                    for c in {o.config for o in state.ok} | {o.config for o in state.running} | taken]
+        incumbent = measured[int(np.argmax(model.mean(measured)))]
+        best = _best_value((model, measured_only), state, slot.rows, slot.p_run, incumbent)
+        if best is None:
+            # Knob settings once the sizes are settled: they are tried at an arm's best sizes, which
+            # the size search finds first, and their gain is measured against the best config there is.
+            knob_rows, knob_p = state.knob_rows(model)
+            fresh = [i for i, (a, m, k) in enumerate(knob_rows) if slot.problem.config(a, m, k) not in taken]
+            best = _best_value((model, measured_only), state, [knob_rows[i] for i in fresh], knob_p[fresh], incumbent)
+        again = _replicate(model, state, slot.ranked) if not taken and not state.running else None
+        if again is not None and (best is None or again[1] > best[1]):
+            return again[0]
+        if best is None:
+            return None
+        (a, m, k), value = best
+        return Proposal(config=slot.problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
+
+
+POLICY = (ListedStages(), ListedSizes(), FirstLaunch(), WhilePending(), MostValue())
+"""The planner's policy for one slot, in order: the first step that proposes something fills it;
+where none does, the slot and the rest of the batch stay empty."""
+
+
+def _next(state: State, model: ThroughputModel, taken: set[Config], ranked: list[_Ranked],
+          measured_only: ThroughputModel) -> Proposal | None:
+    """The next experiment of one slot, by the first step of the policy that proposes one."""
+    rows, p_run = state.candidates
+    keep = [i for i, (a, m, k) in enumerate(rows) if state.problem.config(a, m, k) not in taken]
+    explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
+    slot = Slot(state=state, model=model, measured_only=measured_only, taken=taken, ranked=ranked,
+                rows=[rows[i] for i in keep], p_run=p_run[keep] if len(keep) else np.zeros(0), explored=explored)
+    for step in POLICY:
+        if (proposal := step.propose(slot)) is not None:
+            return proposal
+    return None
 
 
 def _best_value(models: tuple[ThroughputModel, ThroughputModel], state: State, rows: list[tuple[Arm, int, Knobs]],
