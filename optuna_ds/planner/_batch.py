@@ -30,8 +30,6 @@ from optuna_ds.planner._surrogate import ThroughputModel
 Row = tuple[Arm, int, Knobs]  # a config as the model takes it
 Point = tuple[Arm, int, Knobs, float]  # ...with its measured (or believed) score
 
-_CHUNK = 16  # candidates whose value is brought up to date at once
-_LATE = 0.5  # of the usual run: an experiment running this long is in its round's second half
 _WHY = "a slot free while others run"
 
 
@@ -111,10 +109,10 @@ def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, sl
         rows, p_run = [rows[i] for i in keep], p_run[keep]
         if not rows:
             return [], np.zeros(0), np.zeros(0), np.zeros(0)
-        # A member may end at most half its run after the last experiment under way: later, it
+        # A member may end at most ``priors.late`` of its run after the last experiment under way: later, it
         # would lengthen a tuning whose search those end.
         seconds = _seconds(state, model, rows)
-        fits = seconds - _left(state, model, proposals) <= _LATE * seconds
+        fits = seconds - _left(state, model, proposals) <= settings.priors.late * seconds
         rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
         if not rows:
             return [], np.zeros(0), np.zeros(0), np.zeros(0)
@@ -157,15 +155,16 @@ def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, sl
         likely = np.array([i for i, (a, _, _) in enumerate(rows) if a.key == arm.key and p_run[i] >= 0.5], dtype=int)
         if len(added) < slots and not arm.offload and arm.key not in explored and len(likely):
             add(int(likely[np.argmax(p_run[likely] * np.exp(model.mean([rows[i] for i in likely])))]), "a stage not measured yet")
+    chunk = settings.priors.chunk  # candidates whose value is brought up to date at once
     while len(added) < slots:
         order = np.argsort(-bound)
-        top = order[:_CHUNK][bound[order[:_CHUNK]] >= settings.batch_gain]
+        top = order[:chunk][bound[order[:chunk]] >= settings.batch_gain]
         if not len(top):
             break
         gain[top] = gains(top)
         bound[top] = gain[top] * rate[top]
         j = int(top[np.argmax(bound[top])])
-        rest = order[_CHUNK:]
+        rest = order[chunk:]
         if bound[j] >= settings.batch_gain and not (len(rest) and bound[j] < bound[rest[0]]):
             add(j, f"may raise the choice {gain[j]:.1%}")
     return added

@@ -23,8 +23,6 @@ from optuna_ds.planner._settings import PlannerSettings
 from optuna_ds.planner._state import State
 from optuna_ds.planner._surrogate import ThroughputModel
 
-_RIVALS = 1  # the measured configs the choice is likeliest to lose to, whose re-measurement is priced
-
 
 class _Ranked(NamedTuple):
     """A measured config, ranked."""
@@ -328,7 +326,7 @@ def _replicate(model: ThroughputModel, state: State, ranked: list[_Ranked]) -> t
     if len(ranked) < 2 or repeats >= state.settings.max_remeasures:
         return None
     rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
-    rivals = np.argsort(-model.expected_loss(rows[1:], rows[0]))[:_RIVALS] + 1
+    rivals = np.argsort(-model.expected_loss(rows[1:], rows[0]))[:state.settings.priors.rivals] + 1
     of_rival, of_chosen = model.remeasure_value([rows[i] for i in rivals], rows[0])
     j = int(np.argmax(np.maximum(of_rival, of_chosen)))
     value = float(max(of_rival[j], of_chosen[j]))

@@ -4,6 +4,40 @@ import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)
+class Priors:
+    """The planner's beliefs before a tuning's runs say otherwise, and the limits of its search:
+    a field of :class:`PlannerSettings`, so a benchmark varies them by argument.
+
+    Args:
+        broken:
+            A stage that fails for a reason other than memory may fail at every size.
+        size_fails:
+            Else, once one size of a stage failed, another may.
+        shared_threshold:
+            Each other stage failing above every size that ran anywhere makes a threshold of
+            the job's (an int32 index over the logits) likelier by this share.
+        knob_cause:
+            A knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB).
+        rivals:
+            The measured configs the choice is likeliest to lose to, whose re-measurement is
+            priced.
+        late:
+            Of the usual run: an experiment running this long is in its round's second half
+            (a batch's member may end at most this much of its run after the last under way).
+        chunk:
+            A batch's candidates whose value is brought up to date at once.
+    """
+
+    broken: float = 0.5
+    size_fails: float = 0.3
+    shared_threshold: float = 0.5
+    knob_cause: float = 0.05
+    rivals: int = 1
+    late: float = 0.5
+    chunk: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
 class PlannerSettings:
     """The settings of the planner's search, passed to :func:`~optuna_ds.planner.plan` as a
     value (as Optuna's samplers take theirs), so a benchmark or a caller varies them without
@@ -38,6 +72,8 @@ class PlannerSettings:
             have waited for its result. Between 0 and ``min_gain``: the lower, the more
             GPU-hours a tuning spends to finish sooner; at ``min_gain`` a batch holds what the
             sequential search would run, plus every stage once. With one slot it never acts.
+        priors:
+            The planner's priors and the limits of its search (see :class:`Priors`).
     """
 
     min_gain: float = 0.002
@@ -47,3 +83,4 @@ class PlannerSettings:
     growth: float = 1.04
     noise_after: int = 3
     batch_gain: float = 0.0005
+    priors: Priors = Priors()

@@ -25,12 +25,8 @@ from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Status
 from optuna_ds.planner._settings import PlannerSettings
+from optuna_ds.planner._settings import Priors
 from optuna_ds.planner._surrogate import ThroughputModel
-
-_BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail at every size
-_SIZE_FAILS = 0.3  # else, once one size failed, another may
-_SHARED_THRESHOLD = 0.5  # each other stage failing above every size that ran: a threshold of the job's is likelier by half
-_KNOB_CAUSE_PRIOR = 0.05  # a knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB)
 
 
 def _known(problem: Problem, key: tuple[int, str]) -> Arm:
@@ -53,7 +49,7 @@ def _candidate_sizes(problem: Problem, arm: Arm, growth: float) -> list[int]:
     return sorted(s for s in sizes if s >= low) or [cap]
 
 
-def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation]) -> np.ndarray:
+def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation], priors: Priors) -> np.ndarray:
     """The probability that each size fails for a reason other than memory. A stage's failures
     are explained three ways: the stage is broken at every size (while nothing of it ran), the
     sizes from some threshold up fail (an index or a buffer that grows with the batch), or a size
@@ -70,20 +66,20 @@ def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation]) -> np
     top = max((o.mbs for o in plain if o.status is Status.OK), default=0)
     elsewhere = {o.stage: o.mbs for o in sorted(plain, key=lambda o: -o.mbs)
                  if o.stage != arm.stage and o.status is Status.FAILED and o.mbs > top}
-    shared = ((1.0 - _SHARED_THRESHOLD ** len(elsewhere)) * _below(sizes, top, min(elsewhere.values()))
+    shared = ((1.0 - priors.shared_threshold ** len(elsewhere)) * _below(sizes, top, min(elsewhere.values()))
               if elsewhere else np.zeros(len(sizes)))
     if not failed:
         return shared
     low = max(ran, default=0)
     above = [m for m in failed if m > low]
     weights = {
-        "broken": 0.0 if ran else _BROKEN_PRIOR,
-        "threshold": (1.0 - _BROKEN_PRIOR) / 2 if len(above) == len(failed) else 0.0,
-        "alone": (1.0 - _BROKEN_PRIOR) / 2 * _SIZE_FAILS ** len(failed) * (1.0 - _SIZE_FAILS) ** len(ran),
+        "broken": 0.0 if ran else priors.broken,
+        "threshold": (1.0 - priors.broken) / 2 if len(above) == len(failed) else 0.0,
+        "alone": (1.0 - priors.broken) / 2 * priors.size_fails ** len(failed) * (1.0 - priors.size_fails) ** len(ran),
     }
     total = sum(weights.values())
     threshold = _below(sizes, low, min(above)) if above else np.zeros(len(sizes))
-    own = (weights["broken"] + weights["threshold"] * threshold + weights["alone"] * _SIZE_FAILS) / total
+    own = (weights["broken"] + weights["threshold"] * threshold + weights["alone"] * priors.size_fails) / total
     return np.asarray(1.0 - (1.0 - own) * (1.0 - shared))
 
 
@@ -156,7 +152,7 @@ class State:
             sizes = np.array([m for m in self.sizes(arm) if self.problem.config(arm, int(m)) not in self.tried])
             if not len(sizes):
                 continue
-            p = (1.0 - self.memory.p_oom(arm, sizes)) * (1.0 - _p_crash(arm, sizes, self.finished))
+            p = (1.0 - self.memory.p_oom(arm, sizes)) * (1.0 - _p_crash(arm, sizes, self.finished, self.settings.priors))
             keep = p > 1.0 - self.settings.hopeless_oom
             # The model is not the machine: an arm whose states fit is tried once; and while
             # nothing has run anywhere, each arm's smallest size is tried before the search gives up
@@ -195,7 +191,7 @@ class State:
                     fit = larger[self.memory.p_oom(arm, larger, candidate.knobs) < 0.5]
                     if len(fit):
                         sizes.append(int(fit[-1]))
-                p_knobs = 1.0 - _p_knob_crash(arm, candidate.knobs, self.finished)
+                p_knobs = 1.0 - _p_knob_crash(arm, candidate.knobs, self.finished, self.settings.priors)
                 p_size = 1.0 - self.memory.p_oom(arm, np.array(sizes, dtype=float), candidate.knobs)
                 for m, p in zip(sizes, p_size):
                     if self.problem.config(key, int(m), candidate.knobs) not in self.tried:
@@ -208,7 +204,7 @@ def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, Any]]:
     return set(arm.departures(knobs))
 
 
-def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation]) -> float:
+def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation], priors: Priors) -> float:
     """The probability that a knob setting fails for a reason other than memory: a value it sets
     is taken to cause a stage's failures while no run of the stage that set it ran, each failure
     blamed on its unexplained values in equal shares."""
@@ -217,7 +213,7 @@ def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation]) -> fl
         return 0.0
     at_stage = [o for o in finished if o.stage == arm.stage and o.knobs]
     cleared = set().union(*(_departures(arm, o.knobs) for o in at_stage if o.status is Status.OK))
-    clear = {v: 1.0 - _KNOB_CAUSE_PRIOR for v in sorted(mine - cleared, key=repr)}
+    clear = {v: 1.0 - priors.knob_cause for v in sorted(mine - cleared, key=repr)}
     for o in at_stage:
         if o.status is Status.FAILED:
             suspects = _departures(arm, o.knobs) - cleared
