@@ -18,6 +18,16 @@ class Priors:
             the job's (an int32 index over the logits) likelier by this share.
         knob_cause:
             A knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB).
+        contradiction:
+            A run that contradicts the linear memory model (a workspace that switches on at some
+            size, fragmentation) is believed this much less than one that agrees.
+        memory_sd:
+            A run's peak memory, where the accelerator reports it, is the linear memory model's
+            figure within this share of the device (the caching allocator reserves a little more
+            than it needs).
+        saturated:
+            A peak memory this close to full says only that the run fitted (the allocator took
+            what was there).
         rivals:
             The measured configs the choice is likeliest to lose to, whose re-measurement is
             priced.
@@ -32,6 +42,9 @@ class Priors:
     size_fails: float = 0.3
     shared_threshold: float = 0.5
     knob_cause: float = 0.05
+    contradiction: float = 0.03
+    memory_sd: float = 0.03
+    saturated: float = 0.95
     rivals: int = 1
     late: float = 0.5
     chunk: int = 16

@@ -112,7 +112,7 @@ class State:
                          if c.buffers is not None}
         self.finished = [o for o in observations if o.status is not Status.RUNNING and problem.arm(o.arm)]
         self.running = [o for o in observations if o.status is Status.RUNNING and problem.arm(o.arm)]
-        self.memory = FeasibilityModel(problem, self.finished)
+        self.memory = FeasibilityModel(problem, self.finished, priors=settings.priors)
         self.ok = [o for o in self.finished if o.status is Status.OK and o.score and o.score > 0]
         self.tried = {o.config for o in self.finished} | {o.config for o in self.running}
         ok_seconds = [o.seconds for o in self.ok if o.seconds]
