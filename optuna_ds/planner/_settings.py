@@ -28,6 +28,32 @@ class Priors:
         saturated:
             A peak memory this close to full says only that the run fitted (the allocator took
             what was there).
+        first_arm_sd:
+            The first stage's log throughput scale, before any run: this wide about the runs' mean.
+        stage_steps:
+            How each of ZeRO-1, -2 and -3 relates to the stage before it, in log throughput:
+            (mean, sd). ZeRO-1 may run either side of stage 0; ZeRO-2's reduce-scatter and
+            all-gather run 10-20% slower than ZeRO-1 on 8+ GPUs, about even on one; ZeRO-3 also
+            gathers the parameters (1.5x the volume). Wide on purpose: each is settled by one run.
+        offload_step:
+            Offloading the optimizer, in log throughput: (mean, sd); from 0.9x to 0.25x of the
+            GPU run at the same size, never faster (what it buys is memory).
+        knob_own:
+            A stage's own deviation of a knob value's effect, as a share of the effect shared by
+            the stages: the collective a bucket feeds differs by stage, so as large.
+        residual_shared:
+            The share of the throughput curve's smooth deviation from its shape that the arms
+            share (the same kernels run at every stage); the rest is each arm's own.
+        residual_length:
+            In log size: sizes this far apart (1.6x) deviate independently.
+        straggler_z:
+            A run measured this many deviations below what the others predict for it is taken
+            for a straggler.
+        keep:
+            The surrogate's mixture components below this weight are dropped.
+        max_components:
+            A re-measurement is priced on the heaviest components, at most this many: its
+            knowledge gradient is quadratic in their number.
         rivals:
             The measured configs the choice is likeliest to lose to, whose re-measurement is
             priced.
@@ -45,6 +71,15 @@ class Priors:
     contradiction: float = 0.03
     memory_sd: float = 0.03
     saturated: float = 0.95
+    first_arm_sd: float = 3.0
+    stage_steps: tuple[tuple[float, float], ...] = ((0.0, 0.06), (-0.06, 0.08), (-0.12, 0.15))
+    offload_step: tuple[float, float] = (-0.7, 0.3)
+    knob_own: float = 1.0
+    residual_shared: float = 0.5
+    residual_length: float = 0.5
+    straggler_z: float = 3.0
+    keep: float = 1e-3
+    max_components: int = 256
     rivals: int = 1
     late: float = 0.5
     chunk: int = 16
