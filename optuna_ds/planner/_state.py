@@ -152,8 +152,12 @@ class State:
             sizes = np.array([m for m in self.sizes(arm) if self.problem.config(arm, int(m)) not in self.tried])
             if not len(sizes):
                 continue
-            p = (1.0 - self.memory.p_oom(arm, sizes)) * (1.0 - _p_crash(arm, sizes, self.finished, self.settings.priors))
-            keep = p > 1.0 - self.settings.hopeless_oom
+            fits = 1.0 - self.memory.p_oom(arm, sizes)
+            p = fits * (1.0 - _p_crash(arm, sizes, self.finished, self.settings.priors))
+            # Sizes the user listed are each tried, as DeepSpeed does, unless they cannot fit:
+            # a failure at one is no verdict on another (a table of sizes crashed at 2 and 4 and
+            # ran at 6).
+            keep = (fits if self.problem.sizes else p) > 1.0 - self.settings.hopeless_oom
             # The model is not the machine: an arm whose states fit is tried once; and while
             # nothing has run anywhere, each arm's smallest size is tried before the search gives up
             # (the profile's activation figure can be off by more than its belief allows).

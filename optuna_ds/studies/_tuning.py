@@ -455,11 +455,18 @@ class Tuning:
                 or runs(base_config)[1] > _ALIKE_ROUNDS:
             return False
         self._measured_alike.add(chosen)
+        # The optimum's last run the tuning's last launch (its noise replicate, say): a run of
+        # yours next is taken alike with it, and the pair needs no run of the optimum again.
+        claimed = [t for stage in stages.values() for t in stage.study.get_trials(deepcopy=False)
+                   if t.datetime_start is not None and ExperimentRecord.from_trial(t).claimed]
+        last = max(claimed, key=lambda t: t.datetime_start or datetime.datetime.min, default=None)
+        adjacent = last is not None and last.state == TrialState.COMPLETE and ExperimentRecord.from_trial(last).config == chosen
         self._log(f"measuring your config and the optimum alike: alternately, one at a time, at least {_ALIKE_RUNS} runs "
-                  f"each, for the headline (2 to {_ALIKE_LAUNCHES} more experiments)")
+                  f"each, for the headline ({1 if adjacent else 2} to {_ALIKE_LAUNCHES} more experiments)")
         for i, config in enumerate((base_config, chosen) * (_ALIKE_LAUNCHES // 2)):
-            # Pairs: the last runs of the two always alternate.
-            if (i % 2 == 0 and i and min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS) or self._stop.is_set():
+            # Pairs: the last runs of the two always alternate (the first pair may begin with
+            # the optimum's last run).
+            if (i and (i % 2 == 0 or adjacent) and min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS) or self._stop.is_set():
                 break
             launched = runs(config)[1]
             lease = self._pool.acquire(self._stop, on_wait=self._log)
