@@ -46,6 +46,11 @@ class Priors:
             share (the same kernels run at every stage); the rest is each arm's own.
         residual_length:
             In log size: sizes this far apart (1.6x) deviate independently.
+        straggler_p:
+            A config's runs hold a straggler (a slow node, a preempted step, a checkpoint: a run
+            slower, never faster) with this probability...
+        straggler_range:
+            ...anywhere within this range below the others (log); it tells nothing of the noise.
         straggler_z:
             A run measured this many deviations below what the others predict for it is taken
             for a straggler.
@@ -77,6 +82,8 @@ class Priors:
     knob_own: float = 1.0
     residual_shared: float = 0.5
     residual_length: float = 0.5
+    straggler_p: float = 0.1
+    straggler_range: float = 0.3
     straggler_z: float = 3.0
     keep: float = 1e-3
     max_components: int = 256

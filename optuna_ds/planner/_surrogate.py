@@ -56,10 +56,9 @@ _AMPLITUDE_PRIOR = np.array([0.3, 0.35, 0.25, 0.1])
 _NOISE_GRID = np.geomspace(0.002, 0.2, 61)
 _NOISE_LOGPRIOR = -0.5 * (np.log(_NOISE_GRID / 0.02) / 0.8) ** 2
 # Runs have heavy tails, and on one side: a straggler (a slow node, a preempted step, a
-# checkpoint) makes a run slower, never faster. A config's runs hold one with this probability,
-# anywhere within this range below the others (log), and it tells nothing of the noise.
-_STRAGGLER_P = 0.1
-_STRAGGLER_RANGE = 0.3
+# checkpoint) makes a run slower, never faster. A config's runs hold one with probability
+# ``Priors.straggler_p``, anywhere within ``Priors.straggler_range`` below the others (log), and
+# it tells nothing of the noise.
 # A run measured ``Priors.straggler_z`` deviations below what the others predict for it is taken
 # for a straggler: it stays in the data, with its noise widened by the range, so it neither drags
 # its curve down nor inflates the noise.
@@ -77,7 +76,7 @@ def _kernel(log_a: np.ndarray, arms_a: np.ndarray, log_b: np.ndarray, arms_b: np
     return np.asarray((shared + (1.0 - shared) * same) * np.exp(-0.5 * ((log_a[:, None] - log_b[None, :]) / length) ** 2))
 
 
-def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+def measured_noise(groups: Iterable[Sequence[float]], *, priors: Priors = Priors()) -> tuple[float, int]:
     """The relative noise of one measurement from the runs of each config (positive values, one
     sequence per config): the posterior geometric mean under the belief above, and the degrees
     of freedom it rests on (runs beyond each config's first; 0: the belief alone, nothing
@@ -91,8 +90,8 @@ def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
         plain = -(len(v) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi)) - np.sum((v - v.mean()) ** 2) / (2.0 * _NOISE_GRID**2)
         rest = v[1:]
         straggler = (-(len(rest) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi))
-                     - np.sum((rest - rest.mean()) ** 2) / (2.0 * _NOISE_GRID**2) - math.log(_STRAGGLER_RANGE))
-        plain, straggler = math.log(1 - _STRAGGLER_P) + plain, math.log(_STRAGGLER_P) + straggler
+                     - np.sum((rest - rest.mean()) ** 2) / (2.0 * _NOISE_GRID**2) - math.log(priors.straggler_range))
+        plain, straggler = math.log(1 - priors.straggler_p) + plain, math.log(priors.straggler_p) + straggler
         branches.append((len(v), plain, straggler))
         log_post = log_post + np.logaddexp(plain, straggler)
     w = np.exp(log_post - log_post.max())
@@ -209,7 +208,7 @@ class ThroughputModel:
         runs: dict[tuple[Any, ...], list[float]] = {}
         for arm, m, knobs, value in points:
             runs.setdefault((arm.key, m, knobs), []).append(value)
-        self.noise, self.noise_dof = measured_noise(runs.values())
+        self.noise, self.noise_dof = measured_noise(runs.values(), priors=priors)
         y = np.log(np.array([p[3] for p in points], dtype=float)) if points else np.zeros(0)
         base = float(y.mean()) if len(y) else 0.0
         mu_scales, cov_scales = _scale_prior(base, priors)
@@ -249,7 +248,7 @@ class ThroughputModel:
         """The posterior of every (amplitude, knob scale, shape) component given the runs: its
         weight, and what its predictions need."""
         r = self._r
-        noise = self.noise**2 + np.where(self.straggler, _STRAGGLER_RANGE**2, 0.0)
+        noise = self.noise**2 + np.where(self.straggler, self._beliefs.straggler_range**2, 0.0)
         # Per (amplitude, knob scale): (amplitude, prior covariance, alpha (n, G), inverse of the covariance (n, n)).
         self._fits = []
         logs = []
