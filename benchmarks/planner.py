@@ -41,6 +41,7 @@ from optuna_ds.planner import Arm  # noqa: E402
 from optuna_ds.planner import KnobSetting  # noqa: E402
 from optuna_ds.planner import Observation  # noqa: E402
 from optuna_ds.planner import PlannerSettings  # noqa: E402
+from optuna_ds.planner import Priors  # noqa: E402
 from optuna_ds.planner import Problem  # noqa: E402
 from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
@@ -274,7 +275,8 @@ def main() -> None:
                         help="full mode's tuner_type: where the knob settings come from")
     parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) for a what-if")
+                        help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) "
+                             "or of its priors (priors.knob_cause, ...) for a what-if")
     parser.add_argument("--audit", action="store_true",
                         help="where the launches go: per job and group, by kind and outcome; the costliest and worst jobs")
     parser.add_argument("--curve", action="store_true",
@@ -283,9 +285,12 @@ def main() -> None:
     settings = PlannerSettings()
     for item in args.set:
         name, _, value = item.partition("=")
-        if not hasattr(settings, name):
-            parser.error(f"--set: optuna_ds.planner.PlannerSettings has no {name}")
-        settings = dataclasses.replace(settings, **{name: type(getattr(settings, name))(value)})
+        group, _, field = name.rpartition(".")
+        owner: PlannerSettings | Priors | None = {"": settings, "priors": settings.priors}.get(group)
+        if owner is None or not isinstance(getattr(owner, field, None), (int, float)):
+            parser.error(f"--set: optuna_ds.planner.PlannerSettings has no number {name}")
+        changed = dataclasses.replace(owner, **{field: type(getattr(owner, field))(value)})
+        settings = changed if isinstance(changed, PlannerSettings) else dataclasses.replace(settings, priors=changed)
     names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
                           + [f"phys-{i}" for i in range(args.first, args.first + args.physical)]

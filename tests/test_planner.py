@@ -13,6 +13,7 @@ from optuna_ds.planner import Arm
 from optuna_ds.planner import FeasibilityModel
 from optuna_ds.planner import Observation
 from optuna_ds.planner import PlannerSettings
+from optuna_ds.planner import Priors
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
 from optuna_ds.planner import ThroughputModel
@@ -294,6 +295,18 @@ def test_noise_is_measured_from_repeated_configs_never_from_misfit_and_straggler
     # Runs 20% apart: a straggler, not a noise of 14%; runs 1% apart say the noise is small.
     assert measured_noise([[100.0, 80.0]])[0] < 0.035
     assert measured_noise([[100.0, 101.0], [50.0, 50.4], [70.0, 69.5]])[0] < 0.012
+
+
+def test_the_priors_are_the_callers_by_argument() -> None:
+    """``PlannerSettings.priors`` reaches the models: the same runs 20% apart are a straggler
+    under the default belief and a noise near 10% where stragglers are believed rare."""
+    problem, _ = _job()
+    runs = [Observation(config=Config(stage=0, micro_batch=8), status=Status.OK, score=v, seconds=60.0, repeat=i)
+            for i, v in enumerate((100.0, 80.0))]
+    usual = plan(problem, runs)
+    rare = plan(problem, runs, settings=PlannerSettings(priors=Priors(straggler_p=1e-4)))
+    assert usual.noise is not None and usual.noise < 0.035
+    assert rare.noise is not None and rare.noise > 0.07
 
 
 def test_every_launch_is_priced_by_what_it_may_raise_the_choice() -> None:

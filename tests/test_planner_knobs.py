@@ -13,7 +13,7 @@ from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
 from optuna_ds.planner import ThroughputModel
 from optuna_ds.planner import plan
-from optuna_ds.planner._planner import _State
+from optuna_ds.planner._state import State
 from optuna_ds.planner import PlannerSettings
 
 GB = 1e9
@@ -136,7 +136,7 @@ def test_arms_that_differ_only_in_buffers_are_seen_each_with_its_own_memory() ->
     # Arms compare by stage and offload: a knob setting's arm, with smaller buffers, is not the
     # default's, and the model's memory share of each row is its own.
     problem = Problem(arms=(_arm(2, buffers=8 * GB),), device_memory=80 * GB, gpus=8, per_sample=1.0 * GB)
-    state = _State(problem, [], PlannerSettings())
+    state = State(problem, [], PlannerSettings())
     model = ThroughputModel(problem, state.memory, [])
     lean = Arm(stage=2, free=60 * GB, cap=256, buffers=0.5 * GB, knobs=SPACE, knob_defaults=DEFAULTS)
     shares, _ = model._pressure([(problem.arms[0], 16, ()), (lean, 16, (("reduce_bucket_size", 5e7),))], np.array([16.0, 16.0]))

@@ -17,6 +17,7 @@ from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
 from optuna_ds.planner._problem import Status
 from optuna_ds.planner._settings import PlannerSettings
+from optuna_ds.planner._settings import Priors
 from optuna_ds.planner._surrogate import ThroughputModel
 from optuna_ds.planner._surrogate import measured_noise
 
@@ -28,6 +29,7 @@ __all__ = [
     "KnobSetting",
     "Observation",
     "PlannerSettings",
+    "Priors",
     "Problem",
     "Proposal",
     "Status",

@@ -16,8 +16,6 @@ sequential search, decision by decision.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from optuna_ds.domain import Config
@@ -26,16 +24,12 @@ from optuna_ds.planner._problem import Knobs
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Proposal
 from optuna_ds.planner._problem import Status
+from optuna_ds.planner._state import State
 from optuna_ds.planner._surrogate import ThroughputModel
-
-if TYPE_CHECKING:
-    from optuna_ds.planner._planner import _State
 
 Row = tuple[Arm, int, Knobs]  # a config as the model takes it
 Point = tuple[Arm, int, Knobs, float]  # ...with its measured (or believed) score
 
-_CHUNK = 16  # candidates whose value is brought up to date at once
-_LATE = 0.5  # of the usual run: an experiment running this long is in its round's second half
 _WHY = "a slot free while others run"
 
 
@@ -44,14 +38,14 @@ def under_way(proposals: list[Proposal]) -> list[Observation]:
     return [Observation(config=p.config, status=Status.RUNNING, repeat=p.repeat, seconds=0.0) for p in proposals]
 
 
-def remeasuring(state: _State) -> bool:
+def remeasuring(state: State) -> bool:
     """Whether a config that ran is running again. The noise is measured on the best so far
     while other experiments run (every later decision weighs gains against it), once at a time."""
     finished = {o.config for o in state.finished}
     return any(o.config in finished for o in state.running)
 
 
-def _seconds(state: _State, model: ThroughputModel, rows: list[Row]) -> np.ndarray:
+def _seconds(state: State, model: ThroughputModel, rows: list[Row]) -> np.ndarray:
     """The expected seconds of a run of each row. DeepSpeed's autotuning runs a fixed number of
     steps, so a run takes a start-up plus the steps times the micro-batch over the throughput:
     fitted to the runs that finished where they tell both apart, else the usual run."""
@@ -66,7 +60,7 @@ def _seconds(state: _State, model: ThroughputModel, rows: list[Row]) -> np.ndarr
     return np.asarray(np.maximum(start, 0.0) + slope * sizes / np.exp(model.mean(rows)))
 
 
-def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> float:
+def _left(state: State, model: ThroughputModel, proposals: list[Proposal]) -> float:
     """The expected seconds until the last experiment under way ends (one running of unknown
     age counts as just started; one proposed now, as starting)."""
     rows = [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running] + [
@@ -75,7 +69,7 @@ def _left(state: _State, model: ThroughputModel, proposals: list[Proposal]) -> f
     return float(np.max(_seconds(state, model, rows) - ran, initial=0.0))
 
 
-def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, slots: int) -> list[Proposal]:
+def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, slots: int) -> list[Proposal]:
     """Experiments for up to ``slots`` slots that would sit idle while others run (see the module).
 
     First every ZeRO stage likely to fit that no experiment measured or has under way, at the
@@ -115,10 +109,10 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         rows, p_run = [rows[i] for i in keep], p_run[keep]
         if not rows:
             return [], np.zeros(0), np.zeros(0), np.zeros(0)
-        # A member may end at most half its run after the last experiment under way: later, it
+        # A member may end at most ``priors.late`` of its run after the last experiment under way: later, it
         # would lengthen a tuning whose search those end.
         seconds = _seconds(state, model, rows)
-        fits = seconds - _left(state, model, proposals) <= _LATE * seconds
+        fits = seconds - _left(state, model, proposals) <= settings.priors.late * seconds
         rows, p_run, seconds = [r for r, f in zip(rows, fits) if f], p_run[fits], seconds[fits]
         if not rows:
             return [], np.zeros(0), np.zeros(0), np.zeros(0)
@@ -143,7 +137,7 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
     pending = list({o.config for o in state.running} | taken)
     measured += pending
     fantasy = state.points() + believed(at(pending))
-    model = ThroughputModel(problem, state.memory, fantasy)
+    model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors)
     bound = gain * rate
     added: list[Proposal] = []
 
@@ -154,22 +148,23 @@ def widen(state: _State, model: ThroughputModel, proposals: list[Proposal], *, s
         bound[j] = -np.inf
         measured.append(problem.config(a, m, k))
         fantasy.extend(believed([rows[j]]))
-        model = ThroughputModel(problem, state.memory, fantasy)
+        model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors)
 
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p.stage, p.offload) for p in proposals}
     for arm in state.arms:
         likely = np.array([i for i, (a, _, _) in enumerate(rows) if a.key == arm.key and p_run[i] >= 0.5], dtype=int)
         if len(added) < slots and not arm.offload and arm.key not in explored and len(likely):
             add(int(likely[np.argmax(p_run[likely] * np.exp(model.mean([rows[i] for i in likely])))]), "a stage not measured yet")
+    chunk = settings.priors.chunk  # candidates whose value is brought up to date at once
     while len(added) < slots:
         order = np.argsort(-bound)
-        top = order[:_CHUNK][bound[order[:_CHUNK]] >= settings.batch_gain]
+        top = order[:chunk][bound[order[:chunk]] >= settings.batch_gain]
         if not len(top):
             break
         gain[top] = gains(top)
         bound[top] = gain[top] * rate[top]
         j = int(top[np.argmax(bound[top])])
-        rest = order[_CHUNK:]
+        rest = order[chunk:]
         if bound[j] >= settings.batch_gain and not (len(rest) and bound[j] < bound[rest[0]]):
             add(j, f"may raise the choice {gain[j]:.1%}")
     return added

@@ -10,20 +10,13 @@ from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Status
+from optuna_ds.planner._settings import Priors
 
-# A run that contradicts the linear memory model (a workspace that switches on at some size,
-# fragmentation) is believed this much less than one that agrees.
-_CONTRADICTION = 0.03
 _A_POINTS = 48
 _C_POINTS = 61
 # An arm's own offset beyond the shared one (its communication buckets), as a share of the device.
 _DELTA = np.array([-0.06, -0.04, -0.02, -0.01, 0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15])
 _DELTA_PRIOR = np.exp(-np.abs(_DELTA) / 0.02)
-# A run's peak memory, where the accelerator reports it, is the linear model's figure within
-# this share of the device (the caching allocator reserves a little more than it needs); a
-# figure this close to full says only that the run fitted (the allocator took what was there).
-_MEMORY_SD = 0.03
-_SATURATED = 0.95
 
 
 class FeasibilityModel:
@@ -42,7 +35,7 @@ class FeasibilityModel:
     sizes above an OOM run out too and sizes below a run fit.
     """
 
-    def __init__(self, problem: Problem, observations: Sequence[Observation]) -> None:
+    def __init__(self, problem: Problem, observations: Sequence[Observation], *, priors: Priors = Priors()) -> None:
         self._problem = problem
         d = problem.device_memory
         widest = max((a.free for a in problem.arms), default=d)
@@ -81,10 +74,10 @@ class FeasibilityModel:
                 need = self._offsets(arm) + o.mbs * self.a[:, None, None]
                 fits = need <= arm.free
                 agrees = fits if o.status is Status.OK else ~fits
-                lik *= np.where(agrees, 1.0 - _CONTRADICTION, _CONTRADICTION)
-                if o.status is Status.OK and o.memory and o.memory < _SATURATED * d:
-                    z = (d - arm.free + need - o.memory) / (_MEMORY_SD * d)
-                    lik *= np.maximum(np.exp(-0.5 * z * z), _CONTRADICTION)
+                lik *= np.where(agrees, 1.0 - priors.contradiction, priors.contradiction)
+                if o.status is Status.OK and o.memory and o.memory < priors.saturated * d:
+                    z = (d - arm.free + need - o.memory) / (priors.memory_sd * d)
+                    lik *= np.maximum(np.exp(-0.5 * z * z), priors.contradiction)
             self._lik[arm.key] = lik
             log_w += np.log(np.maximum(lik @ self._prior_delta, 1e-300))
         w = np.exp(log_w - log_w.max())

@@ -1,21 +1,16 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import statistics
 from collections.abc import Mapping
 from collections.abc import Sequence
-from typing import Any
 from typing import NamedTuple
 
 import numpy as np
 
 from optuna_ds.domain import Config
-from optuna_ds.domain import KnobsLike
 from optuna_ds.planner._batch import remeasuring
 from optuna_ds.planner._batch import widen
-from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Choice
 from optuna_ds.planner._problem import Decision
@@ -24,212 +19,9 @@ from optuna_ds.planner._problem import KnobSetting
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
-from optuna_ds.planner._problem import Status
 from optuna_ds.planner._settings import PlannerSettings
+from optuna_ds.planner._state import State
 from optuna_ds.planner._surrogate import ThroughputModel
-
-_BROKEN_PRIOR = 0.5  # a stage that fails for reasons other than memory may fail at every size
-_SIZE_FAILS = 0.3  # else, once one size failed, another may
-_SHARED_THRESHOLD = 0.5  # each other stage failing above every size that ran: a threshold of the job's is likelier by half
-_KNOB_CAUSE_PRIOR = 0.05  # a knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB)
-_RIVALS = 1  # the measured configs the choice is likeliest to lose to, whose re-measurement is priced
-
-
-def _known(problem: Problem, key: tuple[int, str]) -> Arm:
-    """The problem's arm of ``key``: every observation and ranked config is of one of its arms."""
-    arm = problem.arm(key)
-    assert arm is not None, key
-    return arm
-
-
-def _candidate_sizes(problem: Problem, arm: Arm, growth: float) -> list[int]:
-    if problem.sizes:
-        return sorted({m for m in problem.sizes if problem.floor <= m <= arm.cap} or {min(problem.sizes)})
-    low, cap = max(1, problem.floor), max(1, arm.cap)
-    sizes = set(range(low, min(cap, 64) + 1))
-    m = 64.0
-    while m < cap:
-        m *= growth
-        sizes.add(min(cap, int(round(m))))
-    sizes.add(cap)
-    return sorted(s for s in sizes if s >= low) or [cap]
-
-
-def _p_crash(arm: Arm, sizes: np.ndarray, finished: Sequence[Observation]) -> np.ndarray:
-    """The probability that each size fails for a reason other than memory. A stage's failures
-    are explained three ways: the stage is broken at every size (while nothing of it ran), the
-    sizes from some threshold up fail (an index or a buffer that grows with the batch), or a size
-    fails on its own; each weighed by how well it explains the stage's runs. A threshold lies
-    between the largest size that ran and the smallest that failed above it, so the sizes
-    between are bisected, not walked one by one, and the sizes above it are not tried again.
-    A threshold may be the job's rather than the stage's (an int32 index over the logits fails
-    at every stage): failures of other stages above every size that ran anywhere count too."""
-    # Offload changes memory, not what crashes: every variant of a stage shares its failures.
-    plain = [o for o in finished if not o.knobs and o.status in (Status.OK, Status.FAILED)]
-    failed = [o.mbs for o in plain if o.stage == arm.stage and o.status is Status.FAILED]
-    ran = [o.mbs for o in plain if o.stage == arm.stage and o.status is Status.OK]
-    sizes = np.asarray(sizes, dtype=float)
-    top = max((o.mbs for o in plain if o.status is Status.OK), default=0)
-    elsewhere = {o.stage: o.mbs for o in sorted(plain, key=lambda o: -o.mbs)
-                 if o.stage != arm.stage and o.status is Status.FAILED and o.mbs > top}
-    shared = ((1.0 - _SHARED_THRESHOLD ** len(elsewhere)) * _below(sizes, top, min(elsewhere.values()))
-              if elsewhere else np.zeros(len(sizes)))
-    if not failed:
-        return shared
-    low = max(ran, default=0)
-    above = [m for m in failed if m > low]
-    weights = {
-        "broken": 0.0 if ran else _BROKEN_PRIOR,
-        "threshold": (1.0 - _BROKEN_PRIOR) / 2 if len(above) == len(failed) else 0.0,
-        "alone": (1.0 - _BROKEN_PRIOR) / 2 * _SIZE_FAILS ** len(failed) * (1.0 - _SIZE_FAILS) ** len(ran),
-    }
-    total = sum(weights.values())
-    threshold = _below(sizes, low, min(above)) if above else np.zeros(len(sizes))
-    own = (weights["broken"] + weights["threshold"] * threshold + weights["alone"] * _SIZE_FAILS) / total
-    return np.asarray(1.0 - (1.0 - own) * (1.0 - shared))
-
-
-def _below(sizes: np.ndarray, ran: float, failed: float) -> np.ndarray:
-    """The probability that a threshold somewhere above the size that ran, up to the one that
-    failed (uniform in log size), lies at or below each size."""
-    low = max(ran, 0.5)
-    return np.asarray(np.clip(np.log(np.maximum(sizes, low) / low) / math.log(max(failed, low * 1.0001) / low), 0.0, 1.0))
-
-
-def _partitions_nothing(problem: Problem, arm: Arm) -> bool:
-    """ZeRO-1..3 without offload on one data-parallel rank: there is nothing to partition, so
-    the arm holds what ZeRO-0 holds, plus its buckets and hooks, and cannot run faster."""
-    return problem.gpus == 1 and arm.stage >= 1 and not arm.offload and not problem.explicit
-
-
-def _median(values: list[float], default: float) -> float:
-    return statistics.median(values) if values else default
-
-
-class _State:
-    """The observations arranged for one decision."""
-
-    def __init__(self, problem: Problem, observations: Sequence[Observation], settings: PlannerSettings,
-                 knob_candidates: Mapping[tuple[int, str], Sequence[KnobSetting]] | None = None) -> None:
-        self.problem = problem
-        self.settings = settings
-        self.knob_candidates = knob_candidates or {}
-        self._buffers = {(key, c.knobs): c.buffers for key, cs in self.knob_candidates.items() for c in cs
-                         if c.buffers is not None}
-        self.finished = [o for o in observations if o.status is not Status.RUNNING and problem.arm(o.arm)]
-        self.running = [o for o in observations if o.status is Status.RUNNING and problem.arm(o.arm)]
-        self.memory = FeasibilityModel(problem, self.finished)
-        self.ok = [o for o in self.finished if o.status is Status.OK and o.score and o.score > 0]
-        self.tried = {o.config for o in self.finished} | {o.config for o in self.running}
-        ok_seconds = [o.seconds for o in self.ok if o.seconds]
-        self.seconds_ok = _median(ok_seconds, 1.0)
-        fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
-        self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
-
-    def arm(self, key: tuple[int, str], knobs: KnobsLike = ()) -> Arm:
-        """The arm of ``key`` as the models see a config of it with ``knobs``: a setting whose
-        buffers are known moves the arm's memory by as much."""
-        arm = _known(self.problem, key)
-        buffers = self._buffers.get((key, Knobs(knobs))) if knobs else None
-        return arm if buffers is None else dataclasses.replace(arm, buffers=buffers)
-
-    @functools.cached_property
-    def arms(self) -> tuple[Arm, ...]:
-        """The arms worth exploring: on one rank, the partitioning arms only as a fallback,
-        once every other arm failed for a reason other than memory."""
-        useful = [a for a in self.problem.arms if not _partitions_nothing(self.problem, a)]
-        broken = all(any(o.arm == a.key and o.status is Status.FAILED for o in self.finished)
-                     and not any(o.arm == a.key and o.status is Status.OK for o in self.finished) for a in useful)
-        return self.problem.arms if broken else tuple(useful)
-
-    def sizes(self, arm: Arm) -> list[int]:
-        return _candidate_sizes(self.problem, arm, self.settings.growth)
-
-    def points(self) -> list[tuple[Arm, int, Knobs, float]]:
-        return [(self.arm(o.arm, o.knobs), o.mbs, o.knobs, float(o.score)) for o in self.ok if o.score is not None]
-
-    @functools.cached_property
-    def candidates(self) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
-        """Untried default-knob configs of every arm, with their probability to run: the same for
-        every proposal of a batch."""
-        rows: list[tuple[Arm, int, Knobs]] = []
-        p_run: list[np.ndarray] = []
-        for arm in self.arms:
-            sizes = np.array([m for m in self.sizes(arm) if self.problem.config(arm, int(m)) not in self.tried])
-            if not len(sizes):
-                continue
-            fits = 1.0 - self.memory.p_oom(arm, sizes)
-            p = fits * (1.0 - _p_crash(arm, sizes, self.finished))
-            # Sizes the user listed are each tried, as DeepSpeed does, unless they cannot fit:
-            # a failure at one is no verdict on another (a table of sizes crashed at 2 and 4 and
-            # ran at 6).
-            keep = (fits if self.problem.sizes else p) > 1.0 - self.settings.hopeless_oom
-            # The model is not the machine: an arm whose states fit is tried once; and while
-            # nothing has run anywhere, each arm's smallest size is tried before the search gives up
-            # (the profile's activation figure can be off by more than its belief allows).
-            if not keep.any() and (not any(o.arm == arm.key for o in self.finished) or (not self.ok and sizes[0] == self.sizes(arm)[0])):
-                keep[0] = True
-            rows += [(arm, int(m), Knobs()) for m in sizes[keep]]
-            p_run.append(p[keep])
-        return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
-
-
-    def knob_rows(self, model: ThroughputModel) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
-        """Untried knob settings of the candidates with their probability to run, each at its
-        arm's best measured sizes (by the model, at the default knobs) and, for a setting that
-        frees memory, at the largest size it is likely to fit where the default knobs likely do
-        not: once an arm has run, its settings compete with every other experiment by expected
-        gain per second."""
-        rows: list[tuple[Arm, int, Knobs]] = []
-        p_run: list[float] = []
-        for key, candidates in self.knob_candidates.items():
-            default = self.problem.arm(key)
-            measured = sorted({o.mbs for o in self.ok if o.arm == key and not o.knobs})
-            if default is None or not measured or not candidates:
-                continue
-            means = model.mean([(default, m, Knobs()) for m in measured])
-            best = [measured[i] for i in np.argsort(-means)[: max(1, self.problem.knob_sizes)]]
-            # Where the default knobs ran out of memory, sizes they likely run out at: room a
-            # leaner setting may make.
-            ran_out = any(o.arm == key and not o.knobs and o.status is Status.OOM for o in self.finished)
-            larger = np.array([m for m in self.sizes(default) if m > max(measured)] if ran_out else [], dtype=float)
-            larger = larger[self.memory.p_oom(default, larger) >= 0.5] if len(larger) else larger
-            for candidate in candidates:
-                arm = self.arm(key, candidate.knobs)
-                sizes = list(best)
-                if arm.buffers < default.buffers and len(larger):
-                    fit = larger[self.memory.p_oom(arm, larger, candidate.knobs) < 0.5]
-                    if len(fit):
-                        sizes.append(int(fit[-1]))
-                p_knobs = 1.0 - _p_knob_crash(arm, candidate.knobs, self.finished)
-                p_size = 1.0 - self.memory.p_oom(arm, np.array(sizes, dtype=float), candidate.knobs)
-                for m, p in zip(sizes, p_size):
-                    if self.problem.config(key, int(m), candidate.knobs) not in self.tried:
-                        rows.append((arm, m, candidate.knobs))
-                        p_run.append(float(p) * p_knobs)
-        return rows, np.array(p_run)
-
-
-def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, Any]]:
-    return set(arm.departures(knobs))
-
-
-def _p_knob_crash(arm: Arm, knobs: Knobs, finished: Sequence[Observation]) -> float:
-    """The probability that a knob setting fails for a reason other than memory: a value it sets
-    is taken to cause a stage's failures while no run of the stage that set it ran, each failure
-    blamed on its unexplained values in equal shares."""
-    mine = _departures(arm, knobs)
-    if not mine:
-        return 0.0
-    at_stage = [o for o in finished if o.stage == arm.stage and o.knobs]
-    cleared = set().union(*(_departures(arm, o.knobs) for o in at_stage if o.status is Status.OK))
-    clear = {v: 1.0 - _KNOB_CAUSE_PRIOR for v in sorted(mine - cleared, key=repr)}
-    for o in at_stage:
-        if o.status is Status.FAILED:
-            suspects = _departures(arm, o.knobs) - cleared
-            for v in suspects & clear.keys():
-                clear[v] *= 1.0 - 1.0 / len(suspects)
-    return 1.0 - math.prod(clear[v] for v in sorted(clear, key=repr))
 
 
 class _Ranked(NamedTuple):
@@ -241,7 +33,7 @@ class _Ranked(NamedTuple):
     runs: int
 
 
-def _choose(model: ThroughputModel, state: _State) -> tuple[Choice | None, list[_Ranked]]:
+def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_Ranked]]:
     """The best config that ran, by the model's estimate, among those not measured below
     another by more than the measured noise can explain; with every measured config ranked.
 
@@ -279,7 +71,7 @@ def _equivalent(model: ThroughputModel, ranked: list[_Ranked]) -> list[Config]:
     return [c for c, _, mean, n in ranked if math.log(mean / mean_c) >= -model.noise * math.sqrt(1.0 / n + 1.0 / n_c)]
 
 
-def _repeat(state: _State, config: Config, why: str) -> Proposal | None:
+def _repeat(state: State, config: Config, why: str) -> Proposal | None:
     if any(o.config == config for o in state.running):
         return None
     # Numbered after every run of the config, failed ones too: a name that ran is never asked for again.
@@ -312,8 +104,8 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     at the arm's best sizes like any other experiment, its value from knob effects the model
     learns across stages.
     """
-    state = _State(problem, observations, settings, knob_candidates)
-    model = ThroughputModel(problem, state.memory, state.points())
+    state = State(problem, observations, settings, knob_candidates)
+    model = ThroughputModel(problem, state.memory, state.points(), priors=settings.priors)
     choice, ranked = _choose(model, state)
     noise = model.noise if state.ok else None
     launched = len(state.finished) + len(state.running)
@@ -327,25 +119,15 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         return decision((), False, "no free slot")
     if launched >= problem.max_experiments:
         return decision((), not state.running, f"{problem.max_experiments} experiments")
-    proposals: list[Proposal] = []
-    baseline = problem.baseline
-    first = problem.arms[0] if problem.arms else None
-    if baseline is not None and first is not None and problem.config(first, baseline) not in state.tried:
-        proposals.append(Proposal(config=problem.config(first, baseline), why="your micro-batch size"))
-    if model.noise_dof == 0 and len(state.ok) >= settings.noise_after and choice is not None and not remeasuring(state):
-        # The noise prices every later launch (a gain within it is none a run can show) and the
-        # summary reports it: measured once, on the best so far, not assumed.
-        again = _repeat(state, choice.config, "measure again: the run-to-run noise")
-        if again is not None:
-            proposals.append(again)
+    proposals = [p for step in OPENING if (p := step.propose(state, model, choice)) is not None]
     fantasy = list(state.points()) + _fantasies(model, [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running])
     while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
         if proposals:
             fantasy += _fantasies(model, [(state.arm((proposals[-1].stage, proposals[-1].offload), proposals[-1].knobs),
                                            proposals[-1].mbs, proposals[-1].knobs)])
-        step_model = ThroughputModel(problem, state.memory, fantasy) if len(fantasy) > len(state.ok) else model
+        step_model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors) if len(fantasy) > len(state.ok) else model
         taken = {p.config for p in proposals}
-        nxt = _next(problem, state, step_model, taken, ranked, model)
+        nxt = _next(state, step_model, taken, ranked, model)
         if nxt is None:
             break
         proposals.append(nxt)
@@ -363,69 +145,165 @@ def _fantasies(model: ThroughputModel, rows: list[tuple[Arm, int, Knobs]]) -> li
     return [(a, m, k, float(np.exp(mu))) for (a, m, k), mu in zip(rows, model.mean(rows))]
 
 
-def _next(problem: Problem, state: _State, model: ThroughputModel, taken: set[Config],
-          ranked: list[_Ranked], measured_only: ThroughputModel) -> Proposal | None:
-    """The next experiment of one slot. ``model`` counts the experiments under way at its mean
-    (so a batch spreads out), ``measured_only`` the runs alone: a launch is worth the lower of
-    its two values, as results not in yet cannot make one worth more."""
-    rows, p_run = state.candidates
-    keep = [i for i, (a, m, k) in enumerate(rows) if problem.config(a, m, k) not in taken]
-    rows = [rows[i] for i in keep]
-    p_run = p_run[keep] if len(keep) else np.zeros(0)
-    if not rows and not state.ok:
-        return None
-    explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
-    if problem.explicit:
-        # The stages the user listed are each measured once: at the size expected to run fastest.
-        fresh = [i for i, (a, _, _) in enumerate(rows) if a.key not in explored and a.offload == ""]
-        if fresh:
-            return _best_run(problem, [rows[i] for i in fresh], p_run[fresh], model, "a stage you listed", problem.sizes)
-    if (user_sizes := problem.sizes):
-        # Sizes the user listed are each measured at every stage explored, as DeepSpeed does.
-        listed = [i for i, (a, _, _) in enumerate(rows) if a.key in explored and not a.offload]
-        if listed:
-            i = min(listed, key=lambda i: (rows[i][0].stage, user_sizes.index(rows[i][1]) if rows[i][1] in user_sizes else 0))
-            a, m, k = rows[i]
-            return Proposal(config=problem.config(a, m, k), why="a size you listed")
-    if not state.ok and not state.running and not taken:
-        # DeepSpeed's order: the lowest stage that runs communicates least.
+class YourSize:
+    """Is the user's micro-batch size untried? It runs first, at the first arm."""
+
+    def propose(self, state: State, model: ThroughputModel, choice: Choice | None) -> Proposal | None:
+        problem = state.problem
+        if problem.baseline is None or not problem.arms:
+            return None
+        config = problem.config(problem.arms[0], problem.baseline)
+        return None if config in state.tried else Proposal(config=config, why="your micro-batch size")
+
+
+class NoiseReplicate:
+    """Did enough runs succeed, none twice? The best so far runs again: the noise prices every
+    later launch (a gain within it is none a run can show) and the summary reports it, measured
+    once, not assumed."""
+
+    def propose(self, state: State, model: ThroughputModel, choice: Choice | None) -> Proposal | None:
+        if model.noise_dof != 0 or len(state.ok) < state.settings.noise_after or choice is None or remeasuring(state):
+            return None
+        return _repeat(state, choice.config, "measure again: the run-to-run noise")
+
+
+OPENING = (YourSize(), NoiseReplicate())
+"""The proposals of a decision before its slots are filled: each that proposes something does."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """What the policy's steps see when they fill one slot. ``model`` counts the experiments
+    under way at its mean (so a batch spreads out), ``measured_only`` the runs alone: a launch is
+    worth the lower of its two values, as results not in yet cannot make one worth more."""
+
+    state: State
+    model: ThroughputModel
+    measured_only: ThroughputModel
+    taken: set[Config]  # proposed earlier in this batch
+    ranked: list[_Ranked]
+    rows: list[tuple[Arm, int, Knobs]]  # the untried default-knob candidates not taken
+    p_run: np.ndarray  # the chance of each row to run
+    explored: set[tuple[int, str]]  # the arms run, running or taken
+
+    @property
+    def problem(self) -> Problem:
+        return self.state.problem
+
+
+class ListedStages:
+    """Is a stage the user listed not measured yet? Each is measured once, at the size expected
+    to run fastest."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        if not slot.problem.explicit:
+            return None
+        fresh = [i for i, (a, _, _) in enumerate(slot.rows) if a.key not in slot.explored and a.offload == ""]
+        if not fresh:
+            return None
+        return _best_run(slot.problem, [slot.rows[i] for i in fresh], slot.p_run[fresh], slot.model, "a stage you listed",
+                         slot.problem.sizes)
+
+
+class ListedSizes:
+    """Is a size the user listed not measured yet at a stage explored? Each is, at every stage
+    explored, as DeepSpeed does."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        if not (user_sizes := slot.problem.sizes):
+            return None
+        rows = slot.rows
+        listed = [i for i, (a, _, _) in enumerate(rows) if a.key in slot.explored and not a.offload]
+        if not listed:
+            return None
+        i = min(listed, key=lambda i: (rows[i][0].stage, user_sizes.index(rows[i][1]) if rows[i][1] in user_sizes else 0))
+        a, m, k = rows[i]
+        return Proposal(config=slot.problem.config(a, m, k), why="a size you listed")
+
+
+class FirstLaunch:
+    """Is nothing measured, running or proposed yet? The lowest stage likely to run, at the size
+    expected to run fastest: DeepSpeed's order, the lowest stage that runs communicates least."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        state, rows, p_run = slot.state, slot.rows, slot.p_run
+        if state.ok or state.running or slot.taken or not rows:
+            return None
         lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
         first = [i for i, (a, _, _) in enumerate(rows) if a.key == lowest] or list(range(len(rows)))
-        return _best_run(problem, [rows[i] for i in first], p_run[first], model, "the size expected to run fastest", problem.sizes)
-    if not state.ok:
-        # Waiting for the first result: the best guess of an arm not tried yet, else a smaller size.
-        busy = {(o.stage, o.offload) for o in state.running} | {p.arm for p in taken}
-        sizes = [o.mbs for o in state.running] + [p.micro_batch for p in taken]
+        return _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "the size expected to run fastest",
+                         slot.problem.sizes)
+
+
+class WhilePending:
+    """Are the first results still pending? The best guess of an arm not tried yet, else a
+    smaller size."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        state, rows = slot.state, slot.rows
+        if state.ok:
+            return None
+        busy = {(o.stage, o.offload) for o in state.running} | {p.arm for p in slot.taken}
+        sizes = [o.mbs for o in state.running] + [p.micro_batch for p in slot.taken]
         other = [i for i, (a, _, _) in enumerate(rows) if a.key not in busy]
         if not other:
             other = [i for i, (_, m, _) in enumerate(rows) if m <= 0.7 * min(sizes)] if sizes else []
         if not other:
             return None
-        return _best_run(problem, [rows[i] for i in other], p_run[other], model, "while the first results are pending")
-    # The best so far counts the experiments under way (running, or proposed in this batch) at
-    # the model's mean, as the model does: else every proposal of a batch would be measured
-    # against the first results alone, and a batch for many slots would crowd one curve.
-    # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
-    measured = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs)
-                for c in {o.config for o in state.ok} | {o.config for o in state.running} | taken]
-    incumbent = measured[int(np.argmax(model.mean(measured)))]
-    best = _best_value((model, measured_only), state, rows, p_run, incumbent)
-    if best is None:
-        # Knob settings once the sizes are settled: they are tried at an arm's best sizes, which
-        # the size search finds first, and their gain is measured against the best config there is.
-        knob_rows, knob_p = state.knob_rows(model)
-        fresh = [i for i, (a, m, k) in enumerate(knob_rows) if problem.config(a, m, k) not in taken]
-        best = _best_value((model, measured_only), state, [knob_rows[i] for i in fresh], knob_p[fresh], incumbent)
-    again = _replicate(model, state, ranked) if not taken and not state.running else None
-    if again is not None and (best is None or again[1] > best[1]):
-        return again[0]
-    if best is None:
-        return None
-    (a, m, k), value = best
-    return Proposal(config=problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
+        return _best_run(slot.problem, [rows[i] for i in other], slot.p_run[other], slot.model, "while the first results are pending")
 
 
-def _best_value(models: tuple[ThroughputModel, ThroughputModel], state: _State, rows: list[tuple[Arm, int, Knobs]],
+class MostValue:
+    """Is a launch expected to raise the final choice by ``min_gain``? The one expected to raise
+    it most: a size, else (the sizes settled) a knob setting, against a re-measurement."""
+
+    def propose(self, slot: Slot) -> Proposal | None:
+        state, model, measured_only, taken = slot.state, slot.model, slot.measured_only, slot.taken
+        if not state.ok:
+            return None
+        # The best so far counts the experiments under way (running, or proposed in this batch) at
+        # the model's mean, as the model does: else every proposal of a batch would be measured
+        # against the first results alone, and a batch for many slots would crowd one curve.
+        # A set, not sorted: one knob's values may mix types (5e8, "auto"), and a max needs no order.
+        measured = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs)
+                    for c in {o.config for o in state.ok} | {o.config for o in state.running} | taken]
+        incumbent = measured[int(np.argmax(model.mean(measured)))]
+        best = _best_value((model, measured_only), state, slot.rows, slot.p_run, incumbent)
+        if best is None:
+            # Knob settings once the sizes are settled: they are tried at an arm's best sizes, which
+            # the size search finds first, and their gain is measured against the best config there is.
+            knob_rows, knob_p = state.knob_rows(model)
+            fresh = [i for i, (a, m, k) in enumerate(knob_rows) if slot.problem.config(a, m, k) not in taken]
+            best = _best_value((model, measured_only), state, [knob_rows[i] for i in fresh], knob_p[fresh], incumbent)
+        again = _replicate(model, state, slot.ranked) if not taken and not state.running else None
+        if again is not None and (best is None or again[1] > best[1]):
+            return again[0]
+        if best is None:
+            return None
+        (a, m, k), value = best
+        return Proposal(config=slot.problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
+
+
+POLICY = (ListedStages(), ListedSizes(), FirstLaunch(), WhilePending(), MostValue())
+"""The planner's policy for one slot, in order: the first step that proposes something fills it;
+where none does, the slot and the rest of the batch stay empty."""
+
+
+def _next(state: State, model: ThroughputModel, taken: set[Config], ranked: list[_Ranked],
+          measured_only: ThroughputModel) -> Proposal | None:
+    """The next experiment of one slot, by the first step of the policy that proposes one."""
+    rows, p_run = state.candidates
+    keep = [i for i, (a, m, k) in enumerate(rows) if state.problem.config(a, m, k) not in taken]
+    explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
+    slot = Slot(state=state, model=model, measured_only=measured_only, taken=taken, ranked=ranked,
+                rows=[rows[i] for i in keep], p_run=p_run[keep] if len(keep) else np.zeros(0), explored=explored)
+    for step in POLICY:
+        if (proposal := step.propose(slot)) is not None:
+            return proposal
+    return None
+
+
+def _best_value(models: tuple[ThroughputModel, ThroughputModel], state: State, rows: list[tuple[Arm, int, Knobs]],
                 p_run: np.ndarray, incumbent: tuple[Arm, int, Knobs]) -> tuple[tuple[Arm, int, Knobs], float] | None:
     """Of ``rows``, the one whose launch is expected to raise the final choice most (its
     knowledge gradient times the chance it runs: a launch that runs out of memory costs a launch
@@ -439,7 +317,7 @@ def _best_value(models: tuple[ThroughputModel, ThroughputModel], state: _State, 
     return (rows[i], float(value[i])) if value[i] >= state.settings.min_gain else None
 
 
-def _replicate(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> tuple[Proposal, float] | None:
+def _replicate(model: ThroughputModel, state: State, ranked: list[_Ranked]) -> tuple[Proposal, float] | None:
     """The measured config whose next run is expected to raise the final choice most: the
     chosen one or a rival it may lose to (a knowledge gradient over the pair), with that value;
     ``None`` where none is worth ``min_gain`` or the re-measurements are spent. A replicate is a
@@ -448,7 +326,7 @@ def _replicate(model: ThroughputModel, state: _State, ranked: list[_Ranked]) -> 
     if len(ranked) < 2 or repeats >= state.settings.max_remeasures:
         return None
     rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
-    rivals = np.argsort(-model.expected_loss(rows[1:], rows[0]))[:_RIVALS] + 1
+    rivals = np.argsort(-model.expected_loss(rows[1:], rows[0]))[:state.settings.priors.rivals] + 1
     of_rival, of_chosen = model.remeasure_value([rows[i] for i in rivals], rows[0])
     j = int(np.argmax(np.maximum(of_rival, of_chosen)))
     value = float(max(of_rival[j], of_chosen[j]))

@@ -4,6 +4,95 @@ import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)
+class Priors:
+    """The planner's beliefs before a tuning's runs say otherwise, and the limits of its search:
+    a field of :class:`PlannerSettings`, so a benchmark varies them by argument.
+
+    Args:
+        broken:
+            A stage that fails for a reason other than memory may fail at every size.
+        size_fails:
+            Else, once one size of a stage failed, another may.
+        shared_threshold:
+            Each other stage failing above every size that ran anywhere makes a threshold of
+            the job's (an int32 index over the logits) likelier by this share.
+        knob_cause:
+            A knob value makes a stage crash (reduce_scatter off on NCCL, a bucket over 2 GB).
+        contradiction:
+            A run that contradicts the linear memory model (a workspace that switches on at some
+            size, fragmentation) is believed this much less than one that agrees.
+        memory_sd:
+            A run's peak memory, where the accelerator reports it, is the linear memory model's
+            figure within this share of the device (the caching allocator reserves a little more
+            than it needs).
+        saturated:
+            A peak memory this close to full says only that the run fitted (the allocator took
+            what was there).
+        first_arm_sd:
+            The first stage's log throughput scale, before any run: this wide about the runs' mean.
+        stage_steps:
+            How each of ZeRO-1, -2 and -3 relates to the stage before it, in log throughput:
+            (mean, sd). ZeRO-1 may run either side of stage 0; ZeRO-2's reduce-scatter and
+            all-gather run 10-20% slower than ZeRO-1 on 8+ GPUs, about even on one; ZeRO-3 also
+            gathers the parameters (1.5x the volume). Wide on purpose: each is settled by one run.
+        offload_step:
+            Offloading the optimizer, in log throughput: (mean, sd); from 0.9x to 0.25x of the
+            GPU run at the same size, never faster (what it buys is memory).
+        knob_own:
+            A stage's own deviation of a knob value's effect, as a share of the effect shared by
+            the stages: the collective a bucket feeds differs by stage, so as large.
+        residual_shared:
+            The share of the throughput curve's smooth deviation from its shape that the arms
+            share (the same kernels run at every stage); the rest is each arm's own.
+        residual_length:
+            In log size: sizes this far apart (1.6x) deviate independently.
+        straggler_p:
+            A config's runs hold a straggler (a slow node, a preempted step, a checkpoint: a run
+            slower, never faster) with this probability...
+        straggler_range:
+            ...anywhere within this range below the others (log); it tells nothing of the noise.
+        straggler_z:
+            A run measured this many deviations below what the others predict for it is taken
+            for a straggler.
+        keep:
+            The surrogate's mixture components below this weight are dropped.
+        max_components:
+            A re-measurement is priced on the heaviest components, at most this many: its
+            knowledge gradient is quadratic in their number.
+        rivals:
+            The measured configs the choice is likeliest to lose to, whose re-measurement is
+            priced.
+        late:
+            Of the usual run: an experiment running this long is in its round's second half
+            (a batch's member may end at most this much of its run after the last under way).
+        chunk:
+            A batch's candidates whose value is brought up to date at once.
+    """
+
+    broken: float = 0.5
+    size_fails: float = 0.3
+    shared_threshold: float = 0.5
+    knob_cause: float = 0.05
+    contradiction: float = 0.03
+    memory_sd: float = 0.03
+    saturated: float = 0.95
+    first_arm_sd: float = 3.0
+    stage_steps: tuple[tuple[float, float], ...] = ((0.0, 0.06), (-0.06, 0.08), (-0.12, 0.15))
+    offload_step: tuple[float, float] = (-0.7, 0.3)
+    knob_own: float = 1.0
+    residual_shared: float = 0.5
+    residual_length: float = 0.5
+    straggler_p: float = 0.1
+    straggler_range: float = 0.3
+    straggler_z: float = 3.0
+    keep: float = 1e-3
+    max_components: int = 256
+    rivals: int = 1
+    late: float = 0.5
+    chunk: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
 class PlannerSettings:
     """The settings of the planner's search, passed to :func:`~optuna_ds.planner.plan` as a
     value (as Optuna's samplers take theirs), so a benchmark or a caller varies them without
@@ -38,6 +127,8 @@ class PlannerSettings:
             have waited for its result. Between 0 and ``min_gain``: the lower, the more
             GPU-hours a tuning spends to finish sooner; at ``min_gain`` a batch holds what the
             sequential search would run, plus every stage once. With one slot it never acts.
+        priors:
+            The planner's priors and the limits of its search (see :class:`Priors`).
     """
 
     min_gain: float = 0.002
@@ -47,3 +138,4 @@ class PlannerSettings:
     growth: float = 1.04
     noise_after: int = 3
     batch_gain: float = 0.0005
+    priors: Priors = Priors()

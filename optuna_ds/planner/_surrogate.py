@@ -11,6 +11,7 @@ from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Knobs
 from optuna_ds.planner._problem import Problem
+from optuna_ds.planner._settings import Priors
 
 # The shape of a throughput curve over the micro-batch size m: ``m / (m + h)`` (a fixed cost
 # per step amortised over the batch: h is the size at half efficiency), times a loss growing
@@ -22,7 +23,6 @@ _H = np.geomspace(0.25, 512.0, 16)
 _THETA = np.linspace(0.5, 0.98, 17)
 _LOSS = np.array([0.05, 0.1, 0.2, 0.35, 0.5, 0.7])
 _NO_PRESSURE_PRIOR = 0.4
-_FIRST_ARM_SD = 3.0
 # A knob setting's effect on log throughput, as a share of the step: the knobs size and overlap
 # the collectives (buckets, reduce-scatter, overlap with the backward pass) and the gradient
 # copies, so their effect follows the communication's share of a step -- a few percent either
@@ -32,7 +32,6 @@ _FIRST_ARM_SD = 3.0
 # bucket feeds a reduce at ZeRO-1 and a reduce-scatter at ZeRO-2).
 _KNOB_SDS = np.array([0.005, 0.02, 0.05])
 _KNOB_SD_PRIOR = {False: np.array([0.5, 0.35, 0.15]), True: np.array([0.25, 0.45, 0.3])}  # by: more than one GPU
-_KNOB_OWN = 1.0  # a stage's own deviation, as a share of the shared scale: the collective a bucket feeds differs by stage, so as large
 # How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 keeps
 # stage 0's all-reduce volume and steps the optimizer on a 1/n partition, so it may run either
 # side of stage 0; ZeRO-2 replaces the all-reduce by a reduce-scatter per bucket and an
@@ -41,19 +40,15 @@ _KNOB_OWN = 1.0  # a stage's own deviation, as a share of the shared scale: the 
 # moves the optimizer step to the CPU (CPU Adam at 1-3 G params/s) and the gradients and
 # parameters over PCIe each step: from 0.9x to 0.25x of the GPU run at the same size, never
 # faster (what it buys is memory, which the shape holds). Wide on purpose: each is a belief
-# about physics, settled by one run of the arm.
-_STAGE_STEP = {1: (0.0, 0.06), 2: (-0.06, 0.08), 3: (-0.12, 0.15)}
-_OFFLOAD_STEP = (-0.7, 0.3)
-_KEEP = 1e-3  # mixture components below this weight are dropped
+# about physics, settled by one run of the arm (``Priors.stage_steps``, ``Priors.offload_step``).
 # What the saturating shape misses -- kernels that prefer some sizes (tensor-core tiles, bucket
 # boundaries), the allocator, a curve that bends before the memory edge: a smooth deviation over
-# log size, half shared by the arms (the same kernels run at every stage), half each arm's own.
+# log size, partly shared by the arms (the same kernels run at every stage), partly each arm's
+# own (``Priors.residual_shared``, ``Priors.residual_length``).
 # Its amplitude is learned from the runs, from 0.5% (the shape holds) to 10% (it barely does),
 # so misfit goes into the model and never into the noise.
 _AMPLITUDE = np.array([0.005, 0.015, 0.04, 0.1])
 _AMPLITUDE_PRIOR = np.array([0.3, 0.35, 0.25, 0.1])
-_SHARED = 0.5
-_RESIDUAL_LENGTH = 0.5  # in log size: sizes 1.6x apart deviate independently
 # The run-to-run noise of one measurement (relative sd), measured by repeated configs only: a
 # real H100 run of one config varies about +-3% (clock, placement, data order), longer profiles
 # less, shared or multi-node machines more. Before any repeat, a log-normal belief centred at
@@ -61,14 +56,12 @@ _RESIDUAL_LENGTH = 0.5  # in log size: sizes 1.6x apart deviate independently
 _NOISE_GRID = np.geomspace(0.002, 0.2, 61)
 _NOISE_LOGPRIOR = -0.5 * (np.log(_NOISE_GRID / 0.02) / 0.8) ** 2
 # Runs have heavy tails, and on one side: a straggler (a slow node, a preempted step, a
-# checkpoint) makes a run slower, never faster. A config's runs hold one with this probability,
-# anywhere within this range below the others (log), and it tells nothing of the noise.
-_STRAGGLER_P = 0.1
-_STRAGGLER_RANGE = 0.3
-# A run measured this many deviations below what the others predict for it is taken for a
-# straggler: it stays in the data, with its noise widened by the range, so it neither drags its
-# curve down nor inflates the noise.
-_STRAGGLER_Z = 3.0
+# checkpoint) makes a run slower, never faster. A config's runs hold one with probability
+# ``Priors.straggler_p``, anywhere within ``Priors.straggler_range`` below the others (log), and
+# it tells nothing of the noise.
+# A run measured ``Priors.straggler_z`` deviations below what the others predict for it is taken
+# for a straggler: it stays in the data, with its noise widened by the range, so it neither drags
+# its curve down nor inflates the noise.
 _OFFLOADS = ("offload-opt", "offload-opt-param")
 
 
@@ -76,13 +69,14 @@ def _arm_code(arm: Arm) -> int:
     return arm.stage * 4 + (1 + _OFFLOADS.index(arm.offload) if arm.offload in _OFFLOADS else 0)
 
 
-def _kernel(log_a: np.ndarray, arms_a: np.ndarray, log_b: np.ndarray, arms_b: np.ndarray) -> np.ndarray:
+def _kernel(log_a: np.ndarray, arms_a: np.ndarray, log_b: np.ndarray, arms_b: np.ndarray, priors: Priors) -> np.ndarray:
     """The residual's correlation between two sets of (log size, arm) points (unit amplitude)."""
     same = arms_a[:, None] == arms_b[None, :]
-    return np.asarray((_SHARED + (1.0 - _SHARED) * same) * np.exp(-0.5 * ((log_a[:, None] - log_b[None, :]) / _RESIDUAL_LENGTH) ** 2))
+    shared, length = priors.residual_shared, priors.residual_length
+    return np.asarray((shared + (1.0 - shared) * same) * np.exp(-0.5 * ((log_a[:, None] - log_b[None, :]) / length) ** 2))
 
 
-def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+def measured_noise(groups: Iterable[Sequence[float]], *, priors: Priors = Priors()) -> tuple[float, int]:
     """The relative noise of one measurement from the runs of each config (positive values, one
     sequence per config): the posterior geometric mean under the belief above, and the degrees
     of freedom it rests on (runs beyond each config's first; 0: the belief alone, nothing
@@ -96,8 +90,8 @@ def measured_noise(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
         plain = -(len(v) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi)) - np.sum((v - v.mean()) ** 2) / (2.0 * _NOISE_GRID**2)
         rest = v[1:]
         straggler = (-(len(rest) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi))
-                     - np.sum((rest - rest.mean()) ** 2) / (2.0 * _NOISE_GRID**2) - math.log(_STRAGGLER_RANGE))
-        plain, straggler = math.log(1 - _STRAGGLER_P) + plain, math.log(_STRAGGLER_P) + straggler
+                     - np.sum((rest - rest.mean()) ** 2) / (2.0 * _NOISE_GRID**2) - math.log(priors.straggler_range))
+        plain, straggler = math.log(1 - priors.straggler_p) + plain, math.log(priors.straggler_p) + straggler
         branches.append((len(v), plain, straggler))
         log_post = log_post + np.logaddexp(plain, straggler)
     w = np.exp(log_post - log_post.max())
@@ -154,12 +148,12 @@ def shape(sizes: np.ndarray, shares: np.ndarray, fills: np.ndarray, combos: np.n
 _STAGES = 4
 
 
-def _scale_prior(base: float) -> tuple[np.ndarray, np.ndarray]:
+def _scale_prior(base: float, priors: Priors) -> tuple[np.ndarray, np.ndarray]:
     """Mean and covariance of the stages' log scales (a random walk along the stages) and of
     the two offload effects."""
-    means, variances = [base], [_FIRST_ARM_SD**2]
+    means, variances = [base], [priors.first_arm_sd**2]
     for stage in range(1, _STAGES):
-        mu, sd = _STAGE_STEP[stage]
+        mu, sd = priors.stage_steps[stage - 1]
         means.append(means[-1] + mu)
         variances.append(variances[-1] + sd**2)
     n = _STAGES + len(_OFFLOADS)
@@ -168,8 +162,8 @@ def _scale_prior(base: float) -> tuple[np.ndarray, np.ndarray]:
         for j in range(_STAGES):
             cov[i, j] = variances[min(i, j)]
     for k in range(len(_OFFLOADS)):
-        cov[_STAGES + k, _STAGES + k] = _OFFLOAD_STEP[1] ** 2
-    return np.array(means + [_OFFLOAD_STEP[0], 0.5 * _OFFLOAD_STEP[0]]), cov
+        cov[_STAGES + k, _STAGES + k] = priors.offload_step[1] ** 2
+    return np.array(means + [priors.offload_step[0], 0.5 * priors.offload_step[0]]), cov
 
 
 def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, float]]
@@ -204,8 +198,9 @@ class ThroughputModel:
     """
 
     def __init__(self, problem: Problem, memory: FeasibilityModel,
-                 points: Sequence[tuple[Arm, int, Knobs, float]]) -> None:
+                 points: Sequence[tuple[Arm, int, Knobs, float]], *, priors: Priors = Priors()) -> None:
         self._memory = memory
+        self._beliefs = priors
         self._shared, self._own = _knob_features(problem, points)
         self._feature_index = {f: i for i, f in enumerate(self._shared)}
         self._own_index = {f: i for i, f in enumerate(self._own)}
@@ -213,10 +208,10 @@ class ThroughputModel:
         runs: dict[tuple[Any, ...], list[float]] = {}
         for arm, m, knobs, value in points:
             runs.setdefault((arm.key, m, knobs), []).append(value)
-        self.noise, self.noise_dof = measured_noise(runs.values())
+        self.noise, self.noise_dof = measured_noise(runs.values(), priors=priors)
         y = np.log(np.array([p[3] for p in points], dtype=float)) if points else np.zeros(0)
         base = float(y.mean()) if len(y) else 0.0
-        mu_scales, cov_scales = _scale_prior(base)
+        mu_scales, cov_scales = _scale_prior(base, priors)
         n0, k_shared, k_own = len(mu_scales), len(self._shared), len(self._own)
         self._n0 = n0
         self._mu0 = np.concatenate([mu_scales, np.zeros(k_shared + k_own)])
@@ -227,14 +222,14 @@ class ThroughputModel:
             s0 = np.zeros((n0 + k_shared + k_own, n0 + k_shared + k_own))
             s0[:n0, :n0] = cov_scales
             s0[n0:n0 + k_shared, n0:n0 + k_shared] = np.eye(k_shared) * sd**2
-            s0[n0 + k_shared:, n0 + k_shared:] = np.eye(k_own) * (_KNOB_OWN * sd) ** 2
+            s0[n0 + k_shared:, n0 + k_shared:] = np.eye(k_own) * (priors.knob_own * sd) ** 2
             self._priors.append((float(sd), float(prior), s0))
         x = self._design([(a, kn) for a, _, kn, _ in points])
         f = self._shape([(a, m) for a, m, _, _ in points])  # (G, n)
         self._x = x
         self._log_m = np.log(np.array([m for _, m, _, _ in points], dtype=float))
         self._arms = np.array([_arm_code(a) for a, _, _, _ in points], dtype=int)
-        self._unit = _kernel(self._log_m, self._arms, self._log_m, self._arms)
+        self._unit = _kernel(self._log_m, self._arms, self._log_m, self._arms, priors)
         self._r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(_COMBO_H), 0))
         self.straggler = np.zeros(self.n, dtype=bool)
         self._fit()
@@ -245,7 +240,7 @@ class ThroughputModel:
             _, _, alpha, kinv = self._fits[s]
             diagonal = np.diag(kinv)
             z = alpha[:, g] / np.sqrt(diagonal)
-            self.straggler = z < -_STRAGGLER_Z
+            self.straggler = z < -priors.straggler_z
             if self.straggler.any():
                 self._fit()
 
@@ -253,7 +248,7 @@ class ThroughputModel:
         """The posterior of every (amplitude, knob scale, shape) component given the runs: its
         weight, and what its predictions need."""
         r = self._r
-        noise = self.noise**2 + np.where(self.straggler, _STRAGGLER_RANGE**2, 0.0)
+        noise = self.noise**2 + np.where(self.straggler, self._beliefs.straggler_range**2, 0.0)
         # Per (amplitude, knob scale): (amplitude, prior covariance, alpha (n, G), inverse of the covariance (n, n)).
         self._fits = []
         logs = []
@@ -280,7 +275,7 @@ class ThroughputModel:
         log_w = np.stack(logs)  # (S, G)
         w = np.exp(log_w - log_w.max())
         w /= w.sum()
-        w = np.where(w >= _KEEP, w, 0.0)
+        w = np.where(w >= self._beliefs.keep, w, 0.0)
         self._w = w / w.sum()
         self._active = [np.flatnonzero(row) for row in self._w]
 
@@ -334,7 +329,7 @@ class ThroughputModel:
         ``(rows, rows)``; the structural part depends on the knob scale (``z @ s0 @ x.T``)."""
         log_m = np.log(np.array([m for _, m, _ in rows], dtype=float))
         arms = np.array([_arm_code(a) for a, _, _ in rows], dtype=int)
-        return _kernel(log_m, arms, self._log_m, self._arms), _kernel(log_m, arms, log_m, arms)
+        return _kernel(log_m, arms, self._log_m, self._arms, self._beliefs), _kernel(log_m, arms, log_m, arms, self._beliefs)
 
     def _structural(self, z: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per fit, the rows' structural prior covariance with the points ``(rows, n)``, their
@@ -416,7 +411,7 @@ class ThroughputModel:
         once, whose value the shapes disagree on, is worth measuring again, and one pinned by
         several runs is not. ``(of the row, of chosen)``."""
         w, mean_r, mean_c, var_r, var_c, cov, noise = self._versus(rows, chosen)
-        keep = _heaviest(w)
+        keep = _heaviest(w, self._beliefs.max_components)
         w, noise = w[keep] / w[keep].sum(), noise[keep]
         mean_r, mean_c, var_r, var_c, cov = (a[keep] for a in (mean_r, mean_c, var_r, var_c, cov))
         diff = mean_r - mean_c  # (K, R)
@@ -457,17 +452,16 @@ class ThroughputModel:
         return np.asarray(w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z)))
 
 
-_MAX_COMPONENTS = 256
 _NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(9)
 _NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
 
 
-def _heaviest(w: np.ndarray) -> np.ndarray:
-    """The indices of the heaviest components holding 99% of the weight, at most
-    ``_MAX_COMPONENTS``: the knowledge gradient is quadratic in their number."""
+def _heaviest(w: np.ndarray, limit: int) -> np.ndarray:
+    """The indices of the heaviest components holding 99% of the weight, at most ``limit``: the
+    knowledge gradient is quadratic in their number."""
     order = np.argsort(-w)
     n = int(np.searchsorted(np.cumsum(w[order]), 0.99 * w.sum())) + 1
-    return order[: min(n, _MAX_COMPONENTS)]
+    return order[: min(n, limit)]
 
 
 def _gain(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
