@@ -142,38 +142,11 @@ def stale_trial_ids(study: optuna.Study) -> set[int]:
 class TrialCache(_CachedStorage):
     """Optuna's cache of an RDB storage, shared by every study of a stage this process opens.
 
-    Optuna's cache reads again only the trials that are new or still running, but it does so at
-    every read, and one ask reads several times (the waiting trials, the sampler's view). Within
-    :meth:`freeze` and :meth:`thaw`, the reads of this thread come from the cache as it was just
-    refreshed: a decision reads the storage once. Other threads (a claim's check against other
-    workers, the pruner) keep reading afresh.
-
-    It extends Optuna's private ``_CachedStorage``: Optuna has no public cache of an RDB storage
+    Optuna's cache reads again only the trials that are new or still running. It extends
+    Optuna's private ``_CachedStorage``: Optuna has no public cache of an RDB storage
     (``optuna.create_study`` wraps one in this class itself, and uses a ``_CachedStorage`` it is
-    given as it is), and none that could be told when to read again. It relies on the cache
-    refreshing a study in ``_read_trials_from_remote_storage(study_id)``, which every read of
-    trials calls first, and on ``_studies`` (the studies read so far) under ``_lock``.
+    given as it is), and none that stores a claim's attrs in one statement.
     """
-
-    def __init__(self, backend: optuna.storages.RDBStorage) -> None:
-        super().__init__(backend)
-        self._frozen = threading.local()
-
-    def freeze(self, study: optuna.Study) -> None:
-        """Refresh ``study``'s trials once, then serve this thread's reads from the cache
-        until :meth:`thaw`."""
-        self._read_trials_from_remote_storage(study_id(study))
-        self._frozen.on = True
-
-    def thaw(self) -> None:
-        self._frozen.on = False
-
-    def _read_trials_from_remote_storage(self, study_id: int) -> None:
-        if getattr(self._frozen, "on", False):
-            with self._lock:
-                if study_id in self._studies:
-                    return
-        super()._read_trials_from_remote_storage(study_id)
 
     def set_trial_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
         """Store several user attrs in one statement: a claim is a dozen attrs, one round trip

@@ -155,21 +155,6 @@ def test_a_trial_added_whole_keeps_its_attrs_and_start(url: str) -> None:
     assert kept.datetime_start == frozen.datetime_start
 
 
-def test_cached_storage_reads_trials_through_read_trials_from_remote_storage(url: str) -> None:
-    # TrialCache.freeze relies on it: every read of a study's trials refreshes them there first,
-    # so skipping it serves the trials as last read.
-    cache = TrialCache(optuna.storages.RDBStorage(url))
-    study = optuna.create_study(storage=cache, study_name="s")
-    study.tell(study.ask(), 1.0)
-    other = optuna.load_study(study_name="s", storage=url)  # another worker
-    other.tell(other.ask(), 2.0)
-    cache.freeze(study)
-    other.tell(other.ask(), 3.0)
-    assert len(study.get_trials(deepcopy=False)) == 2  # as frozen
-    cache.thaw()
-    assert len(study.get_trials(deepcopy=False)) == 3
-
-
 def test_user_attrs_written_in_one_statement_are_optuna_user_attrs(url: str) -> None:
     # TrialCache.set_trial_user_attrs writes Optuna's user attr table through its private RDB
     # models: what it writes Optuna reads back as user attrs, an attr written again is
