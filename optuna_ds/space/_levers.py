@@ -31,23 +31,24 @@ def zeropp_space(stage: int, *, ranks: int, ranks_per_node: int) -> dict[str, li
     """The ZeRO++ dimensions proposed at ``stage`` for ``ranks`` data-parallel ranks,
     ``ranks_per_node`` to a node.
 
-    qwZ quantizes the all-gather of the weights: it needs ZeRO-3 and more than one rank. qgZ
-    acts only where the ranks span nodes: on one node DeepSpeed 0.19.8's stage 3 reduces the
+    ZeRO++ is proposed where the ranks span nodes: what it saves is inter-node bandwidth. qwZ
+    quantizes the all-gather of the weights (ZeRO-3, more than one rank); qgZ acts only where
+    the ranks span nodes: on one node DeepSpeed 0.19.8's stage 3 reduces the
     gradients unquantized whatever the setting (``num_nodes > 1`` in ``__avg_scatter_grads``).
     hpZ keeps a secondary copy of the parameters within ``zero_hpz_partition_size`` ranks, so
     the backward all-gather stays there: DeepSpeed's tutorial sets it to the GPUs of a node, and
     it pays only where the ranks span nodes (on one node the secondary group is the primary).
     """
-    if stage != 3 or ranks <= 1:
+    if stage != 3 or ranks <= 1 or not spans_nodes(ranks=ranks, ranks_per_node=ranks_per_node):
+        # Within one node the collectives run over its own links (NVLink, PCIe), which ZeRO++
+        # was not made for: it trades quantization work for inter-node bandwidth, and a job
+        # where it cannot pay spends no launch on it (a list of it still tunes it).
         return {}
+    space: dict[str, list[Any]] = {"zero_hpz_partition_size": [1, ranks_per_node]}
     # The quantizers are CUDA kernels: DeepSpeed's CPU accelerator raises "not implemented on
     # CPU backend" in every rank, which then hang until the trial's timeout.
-    quantizes = quantizer_kernels()
-    space: dict[str, list[Any]] = {"zero_quantized_weights": [False, True]} if quantizes else {}
-    if spans_nodes(ranks=ranks, ranks_per_node=ranks_per_node):
-        if quantizes:
-            space["zero_quantized_gradients"] = [False, True]
-        space["zero_hpz_partition_size"] = [1, ranks_per_node]
+    if quantizer_kernels():
+        space.update(zero_quantized_weights=[False, True], zero_quantized_gradients=[False, True])
     return space
 
 
