@@ -34,7 +34,15 @@ from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import ExperimentResult
 from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Phase
+from optuna_ds.config import Metric
+from optuna_ds.domain import Experiment
+from optuna_ds.launcher import BadMetrics
+from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import Lease
+from optuna_ds.launcher import StepMeasurement
+from optuna_ds.launcher import read_metrics
+from optuna_ds.launcher import read_step_timers
+from optuna_ds.launcher import read_tail
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import measure_steps
 from optuna_ds.launcher import profiled_steps
@@ -94,6 +102,23 @@ def _keep_stale(study: optuna.Study, trial: optuna.Trial, outcome: ExperimentRec
     )
     study.add_trial(kept)
     return max(t.number for t in study.get_trials(deepcopy=False) if ExperimentRecord.from_trial(t).recovered == why)
+
+
+def _measured_before_the_end(experiment: Experiment, *, metric: Metric, since: float) -> tuple[dict[str, Any], StepMeasurement] | None:
+    """The metrics an interrupted run wrote, with its steps; ``None`` where it wrote none whole.
+    The runner deletes the folder's metrics file before it launches: one written ``since`` the
+    run began (``time.time()``) is this launch's."""
+    files = ExperimentFiles(experiment.result_dir)
+    try:
+        if os.stat(files.metrics).st_mtime < since:
+            return None
+        metrics = read_metrics(files.metrics, metric.key)
+    except (BadMetrics, OSError):
+        return None
+    if metrics is None:
+        return None
+    return metrics, measure_steps(metric=metric, metrics=metrics, logged=read_step_timers(read_tail(files.stdout)),
+                                  profiled=profiled_steps(experiment.ds_config))
 
 
 def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float]) -> None:
@@ -237,6 +262,7 @@ class StageExperiments:
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
             attempt.launched = True
+            began = time.time()
             try:
                 result = ctx.runner.run(
                     experiment,
@@ -254,7 +280,16 @@ class StageExperiments:
             except optuna.exceptions.UpdateFinishedTrialError:
                 raise  # failed as stale before its launch was recorded: the runner ended the launch
             except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
-                ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
+                with deferred_signals():
+                    # Its metrics written before the end (the run had measured, its launcher not
+                    # yet seen to exit): a result, kept and told, as an orphan's is.
+                    before = _measured_before_the_end(experiment, metric=ctx.metric, since=began)
+                    if before is not None:
+                        metrics, steps = before
+                        _store(trial, ExperimentRecord(metrics=metrics, recovered="interrupted after it measured", **steps.to_attrs()))
+                        self._study.tell(trial, steps.value)
+                    else:
+                        ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                 raise
             measured = measure_steps(metric=ctx.metric, metrics=result.metrics, logged=result.logged_steps,
                                      profiled=profiled_steps(experiment.ds_config)) if result.ok else None

@@ -101,6 +101,30 @@ def test_an_experiment_that_measured_after_its_tuner_died_is_kept(hws: Hostile, 
     hws.assert_untouched()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_experiment_interrupted_after_it_measured_is_kept(hws: Hostile, signum: int) -> None:
+    """Ctrl-C or SIGTERM after the run wrote its metrics but before its launcher was seen to exit
+    (DeepSpeed's engine writes them, then exits; here it lingers): the run measured, so its
+    trial keeps the result, and the resumed tuning does not run it again. (It was marked
+    interrupted and ran again: the intermittent test_signals[outputs-15].)"""
+    hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
+    table = {"2": "linger", "4": "ok"}
+    tuner = hws.popen("tune", *hws.hostile_args(), table=table)
+    _wait_for(lambda: any(e["mbs"] == 2 and e["event"] == "metrics" for e in hws.events()))
+    os.kill(tuner.pid, signum)
+    _, err = tuner.communicate(timeout=60)
+    assert tuner.returncode == 128 + signum, err
+    study = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage)
+    kept = [t for t in study.trials if t.user_attrs.get("micro_batch_size") == 2]
+    assert [(t.state.name, t.value, t.user_attrs.get("recovered")) for t in kept] == [("COMPLETE", 20.0, "interrupted after it measured")]
+    hws.assert_nothing_left()
+    proc = hws.hostile(table={"default": "ok"})
+    assert proc.returncode == 0, proc.stderr
+    assert [e["mbs"] for e in hws.experiments()].count(2) == 1
+    hws.assert_finished_once()
+    hws.assert_untouched()
+
+
 def test_sigkill_at_random_moments_then_resume(hws: Hostile) -> None:
     """Kill the tuner with SIGKILL at random moments (profile, experiments, writing the
     outputs); the same command then finishes, and no finished experiment ran twice."""
