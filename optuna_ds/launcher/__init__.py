@@ -34,6 +34,7 @@ from optuna_ds.launcher._slots import SlotPool
 from optuna_ds.launcher._steps import StepMeasurement
 from optuna_ds.launcher._steps import measure_steps
 from optuna_ds.launcher._steps import profiled_steps
+from optuna_ds.launcher._steps import read_finished
 from optuna_ds.launcher._steps import read_step_timers
 from optuna_ds.launcher._tracking import MARK_VAR
 from optuna_ds.launcher._tracking import end_marked
@@ -57,6 +58,7 @@ __all__ = [
     "StepMeasurement",
     "measure_steps",
     "profiled_steps",
+    "read_finished",
     "read_step_timers",
     "read_tail",
     "SlotPool",

@@ -22,6 +22,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from optuna_ds.config import Metric
+from optuna_ds.launcher._classify import BadMetrics
+from optuna_ds.launcher._classify import read_metrics
+from optuna_ds.launcher._classify import read_tail
+from optuna_ds.launcher._paths import ExperimentFiles
 
 _LINE = re.compile(r"time \(ms\)((?: \| [A-Za-z_]+: -?\d+(?:\.\d+)?)+)")
 _FIELD = re.compile(r"([A-Za-z_]+): (-?\d+(?:\.\d+)?)")
@@ -85,3 +89,18 @@ def profiled_steps(ds_config: Mapping[str, Any]) -> int:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
         return 0
     return max(0, end - start + 1)
+
+
+def read_finished(result_dir: str, *, metric: Metric, ds_config: Mapping[str, Any]) -> tuple[dict[str, Any], StepMeasurement] | None:
+    """What a run nobody saw end left in its folder (its tuner died, or was interrupted as it
+    ended): its metrics file, whole, with the steps its output logged; ``None`` where it wrote
+    no whole metrics file. Whose launch the file is, the caller proves."""
+    files = ExperimentFiles(result_dir)
+    try:
+        metrics = read_metrics(files.metrics, metric.key)
+    except BadMetrics:
+        return None
+    if metrics is None:
+        return None
+    return metrics, measure_steps(metric=metric, metrics=metrics, logged=read_step_timers(read_tail(files.stdout)),
+                                  profiled=profiled_steps(ds_config))

@@ -36,16 +36,13 @@ from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Phase
 from optuna_ds.config import Metric
 from optuna_ds.domain import Experiment
-from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import ExperimentFiles
 from optuna_ds.launcher import Lease
 from optuna_ds.launcher import StepMeasurement
-from optuna_ds.launcher import read_metrics
-from optuna_ds.launcher import read_step_timers
-from optuna_ds.launcher import read_tail
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import measure_steps
 from optuna_ds.launcher import profiled_steps
+from optuna_ds.launcher import read_finished
 from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import shell_line
 from optuna_ds.space import KnobSpace
@@ -108,17 +105,12 @@ def _measured_before_the_end(experiment: Experiment, *, metric: Metric, since: f
     """The metrics an interrupted run wrote, with its steps; ``None`` where it wrote none whole.
     The runner deletes the folder's metrics file before it launches: one written ``since`` the
     run began (``time.time()``) is this launch's."""
-    files = ExperimentFiles(experiment.result_dir)
     try:
-        if os.stat(files.metrics).st_mtime < since:
+        if os.stat(ExperimentFiles(experiment.result_dir).metrics).st_mtime < since:
             return None
-        metrics = read_metrics(files.metrics, metric.key)
-    except (BadMetrics, OSError):
+    except OSError:
         return None
-    if metrics is None:
-        return None
-    return metrics, measure_steps(metric=metric, metrics=metrics, logged=read_step_timers(read_tail(files.stdout)),
-                                  profiled=profiled_steps(experiment.ds_config))
+    return read_finished(experiment.result_dir, metric=metric, ds_config=experiment.ds_config)
 
 
 def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float]) -> None:

@@ -18,15 +18,11 @@ from optuna_ds._optuna_compat import trial_id
 from optuna_ds.config import Metric
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
-from optuna_ds.launcher import BadMetrics
 from optuna_ds.launcher import ExperimentFiles
+from optuna_ds.launcher import StepMeasurement
 from optuna_ds.launcher import end_marked
 from optuna_ds.launcher import kill_process_group
-from optuna_ds.launcher import measure_steps
-from optuna_ds.launcher import profiled_steps
-from optuna_ds.launcher import read_metrics
-from optuna_ds.launcher import read_step_timers
-from optuna_ds.launcher import read_tail
+from optuna_ds.launcher import read_finished
 
 
 def _start_time(pid: int) -> str | None:
@@ -81,9 +77,9 @@ def _folder_mark(record: ExperimentRecord) -> str | None:
     return mark if isinstance(mark, str) and mark else None
 
 
-def _finished_result(record: ExperimentRecord, metric: Metric) -> dict[str, Any] | None:
-    """The metrics an orphaned experiment wrote after its process died: it ran to the end and
-    measured, so it is a result, whoever was watching it.
+def _finished_result(record: ExperimentRecord, metric: Metric) -> tuple[dict[str, Any], StepMeasurement] | None:
+    """The metrics an orphaned experiment wrote after its process died, with its steps: it ran
+    to the end and measured, so it is a result, whoever was watching it.
 
     Only while the folder is still this trial's launch's: a launch deletes the metrics file
     before it starts and then names itself in exp.json, so metrics read before exp.json is seen
@@ -93,11 +89,8 @@ def _finished_result(record: ExperimentRecord, metric: Metric) -> dict[str, Any]
     """
     if not record.launched or not isinstance(record.result_dir, str) or not record.mark:
         return None
-    try:
-        metrics = read_metrics(ExperimentFiles(record.result_dir).metrics, metric.key)
-    except BadMetrics:
-        return None
-    return metrics if _folder_mark(record) == record.mark else None
+    finished = read_finished(record.result_dir, metric=metric, ds_config=record.ds_config or {})
+    return finished if _folder_mark(record) == record.mark else None
 
 
 def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[int], list[int], list[int]]:
@@ -128,17 +121,15 @@ def fail_orphaned_trials(study: optuna.Study, *, metric: Metric) -> tuple[list[i
             # End the orphan first, then read: metrics it wrote before it ended are a result,
             # even when written a moment before its exit.
             kill_process_group(int(experiment["pid"]))
-        metrics = _finished_result(record, metric)
+        finished = _finished_result(record, metric)
         # The token from the storage, never from the folder, which another launch may have
         # rewritten: its processes are not this trial's to end.
         mark = record.mark
         storage = storage_of(study)
         set_user_attr = functools.partial(storage.set_trial_user_attr, trial_id(t))
         try:
-            if metrics is not None:
-                # Measured as a watched run is: over its profiled steps, where its output logged them.
-                measured = measure_steps(metric=metric, metrics=metrics, logged=read_step_timers(read_tail(ExperimentFiles(str(record.result_dir)).stdout)),
-                                         profiled=profiled_steps(record.ds_config or {}))
+            if finished is not None:
+                metrics, measured = finished
                 ExperimentRecord(metrics=metrics, recovered="its process died; the experiment finished and wrote its metrics",
                                  **measured.to_attrs()).write(set_user_attr)
                 storage.set_trial_state_values(trial_id(t), TrialState.COMPLETE, [measured.value])
