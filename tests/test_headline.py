@@ -3,6 +3,7 @@ measured in the tuning (fake launcher); and --scale-lr."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import shlex
@@ -48,19 +49,19 @@ def test_headline_compares_the_users_config_with_the_optimum_and_counts_device_h
     trials = _trials(ws)
     mine = [t for t in trials if t.params.get("train_micro_batch_size_per_gpu") == 2]
     assert mine[0].number == 0  # the user's size ran, first
-    # ...and again once the planner chose, alternating with the optimum, so that each figure of
-    # the headline rests on at least two runs, the last of them taken alike.
-    choice = optuna.load_study(study_name="optuna-ds", storage=ws.storage).user_attrs["choice"]
-    chosen = next(t for t in trials if t.number == choice["trial"]).params["train_micro_batch_size_per_gpu"]
-    assert len(mine) == 2 and "measuring your config and the optimum alike" in p.stdout
-    assert sorted(t.params["train_micro_batch_size_per_gpu"] for t in trials[-2:]) == sorted([2, chosen])  # the last two: one of each
-    assert "(your config, measured alike with the optimum)" in p.stdout
+    # One slot: every run was taken alone, so the headline compares them as they are and buys
+    # no run of its own (the noise gives its range).
+    assert "measuring your config and the optimum alike" not in p.stdout
+    assert "your config and the optimum each ran alone" in p.stdout
+    assert "measured alike with" not in p.stdout
+    mine_mean = sum(t.value for t in mine) / len(mine)
+    of_runs = " (mean of 2 runs)" if len(mine) == 2 else ""
     # The optimum is the planner's choice (by its estimate), a config that ran.
     choice = optuna.load_study(study_name="optuna-ds", storage=ws.storage).user_attrs["choice"]
     best = next(t for t in trials if t.number == choice["trial"])
     assert best.state == TrialState.COMPLETE
     summary = (ws.results / "summary.txt").read_text().splitlines()
-    assert summary[0] == f"Your config (z1, micro-batch 2): {format_number((mine[0].value + mine[1].value) / 2)} samples/s (mean of 2 runs)."
+    assert summary[0] == f"Your config (z1, micro-batch 2): {format_number(mine_mean)} samples/s{of_runs}.", summary[0]
     # ...as the mean of its runs (the best so far runs twice: the noise is measured on it),
     # with the planner's estimate beside them: the figure the tuning printed when it chose.
     from optuna_ds.studies._results import runs_of
@@ -73,7 +74,7 @@ def test_headline_compares_the_users_config_with_the_optimum_and_counts_device_h
     assert summary[1].startswith(f"Optimum ({name}: z1, micro-batch {best.params['train_micro_batch_size_per_gpu']}, "
                                  f"gradient accumulation 1): {format_number(mean)} samples/s ({shown}"), summary[1]
     assert f"planner's estimate {format_number(choice['estimate'])} samples/s), " in summary[1]
-    assert f"{format_number(mean / ((mine[0].value + mine[1].value) / 2), 3)}x " in summary[1]
+    assert f"{format_number(mean / mine_mean, 3)}x " in summary[1] or f"({format_number(mean / mine_mean, 3)}x by the means" in summary[1]
     assert f"chosen: {name}: {figure}; run-to-run noise " in p.stdout
     # The chosen stage's row of DeepSpeed's table agrees with the headline.
     assert any(line.startswith("| z1 ") and f" {format_number(mean)} | " in line and f" {name} " in line for line in summary)
@@ -104,8 +105,30 @@ def test_the_users_size_runs_as_the_baseline_even_at_the_smallest_size(ws: Works
     first = _trials(ws)[0]
     assert first.params["train_micro_batch_size_per_gpu"] == 1 and first.state == TrialState.COMPLETE
     runs = [t.value for t in _trials(ws) if t.params["train_micro_batch_size_per_gpu"] == 1 and t.value is not None]
-    assert len(runs) == 2  # measured again, alike with the optimum
-    assert f"Your config (z1, micro-batch 1): {format_number(sum(runs) / 2)} samples/s (mean of 2 runs)." in p.stdout
+    of_runs = " (mean of 2 runs)" if len(runs) == 2 else ""
+    assert f"Your config (z1, micro-batch 1): {format_number(sum(runs) / len(runs))} samples/s{of_runs}." in p.stdout
+
+
+def test_runs_taken_beside_others_are_measured_again_alike(ws: Workspace) -> None:
+    """Two slots: the user's config ran beside another experiment, so the headline's two configs
+    run again alternately, one at a time, until each ran twice, the last of them taken alike."""
+    ws.config(CONFIG)
+    p = ws.tune("ds_config.json", "--num_gpus", "1", surface=SURFACE,
+                env=ws.env(SURFACE, LOCAL_SIZE="2", OPTUNA_DS_LOCK_DIR=str(ws.root / "locks")))
+    assert p.returncode == 0, p.stderr + p.stdout
+    trials = _trials(ws)
+    mine = [t for t in trials if t.params.get("train_micro_batch_size_per_gpu") == 2]
+    assert mine[0].number == 0
+    # The opening fills both slots (your size and its noise replicate, or another size).
+    first = trials[0]
+    assert any(t.number != 0 and t.datetime_start < first.datetime_complete for t in trials)
+    choice = optuna.load_study(study_name="optuna-ds", storage=ws.storage).user_attrs["choice"]
+    chosen = next(t for t in trials if t.number == choice["trial"]).params["train_micro_batch_size_per_gpu"]
+    assert chosen != 2 and "measuring your config and the optimum alike" in p.stdout
+    assert len(mine) >= 2 and "(your config, measured alike with the optimum)" in p.stdout
+    last = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.datetime_start)[-2:]
+    assert sorted(t.params["train_micro_batch_size_per_gpu"] for t in last) == sorted([2, chosen])  # the last two: one of each
+    assert last[1].datetime_start >= last[0].datetime_complete  # one at a time
 
 
 def test_a_config_without_one_size_says_why_there_is_no_baseline(ws: Workspace) -> None:
@@ -291,3 +314,27 @@ def test_the_summary_says_why_the_optimum_and_which_configs_are_as_good() -> Non
     quiet = dataclasses.replace(result, measured=measured[::3], noise=Noise(0.001, 1, 2))
     assert choice_lines(quiet)[1] == ("Equivalent within the noise (0.1% per run): none; the next best, z1_gas1_tmbspg2, "
                                       "is 75.0% slower.")
+
+
+def test_runs_are_alike_when_each_ran_alone() -> None:
+    from optuna_ds.studies._tuning import ran_alone
+
+    t0 = datetime.datetime(2026, 1, 1)
+
+    def run(mbs: int, start: int, end: int | None, state: TrialState = TrialState.COMPLETE) -> optuna.trial.FrozenTrial:
+        trial = optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=ExperimentRecord(
+            config=Config(stage=1, micro_batch=mbs), exp_name=f"z1_mbs{mbs}_{start}").attrs())
+        trial.state = state
+        trial.datetime_start = t0 + datetime.timedelta(seconds=start)
+        trial.datetime_complete = None if end is None else t0 + datetime.timedelta(seconds=end)
+        return trial
+
+    mine, best = Config(stage=1, micro_batch=2), Config(stage=1, micro_batch=8)
+    one_at_a_time = [run(2, 0, 10), run(8, 10, 20), run(4, 20, 30), run(8, 30, 40)]
+    assert ran_alone(one_at_a_time, (mine, best))
+    # Yours beside another size: not alike.
+    assert not ran_alone([run(2, 0, 10), run(4, 5, 15), run(8, 15, 25)], (mine, best))
+    # Another experiment still running (no end yet) beside the optimum's run.
+    assert not ran_alone([run(2, 0, 10), run(8, 10, 20), run(4, 12, None, TrialState.RUNNING)], (mine, best))
+    # Two others overlapping each other do not matter: only the headline's runs must be alone.
+    assert ran_alone([run(2, 0, 10), run(4, 10, 20), run(16, 15, 25), run(8, 25, 30)], (mine, best))

@@ -66,6 +66,20 @@ _ALIKE_ROUNDS = 2  # choices measured so, at most (the planner may change its mi
 _MAX_EXPERIMENTS = 40  # the planner's launches in fast mode, at most (its search ends long before, as a rule)
 
 
+def ran_alone(trials: list[optuna.trial.FrozenTrial], configs: tuple[Config, ...]) -> bool:
+    """Whether every completed run of ``configs`` ran while no other experiment of ``trials``
+    (claimed ones, every stage) did: runs taken one at a time are alike already, whatever the
+    order, so the headline needs none of its own (a launch that cannot change the choice)."""
+    spans = [(t.datetime_start, t.datetime_complete or datetime.datetime.max, ExperimentRecord.from_trial(t).config, t)
+             for t in trials if t.datetime_start is not None]
+    for start, end, config, trial in spans:
+        if config not in configs or trial.state != TrialState.COMPLETE:
+            continue
+        if any(other is not trial and s < end and start < e for s, e, _, other in spans):
+            return False
+    return True
+
+
 class TuningDeleted(OptunaDSError):
     """Another process deleted the tuning (``--overwrite``) while this one ran it."""
 
@@ -455,10 +469,14 @@ class Tuning:
                 or runs(base_config)[1] > _ALIKE_ROUNDS:
             return False
         self._measured_alike.add(chosen)
-        # The optimum's last run the tuning's last launch (its noise replicate, say): a run of
-        # yours next is taken alike with it, and the pair needs no run of the optimum again.
         claimed = [t for stage in stages.values() for t in stage.study.get_trials(deepcopy=False)
                    if t.datetime_start is not None and ExperimentRecord.from_trial(t).claimed]
+        if ran_alone(claimed, (base_config, chosen)):
+            self._log("your config and the optimum each ran alone (one experiment at a time): the headline compares "
+                      "their runs as measured, with the noise as its range, and buys no run of its own")
+            return False
+        # The optimum's last run the tuning's last launch (its noise replicate, say): a run of
+        # yours next is taken alike with it, and the pair needs no run of the optimum again.
         last = max(claimed, key=lambda t: t.datetime_start or datetime.datetime.min, default=None)
         adjacent = last is not None and last.state == TrialState.COMPLETE and ExperimentRecord.from_trial(last).config == chosen
         self._log(f"measuring your config and the optimum alike: alternately, one at a time, at least {_ALIKE_RUNS} runs "
