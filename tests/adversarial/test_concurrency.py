@@ -189,3 +189,27 @@ def test_a_tuning_deleted_under_a_running_process_ends_it_in_one_line(hws: Hosti
     assert_no_traceback(proc)
     hws.assert_nothing_left()
     hws.assert_untouched()
+
+
+def test_a_database_creation_held_by_a_stopped_process_is_one_line_not_a_hang(hws: Hostile, monkeypatch) -> None:
+    """A tuning stopped (Ctrl-Z) while it created its SQLite database holds the creators' lock:
+    every tune and worker on that database then waited in flock() for ever, saying nothing. It
+    is waited for a while (SQLite's own wait for a writer), then told in one line."""
+    from optuna_ds.storage import _storage
+
+    monkeypatch.setattr(_storage, "_CREATION_WAIT", 0.5, raising=False)
+    hws.config(base_config())
+    hws.results.mkdir()
+    lock = hws.results / "optuna-ds.db.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the stopped creator holds it
+        assert_one_line_error(hws.main(), "optuna-ds.db.lock", "stopped or hung")
+        (hws.results / "optuna-ds.db").touch()  # a worker opening the database waits the same way
+        assert_one_line_error(hws.main("worker", "--storage", hws.storage, "--wait", "600", config=None), "optuna-ds.db.lock")
+    finally:
+        os.close(fd)
+    (hws.results / "optuna-ds.db").unlink()
+    assert hws.main().returncode == 0  # the creator gone, the same command tunes
+    assert hws.experiments()
+    hws.assert_untouched()
