@@ -39,6 +39,11 @@ _CONNECT_PATIENCE = 20.0
 # while it created the database (Ctrl-Z in its first seconds). Waited for as long as SQLite
 # waits for a writer, then told in one line.
 _CREATION_WAIT = 120.0
+# A server that accepts the connection and then says nothing (stopped, or a port that is not
+# the database's) was waited for without end by the MySQL drivers, which read its greeting and
+# every answer with no timeout: silent this long, it is lost. PostgreSQL's psycopg has its own
+# connect_timeout (130 s), kept.
+_SILENCE_LIMIT = 600  # seconds; an int, as MySQLdb takes it
 _refused_since: float | None = None  # when this process's connections began to be refused, until one is accepted
 _FULL = re.compile(r"(?i)too many (clients|connections)|remaining connection slots|max_user_connections")
 
@@ -229,6 +234,9 @@ def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> 
     """The patience is the process's, not each connection's: once the server has refused it for
     :func:`_connect_patience` seconds, every thread gives up at once and the process ends soon."""
     global _refused_since
+    if dialect.driver in ("pymysql", "mysqldb"):  # the URL's own settings win
+        cparams.setdefault("read_timeout", _SILENCE_LIMIT)
+        cparams.setdefault("write_timeout", _SILENCE_LIMIT)
     delay = 0.1
     while True:
         try:

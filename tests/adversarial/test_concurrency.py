@@ -9,8 +9,11 @@ import fcntl
 import os
 import re
 import select
+import socket
 import subprocess
 import time
+
+import pytest
 
 from conftest import assert_one_line_error
 from invariants import Hostile
@@ -212,4 +215,20 @@ def test_a_database_creation_held_by_a_stopped_process_is_one_line_not_a_hang(hw
     (hws.results / "optuna-ds.db").unlink()
     assert hws.main().returncode == 0  # the creator gone, the same command tunes
     assert hws.experiments()
+    hws.assert_untouched()
+
+
+def test_a_database_server_that_never_answers_is_one_line_not_a_hang(hws: Hostile, monkeypatch) -> None:
+    """A MySQL or MariaDB port that accepts the connection and then says nothing (a stopped
+    server, a tunnel whose far end is gone): the driver read its greeting with no timeout, and a
+    worker or a tune waited for ever, saying nothing."""
+    pytest.importorskip("pymysql")
+    from optuna_ds.storage import _storage
+
+    monkeypatch.setattr(_storage, "_SILENCE_LIMIT", 1, raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts into its backlog; nobody speaks
+        url = f"mysql+pymysql://u:secret-pw@127.0.0.1:{silent.getsockname()[1]}/db"
+        proc = hws.main("worker", "--storage", url, "--wait", "600", config=None)
+    assert_one_line_error(proc, "127.0.0.1")
+    assert "secret-pw" not in proc.stdout + proc.stderr
     hws.assert_untouched()
