@@ -165,20 +165,22 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
         if missing := cpu_ops_to_build():
             log(f"the first experiment builds DeepSpeed's CPU ops {', '.join(missing)} once, for this environment "
                 "(about two minutes on 2 cores; `make venv` builds them beforehand)")
-        try:
-            with sigterm_raises():
+        # The outputs too: a SIGTERM or SIGHUP while they are written unwinds as Ctrl-C does (told,
+        # exit 128 + signal, no temp file left), instead of killing the process where it stands.
+        with sigterm_raises():
+            try:
                 result = tuning.run()
-        except KeyboardInterrupt:
-            # Interrupted is not done: a partial summary of what finished and no optimal config,
-            # then the interrupt ends the process (130 or 143).
-            resume = resume_advice(options.overwrite, configured=a.overwrite)
-            with deferred_signals():
-                log(write_partial(tuning.result(), storage=storage, plan=plan, resume=resume,
-                                   budget=_budget(options, user, dp=resources.total_gpus)).rstrip())
-                log(f"interrupted: running experiments were ended and will run again; {resume}")
-            raise
-        return write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url,
-                              scale_lr=options.scale_lr, budget=_budget(options, user, dp=resources.total_gpus))
+            except KeyboardInterrupt:
+                # Interrupted is not done: a partial summary of what finished and no optimal config,
+                # then the interrupt ends the process (130 or 143).
+                resume = resume_advice(options.overwrite, configured=a.overwrite)
+                with deferred_signals():
+                    log(write_partial(tuning.result(), storage=storage, plan=plan, resume=resume,
+                                       budget=_budget(options, user, dp=resources.total_gpus)).rstrip())
+                    log(f"interrupted: running experiments were ended and will run again; {resume}")
+                raise
+            return write_outputs(result, storage=storage, plan=plan, user=user, runner=runner, dp=resources.total_gpus, url=url,
+                                  scale_lr=options.scale_lr, budget=_budget(options, user, dp=resources.total_gpus))
 
 
 def check_budget_options(options: TuneOptions) -> None:

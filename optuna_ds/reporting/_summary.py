@@ -252,7 +252,8 @@ def learning_rate_advice(result: TuningResult, user: UserConfig, *, data_paralle
     if user.adam_type_optimizer:
         factor, rule, kind = math.sqrt(ratio), f"sqrt({new}/{original})", "an Adam-type optimizer"
     else:
-        factor, rule, kind = ratio, f"{new}/{original}", f"{user.optimizer_type}"
+        # The config's text inside a sentence of the summary and the terminal: one line of it.
+        factor, rule, kind = ratio, f"{new}/{original}", one_line(f"{user.optimizer_type}")
     lr = _config_lr(user.raw)
     return LearningRateAdvice(new=new, original=original, factor=factor, rule=rule, kind=kind,
                               lr=float(lr) if _is_number(lr) else None)

@@ -35,6 +35,15 @@ _POOL_WAIT = 600.0
 # a refused connection is tried again for this long before the process gives up
 # (``OPTUNA_DS_CONNECT_PATIENCE`` overrides).
 _CONNECT_PATIENCE = 20.0
+# A creation takes moments: a creators' lock held longer is held by a process stopped or hung
+# while it created the database (Ctrl-Z in its first seconds). Waited for as long as SQLite
+# waits for a writer, then told in one line.
+_CREATION_WAIT = 120.0
+# A server that accepts the connection and then says nothing (stopped, or a port that is not
+# the database's) was waited for without end by the MySQL drivers, which read its greeting and
+# every answer with no timeout: silent this long, it is lost. PostgreSQL's psycopg has its own
+# connect_timeout (130 s), kept.
+_SILENCE_LIMIT = 600  # seconds; an int, as MySQLdb takes it
 _refused_since: float | None = None  # when this process's connections began to be refused, until one is accepted
 _FULL = re.compile(r"(?i)too many (clients|connections)|remaining connection slots|max_user_connections")
 
@@ -172,10 +181,26 @@ def _creation_lock(sqlite_path: str | None, *, create: bool) -> Iterator[None]:
         yield  # no creation of ours under way
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock_within(fd, sqlite_path, _CREATION_WAIT)
         yield
     finally:
         os.close(fd)
+
+
+def _lock_within(fd: int, sqlite_path: str, seconds: float) -> None:
+    """The creators' lock of ``sqlite_path``, or a :class:`StorageError` once another process
+    has held it for ``seconds``: a blocking ``flock`` waited for a stopped process for ever."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise StorageError(
+                    f"SQLite database {sqlite_path}: another process has been creating it for {seconds:g} s and holds "
+                    f"{sqlite_path}.lock (stopped or hung?): end or resume it, then run again") from None
+        time.sleep(0.05)
 
 
 def _connect_patience() -> float:
@@ -209,6 +234,9 @@ def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> 
     """The patience is the process's, not each connection's: once the server has refused it for
     :func:`_connect_patience` seconds, every thread gives up at once and the process ends soon."""
     global _refused_since
+    if dialect.driver in ("pymysql", "mysqldb"):  # the URL's own settings win
+        cparams.setdefault("read_timeout", _SILENCE_LIMIT)
+        cparams.setdefault("write_timeout", _SILENCE_LIMIT)
     delay = 0.1
     while True:
         try:

@@ -9,8 +9,11 @@ import fcntl
 import os
 import re
 import select
+import socket
 import subprocess
 import time
+
+import pytest
 
 from conftest import assert_one_line_error
 from invariants import Hostile
@@ -188,4 +191,44 @@ def test_a_tuning_deleted_under_a_running_process_ends_it_in_one_line(hws: Hosti
         "optuna-ds: error: tuning 'optuna-ds' was deleted while this process ran it (`optuna-ds tune --overwrite` elsewhere?)"]
     assert_no_traceback(proc)
     hws.assert_nothing_left()
+    hws.assert_untouched()
+
+
+def test_a_database_creation_held_by_a_stopped_process_is_one_line_not_a_hang(hws: Hostile, monkeypatch) -> None:
+    """A tuning stopped (Ctrl-Z) while it created its SQLite database holds the creators' lock:
+    every tune and worker on that database then waited in flock() for ever, saying nothing. It
+    is waited for a while (SQLite's own wait for a writer), then told in one line."""
+    from optuna_ds.storage import _storage
+
+    monkeypatch.setattr(_storage, "_CREATION_WAIT", 0.5, raising=False)
+    hws.config(base_config())
+    hws.results.mkdir()
+    lock = hws.results / "optuna-ds.db.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the stopped creator holds it
+        assert_one_line_error(hws.main(), "optuna-ds.db.lock", "stopped or hung")
+        (hws.results / "optuna-ds.db").touch()  # a worker opening the database waits the same way
+        assert_one_line_error(hws.main("worker", "--storage", hws.storage, "--wait", "600", config=None), "optuna-ds.db.lock")
+    finally:
+        os.close(fd)
+    (hws.results / "optuna-ds.db").unlink()
+    assert hws.main().returncode == 0  # the creator gone, the same command tunes
+    assert hws.experiments()
+    hws.assert_untouched()
+
+
+def test_a_database_server_that_never_answers_is_one_line_not_a_hang(hws: Hostile, monkeypatch) -> None:
+    """A MySQL or MariaDB port that accepts the connection and then says nothing (a stopped
+    server, a tunnel whose far end is gone): the driver read its greeting with no timeout, and a
+    worker or a tune waited for ever, saying nothing."""
+    pytest.importorskip("pymysql")
+    from optuna_ds.storage import _storage
+
+    monkeypatch.setattr(_storage, "_SILENCE_LIMIT", 1, raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts into its backlog; nobody speaks
+        url = f"mysql+pymysql://u:secret-pw@127.0.0.1:{silent.getsockname()[1]}/db"
+        proc = hws.main("worker", "--storage", url, "--wait", "600", config=None)
+    assert_one_line_error(proc, "127.0.0.1")
+    assert "secret-pw" not in proc.stdout + proc.stderr
     hws.assert_untouched()

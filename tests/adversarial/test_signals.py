@@ -157,3 +157,45 @@ def test_a_sigkilled_tuner_takes_its_experiments_with_it(hws: Hostile) -> None:
     hws.assert_finished_once()
     hws.assert_nothing_left()
     hws.assert_untouched()
+
+
+# In the tuner, the report's temp file is made, the test told, and the write waits for the signal.
+_HOLD_THE_REPORT = """
+import os, sys, time, types
+from optuna_ds import _files
+def fdopen(fd, *args, **kwargs):
+    if ".report.html." in os.readlink(f"/proc/self/fd/{fd}"):
+        open(os.environ["HOLD_MARK"], "w").close()
+        while True:
+            time.sleep(0.05)  # the test's signal arrives here
+    return os.fdopen(fd, *args, **kwargs)
+_files.os = types.SimpleNamespace(**{**vars(os), "fdopen": fdopen})
+from optuna_ds.cli import main
+sys.argv[0] = "optuna-ds"
+main()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_outputs_are_written_unwinds_and_leaves_no_temp_file(hws: Hostile, signum: int) -> None:
+    """SIGTERM or SIGHUP while the summary, report and optimal files were written killed the
+    tuner where it stood: no "interrupted" line, and the report's temp file left in the results
+    folder for good (one more each time). The outputs unwind as Ctrl-C does."""
+    import subprocess
+    import sys
+
+    hws.config(base_config())
+    mark = hws.base / "writing-the-report"
+    env = hws.env(HOSTILE_DS_TABLE="{}", HOLD_MARK=str(mark))
+    tuner = subprocess.Popen([sys.executable, "-c", _HOLD_THE_REPORT, "tune", *hws.hostile_args()], cwd=hws.root, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for(lambda: mark.exists() or tuner.poll() is not None, timeout=300)
+    assert mark.exists(), tuner.communicate()
+    os.kill(tuner.pid, signum)
+    out, err = tuner.communicate(timeout=60)
+    assert tuner.returncode == 128 + signum, (tuner.returncode, err)
+    assert f"interrupted by {signal.Signals(signum).name}" in err
+    assert_no_traceback(type("P", (), {"stdout": out, "stderr": err}))  # type: ignore[arg-type]
+    assert not [f for f in os.listdir(hws.results) if f.endswith(".tmp")], os.listdir(hws.results)
+    mark.unlink()
+    _resumes_to_its_choice(hws)
