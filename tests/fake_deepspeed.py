@@ -18,6 +18,7 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
     error_at    micro-batch sizes that crash          (exit 1, a non-OOM traceback)
     rank_log_text  written to the rank log under --enable_each_rank_log, as a rank would
     hang_at     micro-batch sizes that never finish   (with a child process, to test group kill)
+    build_lock  an op name: a hanging run holds torch's build lock of that op, as a rank loading it does
     no_metrics_at  sizes that exit 0 without metrics
     profile_fail   the profile run crashes
     profile_gate   a path: the profile run waits until it exists
@@ -280,6 +281,12 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
     if mbs in surface.get("hang_at", []):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         print(f"child pid {child.pid}", flush=True)
+        if surface.get("build_lock"):
+            # torch's FileBaton: created exclusively, held open, removed in a finally SIGTERM skips.
+            folder = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], surface["build_lock"])
+            os.makedirs(folder, exist_ok=True)
+            os.open(os.path.join(folder, "lock"), os.O_CREAT | os.O_EXCL)
+            print("holding the build lock", flush=True)
         time.sleep(3600)
     oom_above = surface.get("oom_above", {}).get(str(launch.stage))
     for knob, rooms in surface.get("knob_room", {}).items():

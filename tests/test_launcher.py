@@ -4,6 +4,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Phase
 from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import ExperimentFiles
+from optuna_ds.launcher import ExperimentInterrupted
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import Slot
@@ -162,6 +164,42 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path, script: Path, mon
             return
         time.sleep(0.1)
     pytest.fail("the launcher's child survived the timeout")
+
+
+def test_a_build_lock_the_ended_experiment_left_is_removed_and_no_other(tmp_path: Path, script: Path, monkeypatch) -> None:
+    """Ended while a rank held torch's build lock (loading an op), an experiment left it, and the
+    next tuning was refused for it (torch removes it in a ``finally`` that SIGTERM skips). The
+    lock made during the run and held by nobody once its group is gone is removed; one older
+    than the run (another build's, whoever left it) is not the runner's to remove."""
+    extensions = tmp_path / "extensions"
+    (extensions / "older_op").mkdir(parents=True)
+    (extensions / "older_op" / "lock").touch()
+    past = time.time() - 60
+    os.utime(extensions / "older_op" / "lock", (past, past))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"hang_at": [2], "build_lock": "fused_adam"}))
+    exp = _experiment(tmp_path, 2)
+    stop = threading.Event()
+    log = Path(exp.result_dir) / "stdout.log"
+    # Ended (as Ctrl-C ends it) once the rank holds the lock, whatever the load.
+    def end_once_it_holds_the_lock() -> None:
+        while not (log.exists() and "holding the build lock" in log.read_text()):
+            time.sleep(0.05)
+        stop.set()
+
+    threading.Thread(target=end_once_it_holds_the_lock, daemon=True).start()
+    with pytest.raises(ExperimentInterrupted):
+        _runner(tmp_path, script).run(exp, slot=_slot(), timeout=None, stop=stop)
+    assert not (extensions / "fused_adam" / "lock").exists()
+    assert (extensions / "older_op" / "lock").exists()
+    # Timed out the same way: the lock removed, and said in the run's detail.
+    (extensions / "fused_adam").rename(extensions / "fused_adam_done")
+    result = _runner(tmp_path, script).run(exp, slot=_slot(), timeout=2)
+    assert result.reason is FailureReason.TIMEOUT
+    if "holding the build lock" in log.read_text():  # a loaded machine may time it out before
+        assert not (extensions / "fused_adam" / "lock").exists()
+        assert f"the op build lock it left as it was ended removed ({extensions / 'fused_adam' / 'lock'})" in result.detail
+    assert (extensions / "older_op" / "lock").exists()
 
 
 def test_oom_keeps_the_last_lines_of_stderr(tmp_path: Path, script: Path, monkeypatch) -> None:

@@ -52,7 +52,7 @@ def test_the_interpreters_ninja_comes_first(tmp_path: Path, monkeypatch: pytest.
 def test_a_build_lock_of_another_user_is_not_called_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its build runs in a process whose open files this user may not read: a lock it holds
     looked stale, and a tuning run beside that build was refused (seen under CI as ``nobody``)."""
-    from optuna_ds._tune._deepspeed import stale_build_locks
+    from optuna_ds.launcher import stale_build_locks
 
     (tmp_path / "op").mkdir()
     (tmp_path / "op" / "lock").touch()

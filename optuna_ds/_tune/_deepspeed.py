@@ -3,8 +3,6 @@ built on it, and torch's extension build locks checked before anything waits on 
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
 import shutil
 import sys
@@ -16,7 +14,7 @@ from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
-from optuna_ds.launcher import ops_environment
+from optuna_ds.launcher import stale_build_locks
 from optuna_ds.storage import TuningPlan
 
 
@@ -71,43 +69,6 @@ def experiment_runner(plan: TuningPlan, user: UserConfig, resources: Resources, 
         exps_dir=plan.exps_dir,
         local_start=is_deepspeed_runner(deepspeed_bin),
     )
-
-
-def stale_build_locks() -> list[str]:
-    """torch's extension build locks (``<op>/lock`` in the extension folder an experiment uses:
-    :func:`ops_environment`'s, else torch's default) that no process of this node holds open. The process building an op holds
-    its lock open until it removes it; one interrupted (Ctrl-C during the first experiment's
-    build) leaves it behind, and every later experiment waits on it until its trial times out."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = ops_environment().get("TORCH_EXTENSIONS_DIR") or os.environ.get("TORCH_EXTENSIONS_DIR")
-    pattern = os.path.join(glob.escape(root), "*", "lock") if root else \
-        os.path.join(glob.escape(get_default_build_root()), "*", "*", "lock")
-    # Only a lock of this user's (or root's view) can be proven stale: another user's build
-    # holds it open in a process whose files this one may not look at.
-    locks = {os.path.realpath(p) for p in glob.glob(pattern) if _provable(p)}
-    # A lock seen, then released and removed by its build before the scan, was never stale.
-    return sorted(p for p in locks - _open_files(locks) if os.path.lexists(p)) if locks else []
-
-
-def _provable(path: str) -> bool:
-    """Whether every process that could hold ``path`` open is one whose files we may read."""
-    try:
-        return os.geteuid() == 0 or os.lstat(path).st_uid == os.geteuid()
-    except OSError:
-        return False
-
-
-def _open_files(paths: set[str]) -> set[str]:
-    """Which of ``paths`` some process of this node has open (those we may look at: ours)."""
-    held = set()
-    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(fd_dir):
-                with contextlib.suppress(OSError):
-                    if (target := os.readlink(os.path.join(fd_dir, fd))) in paths:
-                        held.add(target)
-    return held
 
 
 def check_build_locks() -> None:

@@ -13,6 +13,8 @@ from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
 from optuna_ds.launcher._ops import cpu_ops_to_build
 from optuna_ds.launcher._ops import ops_environment
+from optuna_ds.launcher._ops import release_build_locks
+from optuna_ds.launcher._ops import stale_build_locks
 from optuna_ds.launcher._options import REFUSED_FLAGS
 from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._parent_death import dies_with_this_process
@@ -78,6 +80,8 @@ __all__ = [
     "local_host_names",
     "new_mark",
     "ops_environment",
+    "release_build_locks",
+    "stale_build_locks",
     "read_metrics",
     "telling_line",
 ]

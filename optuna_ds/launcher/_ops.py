@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -57,3 +58,63 @@ def cpu_ops_to_build(environ: Mapping[str, str] | None = None) -> list[str]:
         if not glob.glob(pattern):
             missing.append(name)
     return missing
+
+
+def stale_build_locks(*, since: float | None = None) -> list[str]:
+    """torch's extension build locks (``<op>/lock`` in the extension folder an experiment uses:
+    :func:`ops_environment`'s, else torch's default) that no process of this node holds open; with
+    ``since``, only those made at or after that time (``time.time()``). The process building an op
+    holds its lock open until it removes it; one interrupted (Ctrl-C during the first
+    experiment's build) leaves it behind, and every later experiment waits on it until its trial
+    times out."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = ops_environment().get("TORCH_EXTENSIONS_DIR") or os.environ.get("TORCH_EXTENSIONS_DIR")
+    pattern = os.path.join(glob.escape(root), "*", "lock") if root else \
+        os.path.join(glob.escape(get_default_build_root()), "*", "*", "lock")
+    # Only a lock of this user's (or root's view) can be proven stale: another user's build
+    # holds it open in a process whose files this one may not look at.
+    locks = {os.path.realpath(p) for p in glob.glob(pattern) if _provable(p) and (since is None or _made_since(p, since))}
+    # A lock seen, then released and removed by its build before the scan, was never stale.
+    return sorted(p for p in locks - _open_files(locks) if os.path.lexists(p)) if locks else []
+
+
+def release_build_locks(*, since: float) -> list[str]:
+    """Remove the build locks an experiment we ended left: made since it started (``since``),
+    held by no process now that its process group is gone. torch's lock is a file its builder
+    removes in a ``finally`` that SIGTERM skips, so ending an experiment while it loaded an op
+    left one, and the next tuning was refused (or every experiment waited on it). Returns those
+    removed."""
+    removed = []
+    for lock in stale_build_locks(since=since):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock)
+            removed.append(lock)
+    return removed
+
+
+def _made_since(path: str, since: float) -> bool:
+    try:
+        return os.lstat(path).st_mtime >= since
+    except OSError:
+        return False
+
+
+def _provable(path: str) -> bool:
+    """Whether every process that could hold ``path`` open is one whose files we may read."""
+    try:
+        return os.geteuid() == 0 or os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _open_files(paths: set[str]) -> set[str]:
+    """Which of ``paths`` some process of this node has open (those we may look at: ours)."""
+    held = set()
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(os.path.join(fd_dir, fd))) in paths:
+                        held.add(target)
+    return held

@@ -35,6 +35,7 @@ from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._launch_server import launch_server
 from optuna_ds.launcher._launch_server import launch_server_enabled
 from optuna_ds.launcher._ops import ops_environment
+from optuna_ds.launcher._ops import release_build_locks
 from optuna_ds.launcher._parent_death import dies_with_this_process
 from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import rank_logs
@@ -305,8 +306,9 @@ class ExperimentRunner:
             raise _unwritable(e) from None
         stdout_path, stderr_path = files.stdout, files.stderr
         env = child_environment(PYTHONUNBUFFERED="1", **ops_environment(), **{MARK_VAR: mark})
-        start = time.monotonic()
-        timed_out = False
+        start, launched_at = time.monotonic(), time.time()
+        timed_out = ended = False
+        unlocked: list[str] = []
         with contextlib.ExitStack() as logs:
             try:
                 out, err = (logs.enter_context(os.fdopen(create_file(path), "wb")) for path in (stdout_path, stderr_path))
@@ -328,11 +330,14 @@ class ExperimentRunner:
                 with deferred_signals():
                     kill_process_group(proc.pid, leader=proc)
                     proc.wait()
+                ended = True
                 raise
             finally:
                 # Ranks the launcher left behind die with their group, and those that left it.
                 kill_process_group(proc.pid, grace=2.0, leader=proc)
                 end_marked(mark)
+                if timed_out or ended:  # ended by us, perhaps while it loaded an op
+                    unlocked = release_build_locks(since=launched_at)
         duration = time.monotonic() - start
 
         stdout_tail, stderr_tail = read_tail(stdout_path), read_tail(stderr_path)
@@ -353,6 +358,8 @@ class ExperimentRunner:
             returncode=returncode, timed_out=timed_out, metrics=metrics, stdout_tail=stdout_tail, stderr_tail=stderr_tail,
             metrics_problem=problem,
         )
+        if unlocked:
+            detail = f"{detail}; the op build lock it left as it was ended removed ({', '.join(unlocked)})"
         tail_source = stderr_tail if stderr_tail.strip() else stdout_tail
         return ExperimentResult(
             name=experiment.name,
