@@ -57,10 +57,20 @@ def _tune(problem: Problem, candidates: dict, throughput: Callable[[int, Knobs],
             break
         p = decision.proposals[0]
         score = throughput(p.mbs, p.knobs) * (1.0 + 0.004 * (-1) ** p.repeat)
+        timers = _timers(p.mbs, share) if share is not None else {}
         observations.append(Observation(config=p.config, status=Status.OK, score=score, seconds=60.0, repeat=p.repeat,
-                                        comm_share=share))
+                                        timers=tuple(timers.items())))
     assert decision is not None and decision.done
     return observations, decision.choice
+
+
+def _timers(mbs: int, share: float) -> dict[str, float]:
+    """DeepSpeed's timers of a step whose collectives take ``share`` of it at 40 samples: 10 ms of
+    compute per sample (a third forward), the gathers (two thirds of the collectives) waited for
+    in forward and backward alike, the reduction's tail in ``bwd_allreduce``."""
+    comm = share / (1.0 - share) * 10.0 * 40
+    fwd, inner, reduce = 10.0 * mbs / 3 + comm / 3, 20.0 * mbs / 3 + comm / 3, comm / 3
+    return {"fwd": fwd, "bwd": inner + reduce, "bwd_inner": inner, "bwd_allreduce": reduce, "step": 0.0}
 
 
 def _throughput(gains: dict[tuple[str, object], float]) -> Callable[[int, Knobs], float]:
@@ -91,12 +101,15 @@ def test_the_hpz_secondary_partition_is_in_the_memory_estimate() -> None:
 
 
 def test_the_communication_share_comes_from_deepspeeds_timers() -> None:
-    # Forward: 100 ms of compute and 40 of gathers; backward: 200 of compute, 40 of gathers, 30 of reduction.
-    share = communication_share({"fwd": 140.0, "bwd": 270.0, "bwd_inner": 240.0, "bwd_allreduce": 30.0, "step": 20.0})
-    assert share == pytest.approx((40 + 40 + 30) / 430)
-    # Without gathers exposed and without a reduction, nothing.
-    assert communication_share({"fwd": 100.0, "bwd": 200.0, "bwd_allreduce": 0.0, "step": 20.0}) == 0.0
-    assert communication_share({}) is None and communication_share({"fwd": 1.0}) is None
+    # The collectives' bytes do not grow with the micro-batch, the compute does: over two sizes
+    # or more, the intercept of the forward and backward time holds the gathers' wait.
+    runs = [(m, 1, _timers(m, 0.4)) for m in (10, 20, 40)]
+    assert communication_share(runs) == pytest.approx(0.4)
+    # Per micro-batch: an accumulation of 4 times the step's timers, not the line's.
+    assert communication_share([(m, 4, {k: 4 * v for k, v in t.items()}) for m, _, t in runs]) == pytest.approx(0.4)
+    assert communication_share([(m, 1, _timers(m, 0.0)) for m in (10, 40)]) == pytest.approx(0.0, abs=1e-9)
+    # One size, or no timers, says nothing.
+    assert communication_share(runs[:1]) is None and communication_share([(10, 1, {}), (20, 1, {"fwd": 1.0})]) is None
 
 
 def test_a_lever_is_bounded_by_what_it_can_save_less_what_it_costs() -> None:

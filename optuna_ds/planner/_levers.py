@@ -6,7 +6,7 @@ its bytes across nodes), hpZ keeps a secondary copy of the parameters within a n
 backward all-gather never leaves it. At ZeRO-3 the two all-gathers and the reduce-scatter move a
 third of the step's volume each, so no lever saves more than a share of the step's communication
 (:attr:`Priors.lever_savings`), and what a job communicates bounds what any lever can give it.
-That share comes from the job's own timers where a run of ZeRO-3 has them
+That share comes from the job's own timers where runs of ZeRO-3 have them
 (:func:`communication_share`), else from the node count and the model's size. Every function here
 is pure: the planner prices a lever from its prior, and a setting whose lever cannot pay
 ``min_gain`` (:func:`lever_pays`) spends no launch.
@@ -28,28 +28,40 @@ from optuna_ds.planner._settings import Priors
 Effect = tuple[float, float]
 
 
-def communication_share(timers_ms: Mapping[str, float]) -> float | None:
-    """The share of a ZeRO-3 step spent waiting on collectives, from DeepSpeed's step timers
-    (``fwd``, ``bwd``, ``bwd_inner``, ``bwd_allreduce``, ``step``, ms); ``None`` without them.
+def communication_share(runs: Sequence[tuple[int, int, Mapping[str, float]]]) -> float | None:
+    """The share of a ZeRO-3 step spent waiting on collectives at the fastest of ``runs`` (each its
+    micro-batch size, accumulation and DeepSpeed's step timers in ms: ``fwd``, ``bwd``,
+    ``bwd_inner``, ``bwd_allreduce``, ``step``), one arm's at its default knobs; ``None`` where
+    they do not say (no timers, or one size only).
 
     The gradient reduction DeepSpeed times itself (``bwd_allreduce``). The parameter all-gathers
-    it does not: they wait inside ``fwd`` and ``bwd_inner``. The backward computes twice the
-    forward's FLOPs, so the forward's time beyond half the backward's, ``2 fwd - bwd_inner``, is
-    the gathers' exposed wait where forward and backward expose alike; the backward's gathers
-    count as much again. Activation checkpointing recomputes the forward inside the backward, so
-    there the figure is low: ZeRO++ is then believed to pay less than it may, never more.
+    it does not: they wait inside ``fwd`` and ``bwd_inner``. But their bytes do not depend on the
+    micro-batch size and the compute grows with it, so over two sizes or more the forward and
+    backward time per micro-batch is a line ``a + b m`` whose intercept ``a`` holds the gathers'
+    exposed wait (with the hooks' and a small batch's kernel inefficiency: a bound, as a lever's
+    worth is bounded). Activation checkpointing moves compute between the timers, not off the
+    line.
     """
-    try:
-        fwd, bwd, step = (float(timers_ms[k]) for k in ("fwd", "bwd", "step"))
-    except (KeyError, TypeError, ValueError):
+    rows = []
+    for m, accumulation, timers in runs:
+        try:
+            fwd, bwd, step = (float(timers[k]) for k in ("fwd", "bwd", "step"))
+            reduce = float(timers.get("bwd_allreduce", 0.0) or 0.0)
+            inner = float(timers.get("bwd_inner", bwd - reduce))
+        except (KeyError, TypeError, ValueError):
+            continue
+        total = fwd + bwd + step
+        if m >= 1 and all(math.isfinite(v) and v >= 0 for v in (fwd, bwd, step, reduce, inner)) and total > 0:
+            rows.append((m, max(accumulation, 1), (fwd + inner) / max(accumulation, 1), reduce, total))
+    if len({m for m, *_ in rows}) < 2:
         return None
-    reduce = float(timers_ms.get("bwd_allreduce", 0.0) or 0.0)
-    inner = float(timers_ms.get("bwd_inner", bwd - reduce) or 0.0)
-    total = fwd + bwd + step
-    if not all(math.isfinite(v) for v in (fwd, bwd, step, reduce, inner)) or total <= 0 or min(fwd, bwd, step, reduce) < 0:
-        return None
-    gathers = 2.0 * max(0.0, 2.0 * fwd - inner)
-    return min(max((gathers + max(reduce, 0.0)) / total, 0.0), 0.95)
+    sizes = [float(m) for m, *_ in rows]
+    times = [t for _, _, t, _, _ in rows]
+    mean_m, mean_t = statistics.fmean(sizes), statistics.fmean(times)
+    slope = sum((m - mean_m) * (t - mean_t) for m, t in zip(sizes, times)) / sum((m - mean_m) ** 2 for m in sizes)
+    intercept = min(max(mean_t - max(slope, 0.0) * mean_m, 0.0), min(times))
+    m, accumulation, _, reduce, total = min(rows, key=lambda r: r[4] / (r[0] * r[1]))  # the fastest per sample
+    return min((accumulation * intercept + reduce) / total, 0.95)
 
 
 def prior_share(problem: Problem, priors: Priors) -> float:
@@ -64,18 +76,19 @@ def prior_share(problem: Problem, priors: Priors) -> float:
 
 
 def measured_share(observations: Sequence[Observation]) -> float | None:
-    """The median communication share of the default-knob ZeRO-3 runs that have timers, of the
-    arm whose best run is fastest (the arm a lever would join); ``None`` where none has."""
+    """The communication share (:func:`communication_share`) of the default-knob ZeRO-3 runs
+    with timers of the arm whose best run is fastest (the arm a lever would join); ``None``
+    where they do not say."""
     best: dict[tuple[int, str], float] = {}
-    shares: dict[tuple[int, str], list[float]] = {}
+    runs: dict[tuple[int, str], list[tuple[int, int, Mapping[str, float]]]] = {}
     for o in observations:
-        if o.stage != 3 or o.status is not Status.OK or o.knobs or o.comm_share is None or not o.score:
+        if o.stage != 3 or o.status is not Status.OK or o.knobs or not o.timers or not o.score:
             continue
         best[o.arm] = max(best.get(o.arm, 0.0), o.score)
-        shares.setdefault(o.arm, []).append(o.comm_share)
+        runs.setdefault(o.arm, []).append((o.mbs, o.config.accumulation, dict(o.timers)))
     if not best:
         return None
-    return statistics.median(shares[max(best, key=lambda k: best[k])])
+    return communication_share(runs[max(best, key=lambda k: best[k])])
 
 
 def lever_effect(knob: str, value: Any, *, share: float, nodes: int, priors: Priors) -> Effect | None:

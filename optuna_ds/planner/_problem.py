@@ -127,9 +127,9 @@ class Observation(_OfConfig):
     and higher-better (a latency is inverted); ``seconds`` the experiment's duration (of a
     running one, how long it has run so far, ``None`` if unknown); ``repeat`` how many times
     its config ran before it (a re-measurement's is 1 or more); ``memory`` the peak memory of
-    one of its GPUs in bytes, where the accelerator reports it; ``comm_share`` the share of its
-    step spent communicating, from DeepSpeed's timers (:func:`communication_share`), where it
-    logged them."""
+    one of its GPUs in bytes, where the accelerator reports it; ``timers`` DeepSpeed's step
+    timers (ms: ``fwd``, ``bwd``, ``bwd_allreduce``, ``step``, ...), where it logged them: what
+    a lever can save is read from them (:func:`~optuna_ds.planner.communication_share`)."""
 
     config: Config
     status: Status
@@ -137,7 +137,7 @@ class Observation(_OfConfig):
     seconds: float | None = None
     repeat: int = 0
     memory: float | None = None
-    comm_share: float | None = None
+    timers: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

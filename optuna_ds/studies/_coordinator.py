@@ -25,7 +25,6 @@ from optuna_ds.launcher import is_measurement
 from optuna_ds.planner import Decision
 from optuna_ds.planner import Observation
 from optuna_ds.planner import Problem
-from optuna_ds.planner import communication_share
 from optuna_ds.planner import Proposal
 from optuna_ds.planner import Status
 from optuna_ds.planner import measured_noise
@@ -73,7 +72,7 @@ def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, Frozen
         if memory_limit is not None and record.peak_gpu_memory and record.peak_gpu_memory > memory_limit:
             return Observation(config=config, status=Status.OOM, seconds=record.duration, repeat=repeat)
         return Observation(config=config, status=Status.OK, score=metric.rate(trial.value), seconds=record.duration, repeat=repeat,
-                           memory=record.peak_gpu_memory or None, comm_share=communication_share(record.timers_ms or {}))
+                           memory=record.peak_gpu_memory or None, timers=tuple(sorted((record.timers_ms or {}).items())))
     if is_finished_experiment(trial) or record.exp_name in dead:
         status = Status.OOM if record.reason is FailureReason.OOM else Status.FAILED
         return Observation(config=config, status=status, seconds=record.duration, repeat=repeat)
