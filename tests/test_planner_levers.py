@@ -170,3 +170,18 @@ def test_without_timers_the_prior_comes_from_the_nodes_and_the_models_size() -> 
     assert effects["multi"][0] > effects["one"][0] and effects["multi"][0] > effects["small"][0]
     assert expected_gain(effects["one"]) < PlannerSettings().min_gain
     assert priors.internode_share > priors.intranode_share
+
+
+def test_a_runs_timers_reach_the_planner() -> None:
+    import optuna
+
+    from optuna_ds.config import Metric
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import ExperimentRecord
+    from optuna_ds.studies import observation_of
+
+    timers = {"fwd": 140.0, "bwd": 270.0, "bwd_allreduce": 30.0, "step": 20.0}
+    record = ExperimentRecord(config=Config(stage=3, micro_batch=8), exp_name="z3_gas1_tmbspg8", duration=3.0, timers_ms=timers)
+    trial = optuna.trial.create_trial(value=200.0, user_attrs=record.attrs())
+    observation = observation_of(trial, metric=Metric.named("throughput"), dead={})
+    assert observation is not None and dict(observation.timers) == timers
