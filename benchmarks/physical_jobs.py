@@ -79,6 +79,18 @@ ARMS = [(0, False, False), (1, False, False), (1, True, False), (2, False, False
 CRASH_RULES = {"": 0.86, "rs_off": 0.04, "noncontig3": 0.03, "overlap_big": 0.03, "int32": 0.04}
 
 
+QWZ, QGZ, HPZ = "zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size"
+LEVER_DEFAULTS = {QWZ: False, QGZ: False, HPZ: 1}
+
+
+def _levers(knobs, nodes: int) -> tuple[bool, bool, int]:
+    """The ZeRO++ levers a stage-3 setting turns on, as they act: qgZ only across nodes (DeepSpeed
+    reduces unquantized on one node), hpZ only where its group is smaller than the ranks."""
+    kn = dict(knobs)
+    hpz = int(kn.get(HPZ) or 1)
+    return kn.get(QWZ) is True, kn.get(QGZ) is True and nodes > 1, hpz if nodes > 1 else 1
+
+
 def _seed(*parts) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "big")
 
@@ -214,6 +226,8 @@ class PhysicalJob:
         else:
             states = 4 * largest + (0 if op else 2 * psi / n) + (0 if oo else 16 * psi / n) + 2 * 5e7
             states += (2 * rbs * (2 if ov else 1) if cg else 0.0)
+            hpz = _levers(knobs, self.nodes)[2]
+            states += 2 * psi / hpz if hpz > 1 and not op else 0.0  # hpZ's secondary partition
         if stage >= 2 and not cg:
             states += 0.3 * 2 * psi / n  # unflattened gradient partitions fragment the heap
         act = self.act_real_gb * GB * (1 + self.frag + 0.05 * self._jitter()[mbs % 4096]
@@ -239,9 +253,12 @@ class PhysicalJob:
                 return 0.0
             return factor * nbytes / (bw * eff * msg / (msg + mh)) + math.ceil(nbytes / msg) * self.lat_s
 
+        def within(g, nbytes, msg):  # a ring over g ranks of one node
+            return 0.0 if g <= 1 else (g - 1) / g * nbytes / (self.intra_gbps * 1e9 * msg / (msg + mh)) + math.ceil(nbytes / msg) * self.lat_s
+
         rsf, arf = (n - 1) / n, 2 * (n - 1) / n
         zero = np.zeros_like(comp)
-        mb_comm, step_comm = zero, 0.0
+        mb_comm, step_comm, gathers = zero, 0.0, zero
         if stage == 0:
             step_comm = coll(arf, 2 * psi, min(2 * psi, 1e9))
         elif stage == 1:
@@ -253,11 +270,23 @@ class PhysicalJob:
                         else coll(arf, 2 * psi, 2 * min(rbs, psi)))
                 step_comm = coll(rsf, 2 * psi, 2 * min(abs_, psi))
             else:
-                t_rs = coll(rsf, 2 * psi, 2 * min(rbs, psi))
+                # ZeRO++ (absent from every job's space but lever_job's): qgZ quarters the
+                # reduce-scatter's bytes across nodes (int4, after an unquantized intra-node
+                # step), qwZ halves the all-gathers' (int8), hpZ gathers in backward from the
+                # node's secondary partition over NVLink; each (de)quantization pass reads and
+                # writes the tensor at HBM bandwidth, on the critical path.
+                qwz, qgz, hpz = _levers(knobs, self.nodes)
+                t_rs = coll(rsf, 2 * psi, 2 * min(rbs, psi)) if not qgz else (
+                    coll(rsf, 0.5 * psi, 0.5 * min(rbs, psi)) + within(self.gpus_per_node, 2 * psi, 2 * min(rbs, psi)))
                 # a few modules' params per fetch (at most stage3_prefetch_bucket_size, default 5e7)
-                t_ag = coll(rsf, 2 * psi, 2 * min(5e7, 4 * h * h))
-                hid_f, hid_b = np.minimum(t_ag, self.prefetch_eff * fwd), np.minimum(t_ag, self.prefetch_eff * bwd)
-                mb_comm = 2 * t_ag - hid_f - hid_b + self.contention * (hid_f + hid_b)
+                msg = 2 * min(5e7, 4 * h * h)
+                t_ag = coll(rsf, 2 * psi, msg) if not qwz else coll(rsf, psi, msg / 2)
+                t_agb = within(hpz, 2 * psi, msg) if hpz > 1 else t_ag
+                hid_f, hid_b = np.minimum(t_ag, self.prefetch_eff * fwd), np.minimum(t_agb, self.prefetch_eff * bwd)
+                mb_comm = t_ag + t_agb - hid_f - hid_b + self.contention * (hid_f + hid_b)
+                gathers = mb_comm
+                mb_extra += ((4 * psi / hbm) * (1 if hpz > 1 else 2) if qwz else 0.0) + (6 * psi / hbm if qgz else 0.0)
+                mb_extra += 2 * psi / hpz / hbm if hpz > 1 else 0.0
             t_rs *= 1.0 if cg else 1.15
             if ov and n > 1:
                 hidden = np.minimum(t_rs, self.overlap_eff * bwd)
@@ -282,8 +311,12 @@ class PhysicalJob:
             off_mb = off_mb + np.maximum(0, up - self.prefetch_eff * comp)
         mb_total = comp + mb_extra + mb_comm + off_mb
         step = gas * mb_total + step_comm + opt + off_step + self.step_overhead_s
+        # DeepSpeed's timers: the gathers wait in fwd and bwd_inner (half each, as exposed here),
+        # the reduction's exposed part is bwd_allreduce, the optimizer and its collectives step.
         return {"mem": mem, "step": step, "compute": gas * (comp + mb_extra), "comm": gas * mb_comm + step_comm,
-                "offload": zero + gas * off_mb + off_step, "optimizer": zero + opt}
+                "offload": zero + gas * off_mb + off_step, "optimizer": zero + opt,
+                "fwd": gas * (fwd + mb_extra / 2 + gathers / 2), "bwd_inner": gas * (bwd + mb_extra / 2 + gathers / 2 + off_mb),
+                "bwd_allreduce": gas * (mb_comm - gathers), "opt_step": zero + step_comm + opt + off_step + self.step_overhead_s}
 
     def _crashes(self, stage, oo, op, knobs, mbs: np.ndarray) -> np.ndarray:
         c = Config(stage, 1, 1, knobs, oo, op)
@@ -326,6 +359,11 @@ class PhysicalJob:
         """Seconds per optimizer step: compute (incl. per-micro-batch overheads), comm (exposed), offload, step."""
         return {k: self._at(config, k) for k in ("compute", "comm", "offload", "optimizer", "step")}
 
+    def timers_ms(self, config: Config) -> dict[str, float]:
+        """What DeepSpeed's engine logs for one step of ``config`` (``wall_clock_breakdown``), in ms."""
+        fwd, inner, reduce, step = (1e3 * self._at(config, k) for k in ("fwd", "bwd_inner", "bwd_allreduce", "opt_step"))
+        return {"fwd": fwd, "bwd": inner + reduce, "bwd_inner": inner, "bwd_allreduce": reduce, "step": step}
+
     def startup_for(self, config: Config) -> float:
         psi = self.params_b * 1e9
         extra = (3 + psi / 2e9) if config.stage == 3 else 0.0  # zero.Init partitioning
@@ -361,17 +399,22 @@ class PhysicalJob:
         return min(self.device_gb, self.memory_gb(config) * (1 + reserve))
 
     # ---------------------------------------------------------------- spaces
+    def spaces(self) -> dict[int, dict[str, list[Any]]]:
+        """The knob spaces full mode tunes (DeepSpeed's autotuner's)."""
+        return SPACES
+
     def _settings(self, stage: int, fast: bool):
-        if fast or not SPACES[stage]:
+        spaces = self.spaces()
+        if fast or not spaces[stage]:
             yield ()
             return
-        names = sorted(SPACES[stage])
+        names = sorted(spaces[stage])
 
         def rec(i, acc):
             if i == len(names):
                 yield tuple(acc)
                 return
-            for v in SPACES[stage][names[i]]:
+            for v in spaces[stage][names[i]]:
                 yield from rec(i + 1, acc + [(names[i], v)])
         yield from rec(0, [])
 
@@ -522,10 +565,60 @@ PHYSICAL_JOBS = [
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class LeverJob(PhysicalJob):
+    """A multi-GPU ZeRO-3 job whose full-mode space holds ZeRO++ where optuna-ds proposes it
+    (optuna_ds.space.zeropp_space: hpZ, qwZ and qgZ where the ranks span nodes) or, on one node,
+    where the user lists qwZ; ``levers`` off: DeepSpeed's autotuner's space alone."""
+
+    levers: bool = True
+
+    def spaces(self) -> dict[int, dict[str, list[Any]]]:
+        if not self.levers:
+            return SPACES
+        zeropp = ({HPZ: [1, self.gpus_per_node], QGZ: [False, True], QWZ: [False, True]} if self.nodes > 1
+                  else {QWZ: [False, True]})
+        return {**SPACES, 3: {**SPACES[3], **zeropp}}
+
+    def defaults(self) -> dict[str, Any]:
+        from surfaces import DEFAULTS
+
+        return {**DEFAULTS, **LEVER_DEFAULTS}
+
+
+# The lever families (`benchmarks/planner.py --levers N`): where ZeRO++ pays, ZeRO-3 across nodes
+# of a slow interconnect (Ethernet or a shared fabric: 1.5-6 GB/s per GPU) with a model that needs
+# ZeRO-3; where it cannot, the same models on one NVLink node (qwZ listed) or across nodes of a
+# fast fabric (25-50 GB/s per GPU) with long sequences, whose compute hides the gathers.
+LEVER_FAMILIES = {"zpp-slow": "ZeRO-3 across nodes of a slow interconnect", "zpp-fast": "one node, or a fast fabric"}
+
+
+def lever_job(family: str, seed: int, *, levers: bool = True) -> LeverJob:
+    rng = random.Random(f"lever-job-{family}-{seed}")
+    gpu = rng.choice(["A100-80", "H100-80"])
+    psi = _logu(rng, 10e9, 40e9)
+    h = round((psi * _logu(rng, 80, 140) / 12) ** (1 / 3) / 128) * 128
+    fixed: dict[str, Any] = dict(gpu=gpu, gpus_per_node=8, layers=max(2, round(psi / (12 * h * h))), hidden=h, vocab=32000,
+                                 checkpointing=True, flash=True, crash_rule="", host_gb=2048)
+    if family == "zpp-slow":
+        fixed.update(nodes=rng.choice([2, 4, 8]), inter_gbps=_logu(rng, 1.5, 6), seq=rng.choice([2048, 4096]))
+    elif rng.random() < 0.5:
+        fixed.update(nodes=1, seq=rng.choice([2048, 4096]))
+    else:
+        fixed.update(nodes=rng.choice([2, 4]), inter_gbps=_logu(rng, 25, 50), seq=8192)
+    job = _draw(rng, f"{family}-{seed}", **fixed)
+    init = {f.name: getattr(job, f.name) for f in dataclasses.fields(PhysicalJob) if f.init}
+    return LeverJob(**{**init, "name": f"{family}-{seed}" + ("" if levers else "-off")}, levers=levers)
+
+
 def by_name(name: str) -> PhysicalJob:
     for j in PHYSICAL_JOBS:
         if j.name == name:
             return j
+    for family in LEVER_FAMILIES:
+        if name.startswith(family + "-"):
+            seed, _, off = name[len(family) + 1:].partition("-")
+            return lever_job(family, int(seed), levers=off != "off")
     if name.startswith("phys-") and name[5:].lstrip("-").isdigit():
         return physical_job(int(name[5:]))
     raise KeyError(name)

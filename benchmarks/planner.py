@@ -104,7 +104,8 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
     # As optuna-ds does: where the profile's activation estimate leaves room nowhere, every
     # variant whose states fit.
     return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB, gpus=surface.num_gpus,
-                   max_experiments=200 if full else 40, max_batch=cap)
+                   max_experiments=200 if full else 40, max_batch=cap, nodes=getattr(surface, "nodes", 1),
+                   params=surface.params_b * GB)
 
 
 def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces.Config:
@@ -171,7 +172,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     observations: list[Observation] = []
     running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
-    nonce = knob_launches = 0
+    nonce = knob_launches = lever_launches = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
     while True:
@@ -191,7 +192,10 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
             score = surface.measure(config, nonce) if status is Status.OK else None
             peak = peak_memory(surface, config, nonce) if memory and status is Status.OK else None
-            done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak, repeat=p.repeat)
+            # DeepSpeed's step timers, where the job simulates them (physical_jobs): what a lever can save.
+            timers = tuple(surface.timers_ms(config).items()) if status is Status.OK and hasattr(surface, "timers_ms") else ()
+            done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak, repeat=p.repeat,
+                               timers=timers)
             if trace:
                 print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
@@ -199,6 +203,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             heapq.heappush(running, (now + outcome.seconds, nonce, done))
             launches += 1
             knob_launches += bool(p.knobs)
+            lever_launches += any(k in physical_jobs.LEVER_DEFAULTS and v != physical_jobs.LEVER_DEFAULTS[k] for k, v in p.knobs)
             oom += status is Status.OOM
             gpu_s += outcome.seconds * surface.num_gpus
         if not running:
@@ -208,7 +213,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
         observations.append(done)
     choice = decision.choice
     chosen = config_of(choice.stage, choice.offload, choice.mbs, choice.knobs) if choice else None
-    return {"launches": launches, "knob_launches": knob_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
+    return {"launches": launches, "knob_launches": knob_launches, "lever_launches": lever_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve,
             "kinds": kinds}
@@ -266,6 +271,8 @@ def main() -> None:
     parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
     parser.add_argument("--blind", type=int, default=0, metavar="N",
                         help="also N jobs of the third, blind generator (benchmarks/blind_jobs.py)")
+    parser.add_argument("--levers", type=int, default=0, metavar="N",
+                        help="only the lever table: N jobs of each ZeRO++ family (physical_jobs.lever_job), full mode, levers on and off")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -291,6 +298,9 @@ def main() -> None:
             parser.error(f"--set: optuna_ds.planner.PlannerSettings has no number {name}")
         changed = dataclasses.replace(owner, **{field: type(getattr(owner, field))(value)})
         settings = changed if isinstance(changed, PlannerSettings) else dataclasses.replace(settings, priors=changed)
+    if args.levers:
+        _lever_table(args.levers, slots=args.slots, memory=args.memory, settings=settings, tuner=args.tuner)
+        return
     names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
                           + [f"phys-{i}" for i in range(args.first, args.first + args.physical)]
@@ -333,6 +343,32 @@ def main() -> None:
                          ("blind", [r for r in rows if r[0].startswith("blind-")])):
         if group:
             _summary(label, group, ds, args.slots)
+
+
+def _lever_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings, tuner: str) -> None:
+    """What the levers buy and cost: each job of the ZeRO++ families tuned in full mode with
+    DeepSpeed's autotuner's space (levers off), with the space optuna-ds proposes (on), and with
+    it but no physical prior (each lever a bucket knob's like: what the priors save); each
+    choice's share of the larger space's optimum, its launches and those that set a lever."""
+    from unittest import mock
+
+    import optuna_ds.planner._state as planner_state
+
+    print("family     levers      jobs  larger/smaller optimum  share of the larger: mean  within 1%  launches  knob  lever")
+    for family in physical_jobs.LEVER_FAMILIES:
+        jobs = [physical_jobs.lever_job(family, i) for i in range(n)]
+        larger = [job.optimum(fast=False, offload=True)[1] for job in jobs]
+        smaller = [physical_jobs.lever_job(family, i, levers=False).optimum(fast=False, offload=True)[1] for i in range(n)]
+        worth = statistics.mean(a / b for a, b in zip(larger, smaller))
+        for label in ("off", "on", "on, flat"):
+            flat = mock.patch.object(planner_state, "lever_effects", lambda *a, **k: {}) if label == "on, flat" else mock.MagicMock()
+            with flat:
+                runs = [tune(job if label != "off" else physical_jobs.lever_job(family, i, levers=False), slots=slots, memory=memory,
+                             settings=settings, full=True, tuner=tuner) for i, job in enumerate(jobs)]
+            shares = [r["true"] / best for r, best in zip(runs, larger)]
+            print(f"{family:10} {label:10} {n:5d}  {worth:22.3f}  {statistics.mean(shares):25.4f} {sum(x >= 0.99 for x in shares) / n:10.0%}"
+                  f"  {statistics.mean(r['launches'] for r in runs):8.1f} {statistics.mean(r['knob_launches'] for r in runs):5.1f} "
+                  f"{statistics.mean(r['lever_launches'] for r in runs):6.1f}")
 
 
 def deepspeed_figures(names: list[str], *, fast: bool, path: Path = search.DS_CACHE) -> dict[str, dict]:

@@ -322,7 +322,7 @@ def by_name(name: str) -> Surface:
         import replays
 
         return replays.by_name(name)  # type: ignore[return-value]
-    if name.startswith("phys-"):
+    if name.startswith(("phys-", "zpp-")):
         import physical_jobs  # the second, independent generator
 
         return physical_jobs.by_name(name)  # type: ignore[return-value]
@@ -340,6 +340,8 @@ def by_name(name: str) -> Surface:
 def spaces_of(surface: Surface) -> tuple[dict[int, dict[str, list[Any]]], dict[str, Any]]:
     """The knob spaces and knob defaults of the job's generator: its own where it has them
     (benchmarks/blind_jobs.py's stage 3 tunes keys of its own), else this module's."""
+    if hasattr(surface, "defaults"):  # a job with a space of its own (physical_jobs.LeverJob's levers)
+        return surface.spaces(), surface.defaults()  # type: ignore[attr-defined]
     module = sys.modules[type(surface).__module__]
     return getattr(module, "SPACES", SPACES), getattr(module, "DEFAULTS", DEFAULTS)
 

@@ -147,3 +147,14 @@ def test_blind_jobs_bring_their_own_knob_space(tmp_path: Path) -> None:
         subprocess.run([sys.executable, str(BENCH / "simulated_deepspeed.py"), "--num_gpus", str(job.num_gpus), "train.py",
                         "--deepspeed", str(tmp_path / "ds.json")], env=env, capture_output=True, text=True)
     assert [e["outcome"] for e in map(json.loads, ledger.read_text().splitlines())] == ["ok", "oom"]
+
+
+def test_the_lever_table_shows_what_the_larger_space_buys_and_costs(monkeypatch, capsys) -> None:
+    import planner
+
+    monkeypatch.setattr(sys, "argv", ["planner.py", "--levers", "1", "--memory"])
+    planner.main()
+    out = capsys.readouterr().out
+    for family in ("zpp-slow", "zpp-fast"):
+        for label in ("off", "on", "on, flat"):
+            assert re.search(rf"^{family} +{label} +1 +\d+\.\d{{3}} +[01]\.\d{{4}} +\d+% +\d+\.\d +\d+\.\d +\d+\.\d$", out, re.M), out

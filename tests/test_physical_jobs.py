@@ -208,3 +208,27 @@ def test_population():
     assert 0.15 <= len(SINGLE) / n <= 0.5
     assert any(j.act_gb > 1.1 * j.act_real_gb for j in JOBS) and any(j.act_gb < 0.9 * j.act_real_gb for j in JOBS)
     assert 0.003 < min(j.noise for j in JOBS) and max(j.noise for j in JOBS) < 0.08
+
+
+def test_zeropp_pays_across_a_slow_interconnect_and_not_on_one_node():
+    """The lever families (issue 37): qwZ/qgZ/hpZ save inter-node bytes and cost kernels; hpZ's
+    secondary partition costs memory; DeepSpeed's timers add up to the step."""
+    from physical_jobs import HPZ, QGZ, QWZ, lever_job
+
+    slow = next(j for j in (lever_job("zpp-slow", i) for i in range(10)) if j.nodes > 1)
+    one = next(j for j in (lever_job("zpp-fast", i) for i in range(10)) if j.nodes == 1)
+    for job in (slow, one):
+        plain = Config(3, 2, 1, (("overlap_comm", True),))
+        assert job.evaluate(plain).kind == "ok"
+        timers = job.timers_ms(plain)
+        assert sum(timers[k] for k in ("fwd", "bwd", "step")) == pytest.approx(1e3 * job.step_time(plain))
+    on = Config(3, 2, 1, (("overlap_comm", True), (HPZ, 8), (QGZ, True), (QWZ, True)))
+    plain = Config(3, 2, 1, (("overlap_comm", True),))
+    assert slow.evaluate(on).throughput > 1.1 * slow.evaluate(plain).throughput
+    psi = slow.params_b * 1e9
+    assert slow.memory_gb(on) - slow.memory_gb(plain) == pytest.approx(2 * psi / 8 / 1e9, rel=0.05)
+    quantized = Config(3, 2, 1, (("overlap_comm", True), (QWZ, True)))
+    assert one.evaluate(quantized).throughput < one.evaluate(plain).throughput  # NVLink: only the kernels' cost
+    # The levers are the job's space only where optuna-ds proposes them.
+    assert set(slow.spaces()[3]) >= {HPZ, QGZ, QWZ} and set(one.spaces()[3]) & {HPZ, QGZ, QWZ} == {QWZ}
+    assert not set(lever_job("zpp-slow", 0, levers=False).spaces()[3]) & {HPZ, QGZ, QWZ}

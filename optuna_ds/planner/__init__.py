@@ -6,6 +6,8 @@ The studies and the launcher carry its proposals out; a resumed tuning or a work
 again with what the storage holds.
 """
 
+from optuna_ds.planner._levers import communication_share
+from optuna_ds.planner._levers import lever_effect
 from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._planner import plan
 from optuna_ds.planner._problem import Arm
@@ -34,6 +36,8 @@ __all__ = [
     "Proposal",
     "Status",
     "ThroughputModel",
+    "communication_share",
+    "lever_effect",
     "measured_noise",
     "plan",
 ]

@@ -137,7 +137,7 @@ def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, sl
     pending = list({o.config for o in state.running} | taken)
     measured += pending
     fantasy = state.points() + believed(at(pending))
-    model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors)
+    model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors, levers=state.levers)
     bound = gain * rate
     added: list[Proposal] = []
 
@@ -148,7 +148,7 @@ def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, sl
         bound[j] = -np.inf
         measured.append(problem.config(a, m, k))
         fantasy.extend(believed([rows[j]]))
-        model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors)
+        model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors, levers=state.levers)
 
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p.stage, p.offload) for p in proposals}
     for arm in state.arms:

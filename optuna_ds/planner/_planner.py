@@ -105,7 +105,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     learns across stages.
     """
     state = State(problem, observations, settings, knob_candidates)
-    model = ThroughputModel(problem, state.memory, state.points(), priors=settings.priors)
+    model = ThroughputModel(problem, state.memory, state.points(), priors=settings.priors, levers=state.levers)
     choice, ranked = _choose(model, state)
     noise = model.noise if state.ok else None
     launched = len(state.finished) + len(state.running)
@@ -125,7 +125,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         if proposals:
             fantasy += _fantasies(model, [(state.arm((proposals[-1].stage, proposals[-1].offload), proposals[-1].knobs),
                                            proposals[-1].mbs, proposals[-1].knobs)])
-        step_model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors) if len(fantasy) > len(state.ok) else model
+        step_model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors, levers=state.levers) if len(fantasy) > len(state.ok) else model
         taken = {p.config for p in proposals}
         nxt = _next(state, step_model, taken, ranked, model)
         if nxt is None:

@@ -75,6 +75,8 @@ class Problem:
     accumulation: int = 1
     gpus: int = 1  # the data-parallel GPUs of one experiment: knobs shape their collectives
     knob_sizes: int = 3  # knob settings are tried at an arm's this many best sizes (num_tuning_micro_batch_sizes)
+    nodes: int = 1  # the nodes one experiment's ranks span: what ZeRO++ saves is inter-node bandwidth
+    params: float = 0.0  # the model's parameters (the profile's; 0: unknown)
 
     def arm(self, key: tuple[int, str]) -> Arm | None:
         return next((a for a in self.arms if a.key == key), None)
@@ -125,7 +127,9 @@ class Observation(_OfConfig):
     and higher-better (a latency is inverted); ``seconds`` the experiment's duration (of a
     running one, how long it has run so far, ``None`` if unknown); ``repeat`` how many times
     its config ran before it (a re-measurement's is 1 or more); ``memory`` the peak memory of
-    one of its GPUs in bytes, where the accelerator reports it."""
+    one of its GPUs in bytes, where the accelerator reports it; ``timers`` DeepSpeed's step
+    timers (ms: ``fwd``, ``bwd``, ``bwd_allreduce``, ``step``, ...), where it logged them: what
+    a lever can save is read from them (:func:`~optuna_ds.planner.communication_share`)."""
 
     config: Config
     status: Status
@@ -133,6 +137,7 @@ class Observation(_OfConfig):
     seconds: float | None = None
     repeat: int = 0
     memory: float | None = None
+    timers: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,30 @@ class Priors:
             (a batch's member may end at most this much of its run after the last under way).
         chunk:
             A batch's candidates whose value is brought up to date at once.
+        lever_savings:
+            The most each ZeRO++ lever saves of a ZeRO-3 step's communication (its two parameter
+            all-gathers and its gradient reduce-scatter move a third of the volume each): qwZ
+            halves both all-gathers' bytes (fp16 to int8: 1/3), qgZ quarters the reduce-scatter's
+            across nodes (int4: 1/4), hpZ keeps the backward all-gather within a node (1/3).
+            DeepSpeed reports up to 2x end to end with all three, on low-bandwidth clusters only.
+        lever_costs:
+            What each lever costs in log throughput whatever it saves: qwZ and qgZ run block
+            (de)quantization kernels over every gathered or reduced tensor (a few % of a step,
+            ZeRO++ paper), hpZ copies each gathered parameter's slice into its secondary
+            partition. hpZ's memory is the memory model's (the knob setting's buffers).
+        lever_cost_sd:
+            A lever's cost is known to within this share of itself.
+        internode_share:
+            Before a ZeRO-3 run's timers say otherwise, the share of its step spent
+            communicating across nodes: the ZeRO++ paper's ZeRO-3 baseline spends about half its
+            step communicating at 100 Gb/s; a prior below that, as clusters vary tenfold.
+        intranode_share:
+            The same within one node (NVLink or PCIe): ZeRO-3's gathers mostly hide behind
+            compute there.
+        lever_model:
+            Parameters below which a model's communication share is believed smaller in
+            proportion: a small model's all-gathers are short beside the compute of the large
+            micro-batches it leaves room for.
     """
 
     broken: float = 0.5
@@ -90,6 +114,14 @@ class Priors:
     rivals: int = 1
     late: float = 0.5
     chunk: int = 16
+    lever_savings: tuple[tuple[str, float], ...] = (
+        ("zero_quantized_weights", 1 / 3), ("zero_quantized_gradients", 1 / 4), ("zero_hpz_partition_size", 1 / 3))
+    lever_costs: tuple[tuple[str, float], ...] = (
+        ("zero_quantized_weights", 0.03), ("zero_quantized_gradients", 0.03), ("zero_hpz_partition_size", 0.01))
+    lever_cost_sd: float = 0.5
+    internode_share: float = 0.3
+    intranode_share: float = 0.05
+    lever_model: float = 1e9
 
 
 @dataclasses.dataclass(frozen=True)

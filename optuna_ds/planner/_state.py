@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from optuna_ds.domain import KnobsLike
+from optuna_ds.planner._levers import lever_effects
+from optuna_ds.planner._levers import lever_pays
 from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Knobs
@@ -136,6 +138,11 @@ class State:
                      and not any(o.arm == a.key and o.status is Status.OK for o in self.finished) for a in useful)
         return self.problem.arms if broken else tuple(useful)
 
+    @functools.cached_property
+    def levers(self) -> dict[tuple[str, Any], tuple[float, float]]:
+        """The prior of each lever value in the stage-3 knob spaces (:mod:`optuna_ds.planner._levers`)."""
+        return lever_effects(self.problem, self.finished, self.settings.priors)
+
     def sizes(self, arm: Arm) -> list[int]:
         return _candidate_sizes(self.problem, arm, self.settings.growth)
 
@@ -189,6 +196,8 @@ class State:
             larger = np.array([m for m in self.sizes(default) if m > max(measured)] if ran_out else [], dtype=float)
             larger = larger[self.memory.p_oom(default, larger) >= 0.5] if len(larger) else larger
             for candidate in candidates:
+                if not lever_pays(candidate.knobs, self.levers, min_gain=self.settings.min_gain):
+                    continue  # a lever that cannot pay here: no launch, whatever the model learns
                 arm = self.arm(key, candidate.knobs)
                 sizes = list(best)
                 if arm.buffers < default.buffers and len(larger):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 from typing import Any
 from collections.abc import Iterable
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 import numpy as np
@@ -198,7 +199,8 @@ class ThroughputModel:
     """
 
     def __init__(self, problem: Problem, memory: FeasibilityModel,
-                 points: Sequence[tuple[Arm, int, Knobs, float]], *, priors: Priors = Priors()) -> None:
+                 points: Sequence[tuple[Arm, int, Knobs, float]], *, priors: Priors = Priors(),
+                 levers: Mapping[tuple[str, Any], tuple[float, float]] | None = None) -> None:
         self._memory = memory
         self._beliefs = priors
         self._shared, self._own = _knob_features(problem, points)
@@ -214,15 +216,24 @@ class ThroughputModel:
         mu_scales, cov_scales = _scale_prior(base, priors)
         n0, k_shared, k_own = len(mu_scales), len(self._shared), len(self._own)
         self._n0 = n0
-        self._mu0 = np.concatenate([mu_scales, np.zeros(k_shared + k_own)])
+        # A lever's effect has a prior of its own, in physical terms (``levers``,
+        # :func:`~optuna_ds.planner._levers.lever_effects`): its mean and sd, whatever the scale of
+        # the bucket knobs' effects; it acts at one stage, so it has no stage's own deviation.
+        levers = levers or {}
+        lever = np.array([f in levers for f in self._shared], dtype=bool)
+        lever_own = np.array([(k, v) in levers for _, k, v in self._own], dtype=bool)
+        lever_mean = np.array([levers[f][0] if f in levers else 0.0 for f in self._shared])
+        lever_sd = np.array([levers[f][1] if f in levers else 0.0 for f in self._shared])
+        self._mu0 = np.concatenate([mu_scales, lever_mean, np.zeros(k_own)])
         # One prior covariance per scale of the knob effects (one, where no knob is tuned).
-        knob_sds, knob_prior = (_KNOB_SDS, _KNOB_SD_PRIOR[problem.gpus > 1]) if k_shared else (np.zeros(1), np.ones(1))
+        knob_sds, knob_prior = ((_KNOB_SDS, _KNOB_SD_PRIOR[problem.gpus > 1]) if k_shared and not lever.all()
+                                else (np.zeros(1), np.ones(1)))
         self._priors = []
         for sd, prior in zip(knob_sds, knob_prior / knob_prior.sum()):
             s0 = np.zeros((n0 + k_shared + k_own, n0 + k_shared + k_own))
             s0[:n0, :n0] = cov_scales
-            s0[n0:n0 + k_shared, n0:n0 + k_shared] = np.eye(k_shared) * sd**2
-            s0[n0 + k_shared:, n0 + k_shared:] = np.eye(k_own) * (priors.knob_own * sd) ** 2
+            s0[n0:n0 + k_shared, n0:n0 + k_shared] = np.diag(np.where(lever, lever_sd, sd) ** 2)
+            s0[n0 + k_shared:, n0 + k_shared:] = np.diag(np.where(lever_own, 0.0, priors.knob_own * sd) ** 2)
             self._priors.append((float(sd), float(prior), s0))
         x = self._design([(a, kn) for a, _, kn, _ in points])
         f = self._shape([(a, m) for a, m, _, _ in points])  # (G, n)

@@ -14,6 +14,8 @@ class MemoryEstimate:
     leave the GPU. ``buffers`` are the communication buckets ZeRO allocates: not part of
     :attr:`instantiation` (DeepSpeed's own estimate leaves them out, and so does the decision
     whether a stage fits), but where the planner expects a stage's memory beyond its states.
+    ZeRO++'s hpZ secondary partition counts there too: DeepSpeed allocates it at the first
+    forward's all-gather, not at instantiation, and it moves with a knob setting as buckets do.
     """
 
     stage: int
@@ -99,6 +101,8 @@ def estimate_memory(
             # DeepSpeed's ZeRO docs: with overlap_comm, the buckets take 4.5 times their size
             # (5e8-element buckets in fp16: 9 GB).
             buffers *= 4.5
+    if stage >= 3 and not _offloaded(zero, "offload_param"):
+        buffers += hpz_secondary(num_params / mp_size, zero.get("zero_hpz_partition_size"), param_bytes=param_bytes)
 
     free = device_memory - (params + gradients + optimizer)
     if free <= 0:
@@ -117,6 +121,17 @@ def estimate_memory(
         max_micro_batch_size=max_mbs,
         buffers=buffers,
     )
+
+
+def hpz_secondary(num_params: float, hpz: Any, *, param_bytes: int) -> float:
+    """Bytes per GPU of ZeRO++'s hpZ secondary partition: with ``zero_hpz_partition_size`` > 1,
+    each rank keeps the parameters partitioned over its hpZ group a second time, in the
+    parameters' dtype (``_partition_param_sec``: ``numel / num_ranks_in_param_group`` elements), so
+    the backward all-gather stays within the group. With ``offload_param`` DeepSpeed puts it
+    beside the primary partition, off the GPU; a list (a tuned knob) or 1 holds none."""
+    if not isinstance(hpz, (int, float)) or isinstance(hpz, bool) or hpz <= 1:
+        return 0.0
+    return num_params * param_bytes / hpz
 
 
 def _number(value: Any, default: float) -> float:

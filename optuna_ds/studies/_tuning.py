@@ -381,6 +381,8 @@ class Tuning:
             accumulation=self._user.gradient_accumulation_steps,
             gpus=max(1, self._resources.total_gpus // a.mp_size),
             knob_sizes=a.num_tuning_micro_batch_sizes,
+            nodes=self._resources.nodes_per_experiment,
+            params=float(info.get("num_params") or 0.0),
             # The knob search's trials come on top of the micro-batch search's.
             max_experiments=_MAX_EXPERIMENTS + (0 if a.fast else a.tuner_num_trials),
         )
