@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from browser import screenshot
 from conftest import EXAMPLES
 from optuna_ds.config import format_number
+from optuna_ds.launcher import ops_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -217,7 +218,11 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     # The optimal command, pasted as written, trains with DeepSpeed's own runner.
     line = (project / "autotuning_results" / "cmd_optimal.txt").read_text()
     assert "--master_port 29660" in line
-    q = subprocess.run(["bash", "-c", line], cwd=project, env=dict(os.environ, DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=600)
+    # In the environment a user's activated venv gives it (its ninja first on PATH, the ops
+    # built by make venv): run from a bare shell, torch's build with another ninja rebuilt the
+    # ops into the shared extensions folder, minutes under load.
+    env = dict(os.environ, DS_ACCELERATOR="cpu", **ops_environment())
+    q = subprocess.run(["bash", "-c", line], cwd=project, env=env, capture_output=True, text=True, timeout=600)
     assert q.returncode == 0, q.stdout + q.stderr
     assert "step 10 loss" in q.stdout and "[runner.py" in q.stdout + q.stderr
 
