@@ -251,6 +251,7 @@ class Baseline:
     reason: str = ""
     listed: tuple[int, ...] = ()  # the stages the user's config lists
     runs: int = 1  # how many runs ``value`` is the mean of
+    values: tuple[float, ...] = ()  # those runs, where they completed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +362,8 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
     values = runs_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE else []
     return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name,
                     value=statistics.fmean(values) if values else t.value, status=status,
-                    reason="" if status == "complete" else f"it failed ({status})", listed=listed, runs=max(1, len(values)))
+                    reason="" if status == "complete" else f"it failed ({status})", listed=listed, runs=max(1, len(values)),
+                    values=tuple(values))
 
 
 @dataclasses.dataclass(frozen=True)
