@@ -320,3 +320,20 @@ def test_a_headline_on_runs_that_scatter_beyond_the_noise_gives_the_range_they_a
                                 best=dataclasses.replace(best, runs=(360.0, 380.0, 370.0)), noise=Noise(0.08, 2, 5))
     assert "1.7-2.3x faster (1.95x by the means of their runs, give or take twice the noise)" in headline(quiet)[1]
     assert not any(line.startswith("Warning") for line in headline(quiet))
+
+
+def test_without_a_batch_size_of_yours_no_learning_rate_is_scaled_from_a_guess(ws: Workspace) -> None:
+    # "auto" mapped to a flag the command line does not pass: the summary said "the original 1:
+    # ... lr 0.001 -> 0.008", a batch the user never trained at (issue 35, a newcomer's script).
+    config = {**CONFIG, "train_micro_batch_size_per_gpu": "auto",
+              "autotuning": {**CONFIG["autotuning"], "arg_mappings": {"train_micro_batch_size_per_gpu": "--batch_size"}}}
+    ws.config(config)
+    p = ws.tune("ds_config.json", "--scale-lr", surface=SURFACE)
+    assert p.returncode == 0, p.stderr
+    summary = (ws.results / "summary.txt").read_text()
+    batch = json.loads((ws.results / "ds_config_optimal.json").read_text())["train_batch_size"]
+    assert (f"The best global batch size is {batch}; your config gives no batch size to compare it with, so no learning rate "
+            f"is scaled: from the global batch size B you train at, scale it by sqrt({batch}/B) (an Adam-type optimizer).") in summary
+    assert "the original" not in summary
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["optimizer"]["params"]["lr"] == 0.001 and not (ws.results / "cmd_optimal.txt").read_text().startswith("#")

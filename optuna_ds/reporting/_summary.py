@@ -282,12 +282,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def learning_rate_advice(result: TuningResult, user: UserConfig, *, data_parallel_size: int) -> LearningRateAdvice | None:
+def learning_rate_advice(result: TuningResult, user: UserConfig, *,
+                         data_parallel_size: int) -> LearningRateAdvice | str | None:
+    """DeepSpeed's advice against the user's global batch size; where the config gives none (a
+    micro-batch ``"auto"`` no script flag resolves), the rule alone, as a line: a factor from
+    the smallest size tried would scale the learning rate by a batch the user never trained at."""
     best = result.best
     if best is None or best.train_batch_size is None:
         return None
-    original = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * data_parallel_size
     new = best.train_batch_size
+    if not (user.train_batch_size or user.baseline_micro_batch_size or user.micro_batch_sizes):
+        rule = f"sqrt({new}/B) (an Adam-type optimizer)" if user.adam_type_optimizer else f"{new}/B ({user.optimizer_type})"
+        return (f"The best global batch size is {new}; your config gives no batch size to compare it with, so no learning "
+                f"rate is scaled: from the global batch size B you train at, scale it by {rule}.")
+    original = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * data_parallel_size
     if new == original:
         return None
     ratio = new / original
