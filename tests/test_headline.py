@@ -337,3 +337,13 @@ def test_without_a_batch_size_of_yours_no_learning_rate_is_scaled_from_a_guess(w
     assert "the original" not in summary
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["optimizer"]["params"]["lr"] == 0.001 and not (ws.results / "cmd_optimal.txt").read_text().startswith("#")
+
+
+def test_the_partial_summary_gives_your_config_as_the_headline_does() -> None:
+    from optuna_ds.reporting import partial_summary
+
+    base = Baseline(stage=0, micro_batch_size=4, name="z0_gas16_tmbspg4", value=112.2, status="complete", runs=2, values=(132.6, 91.8))
+    result = TuningResult(metric=Metric.named("throughput"), stages=[StageResult(stage=0, status="tuned")], duration=1.0,
+                          model_info={}, baseline=base, spend=Spend(experiments=4, gpu_seconds=60.0, profiled=True, device="CPU"))
+    head = partial_summary(result, finished=3, resume="rerun the same command to resume").head
+    assert "Your config (z0_gas16_tmbspg4): 112.2 samples/s (mean of 2 runs)." in head  # it said "112.2 samples/s." of 2 runs

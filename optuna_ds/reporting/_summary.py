@@ -66,7 +66,8 @@ def speedup(result: TuningResult) -> float | None:
     return best.value / base.value if result.metric.maximize else base.value / best.value
 
 
-def _mean_of(runs: int) -> str:
+def mean_of(runs: int) -> str:
+    """How many runs a figure is the mean of, as every view says it (nothing for one)."""
     return f" (mean of {runs} runs)" if runs > 1 else ""
 
 
@@ -217,7 +218,7 @@ def headline(result: TuningResult, budget: Budget | None = None) -> list[str]:
         if base.listed and len(base.listed) > 1:
             label += f", the first stage explored of {list(base.listed)}"
         if base.value is not None:
-            mine = f"Your config ({label}): {metric.with_unit(base.value)}{_mean_of(base.runs)}"
+            mine = f"Your config ({label}): {metric.with_unit(base.value)}{mean_of(base.runs)}"
         elif base.status:
             mine = f"Your config ({label}): failed ({base.status})"
         else:
