@@ -231,6 +231,23 @@ def test_a_label_at_the_rightmost_size_sits_to_its_left(tmp_path: Path) -> None:
     assert chosen.textposition == "bottom left" and chosen.cliponaxis is False
 
 
+def test_the_dashboard_note_says_first_that_an_interrupted_trial_is_no_failure(tmp_path: Path) -> None:
+    # Ctrl-C during a run, then a resume that ran it again: optuna-dashboard's timeline draws the
+    # cut-short trial as a red "Fail", which the summary and the report never call a failure.
+    storage, plan = _store(tmp_path)
+    z1 = optuna.load_study(study_name="optuna-ds-z1", storage=storage)
+    record = ExperimentRecord(phase=Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=16), exp_name="z1_gas1_tmbspg16_r3",
+                              reason=FailureReason.INTERRUPTED, detail="interrupted by SIGINT")
+    z1.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, params={MBS_KEY: 16},
+                                           distributions={MBS_KEY: optuna.distributions.IntDistribution(1, 64)}, user_attrs=record.attrs()))
+    result = _result(storage, plan)
+    assert result.interrupted == ((1, 6, "z1_gas1_tmbspg16_r3"),)
+    note = summary_markdown(result, advice=None)
+    assert ("**Read first:** z1 trial 6 (z1_gas1_tmbspg16_r3): shown as Fail, but interrupted (a signal, or a worker lost), "
+            "not failed; an interrupted experiment runs again when the tuning resumes.") in note.split("**Your config")[0]
+    assert "z1_gas1_tmbspg16_r3" not in summary_text(result, advice=None)
+
+
 def test_numbers_read_as_people_write_them() -> None:
     cases = {15_973.2: "15,970", 1.597e4: "15,970", 2_089.4: "2,089", 123.456: "123.5", 2.0: "2", 0.01234: "0.01234",
              9_999.6: "10,000", 1_234_567: "1.23M", 2.5e6: "2.5M", 312.5e12: "312T", 0.000012345: "0.00001234", 0: "0"}
