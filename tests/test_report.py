@@ -238,14 +238,22 @@ def test_the_dashboard_note_says_first_that_an_interrupted_trial_is_no_failure(t
     z1 = optuna.load_study(study_name="optuna-ds-z1", storage=storage)
     record = ExperimentRecord(phase=Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=16), exp_name="z1_gas1_tmbspg16_r3",
                               reason=FailureReason.INTERRUPTED, detail="interrupted by SIGINT")
-    z1.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, params={MBS_KEY: 16},
-                                           distributions={MBS_KEY: optuna.distributions.IntDistribution(1, 64)}, user_attrs=record.attrs()))
+    cut = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, params={MBS_KEY: 16},
+                                    distributions={MBS_KEY: optuna.distributions.IntDistribution(1, 64)}, user_attrs=record.attrs())
+    cut.datetime_start = _T0 + datetime.timedelta(seconds=200)
+    cut.datetime_complete = cut.datetime_start + datetime.timedelta(seconds=4)
+    z1.add_trial(cut)
     result = _result(storage, plan)
     assert result.interrupted == ((1, 6, "z1_gas1_tmbspg16_r3"),)
     note = summary_markdown(result, advice=None)
     assert ("**Read first:** z1 trial 6 (z1_gas1_tmbspg16_r3): shown as Fail, but interrupted (a signal, or a worker lost), "
             "not failed; an interrupted experiment runs again when the tuning resumes.") in note.split("**Your config")[0]
     assert "z1_gas1_tmbspg16_r3" not in summary_text(result, advice=None)
+    # The slots draw its device time (the title counts it), apart from the failures' hatching.
+    timeline = load_report(storage, "optuna-ds", result=result).figures["timeline"]
+    interrupted = next(t for t in timeline.data if t.name == "interrupted")
+    assert list(interrupted.text) == ["z1_gas1_tmbspg16_r3: interrupted, not failed"] and list(interrupted.x) == [4000.0]
+    assert not any("z1_gas1_tmbspg16_r3" in str(t.text) for t in timeline.data if t.name != "interrupted")
 
 
 def test_numbers_read_as_people_write_them() -> None:

@@ -216,9 +216,13 @@ class _Profile:
     slot: str
 
 
-def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None, spend: str) -> go.Figure:
+def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None, spend: str,
+              cut: list[ExperimentRow] | None = None) -> go.Figure:
+    """Every run in time on its slot; ``cut``: the runs an interrupt cut short, the table's
+    hidden ones included (their device time is in the title's), drawn apart from failures."""
     fig = go.Figure()
-    timed = [r for r in rows if r.start and r.end]
+    timed = [r for r in rows if r.start and r.end and r.status != "interrupted"]
+    cut = [r for r in (cut or []) if r.start and r.end]
     if profile is not None:
         fig.add_trace(go.Bar(base=[profile.start.isoformat()], x=[profile.seconds * 1000], y=[_safe(profile.slot)], orientation="h",
                              name="profile run", marker_color=_PROFILE_COLOR, text=["profile"], textposition="inside",
@@ -236,6 +240,14 @@ def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None
             text=[_safe(r.name + (" (your config)" if ctx.is_mine(r) else "")) for r in group],
             textposition="none", hovertemplate="%{text}<br>%{x:,.0f} ms<extra></extra>",
         ))
+    if cut:
+        fig.add_trace(go.Bar(
+            base=[r.start.isoformat() for r in cut],  # type: ignore[union-attr]
+            x=[r.duration * 1000 for r in cut],  # type: ignore[operator]
+            y=[_safe(r.slot or "?") for r in cut], orientation="h", name="interrupted",
+            marker={"color": "#ced4da", "pattern": {"shape": "/"}, "line": {"color": "#fff", "width": 0.5}},
+            text=[_safe(f"{r.name}: interrupted, not failed") for r in cut], textposition="none",
+            hovertemplate="%{text}<br>%{x:,.0f} ms<extra></extra>"))
     chosen = [r for r in timed if r.chosen]
     if ctx.best is not None and chosen:
         fig.add_trace(go.Bar(
@@ -301,6 +313,7 @@ def _profile(root: RootRecord, rows: list[ExperimentRow]) -> _Profile | None:
 
 
 def figures(result: TuningResult, *, studies: dict[int, optuna.Study], rows: list[ExperimentRow], baseline: ExperimentRow | None,
+            cut: list[ExperimentRow] | None = None,
             root: RootRecord) -> dict[str, go.Figure]:
     """The report's figures, by id, the optimum marked in each; a stage's knob importances where
     enough of its knob experiments ran."""
@@ -313,7 +326,7 @@ def figures(result: TuningResult, *, studies: dict[int, optuna.Study], rows: lis
         "metric_vs_mbs": _metric_vs_mbs(rows, ctx),
         "best_per_stage": _best_per_stage({s.stage: s.best for s in result.stages if s.best is not None}, ctx),
         "history": _history(rows, ctx),
-        "timeline": _timeline(rows, ctx, _profile(root, rows), f"{spend.hours}, {spend.experiments} runs"),
+        "timeline": _timeline(rows, ctx, _profile(root, rows), f"{spend.hours}, {spend.experiments} runs", cut),
     }
     for stage, study in studies.items():
         fig = _importances(study, stage, ctx)
