@@ -217,6 +217,8 @@ def test_your_config_is_drawn_at_the_mean_the_headline_gives(tmp_path: Path) -> 
     assert bars.layout.shapes[0].y0 == 800.0 and not bars.layout.annotations  # the line, named in the legend only
     assert [t.name for t in bars.data if t.showlegend is not False] == ["your config 800 (mean of 2 runs)"]
     history = next(t for t in figures["history"].data if t.name == "your config")
+    assert not figures["history"].layout.annotations  # no label on a line, over its runs
+    assert any(t.name == "chosen: mean 15,520 samples/s" for t in figures["history"].data)
     assert list(history.y) == [1_000.0, 600.0] and list(history.text) == ["your config", ""]
     timeline = figures["timeline"]
     assert timeline.layout.xaxis.title.text == "time on Jan 01, 2025" and timeline.layout.xaxis.tickformat == "%H:%M:%S"

@@ -194,8 +194,11 @@ def _history(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
         runs = [(i, r) for i, r in enumerate(ordered) if r.chosen and r.value is not None]
         fig.add_trace(go.Scatter(x=[i for i, _ in runs], y=[r.value for _, r in runs], mode="markers", name=CHOSEN, marker=_CHOSEN_MARKER,
                                  hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
-        fig.add_hline(y=best.value, line={"color": _CHOSEN_COLOR, "dash": "dot"},
-                      annotation_text=_safe(f"{CHOSEN}: {metric.with_unit(best.value)}"), annotation_position="bottom right")
+        # Its mean named in the legend: a label on the line lay over the runs near it.
+        line = {"color": _CHOSEN_COLOR, "dash": "dot"}
+        fig.add_hline(y=best.value, line=line)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=line, hoverinfo="skip",
+                                 name=_safe(f"{CHOSEN}: mean {metric.with_unit(best.value)}")))
     mine = [(i, r) for i, r in enumerate(ordered) if ctx.is_mine(r) and r.value is not None]
     if mine:
         # Each of its runs, as the optimum's are ringed.
