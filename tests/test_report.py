@@ -245,16 +245,21 @@ def test_the_dashboard_note_says_first_that_an_interrupted_trial_is_no_failure(t
     cut.datetime_start = _T0 + datetime.timedelta(seconds=200)
     cut.datetime_complete = cut.datetime_start + datetime.timedelta(seconds=4)
     z1.add_trial(cut)
+    # A claim lost before its launch (its process died between the two) ran nothing: not named, not drawn.
+    unclaimed = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                          user_attrs={"reason": "interrupted", "lost": True, "worker": "w"})
+    unclaimed.datetime_start, unclaimed.datetime_complete = _T0 + datetime.timedelta(seconds=210), _T0 + datetime.timedelta(seconds=211)
+    z1.add_trial(unclaimed)
     result = _result(storage, plan)
     assert result.interrupted == ((1, 6, "z1_gas1_tmbspg16_r3"),)
     note = summary_markdown(result, advice=None)
     assert ("**Read first:** z1 trial 6 (z1_gas1_tmbspg16_r3): shown as Fail, but interrupted (a signal, or a worker lost), "
-            "not failed; an interrupted experiment runs again when the tuning resumes.") in note.split("**Your config")[0]
+            "which is no failure: an interrupted experiment runs again when the tuning resumes.") in note.split("**Your config")[0]
     assert "z1_gas1_tmbspg16_r3" not in summary_text(result, advice=None)
     # The slots draw its device time (the title counts it), apart from the failures' hatching.
     timeline = load_report(storage, "optuna-ds", result=result).figures["timeline"]
     interrupted = next(t for t in timeline.data if t.name == "interrupted")
-    assert list(interrupted.text) == ["z1_gas1_tmbspg16_r3: interrupted, not failed"] and list(interrupted.x) == [4000.0]
+    assert list(interrupted.text) == ["z1_gas1_tmbspg16_r3: interrupted, no failure"] and list(interrupted.x) == [4000.0]  # not the unclaimed one
     assert not any("z1_gas1_tmbspg16_r3" in str(t.text) for t in timeline.data if t.name != "interrupted")
 
 

@@ -56,7 +56,7 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
     baseline = next((r for r in sorted(rows, key=lambda r: r.status != "complete")
                      if base is not None and base.name and r.name == base.name and r.stage == base.stage), None)
     drawn = figures(result, studies=studies, rows=rows, baseline=baseline, root=root,
-                    cut=[r for r in every if r.status == "interrupted"])
+                    cut=[r for r in every if r.status == "interrupted" and r.record.claimed])
     plan = load_plan(storage, study_name)
     script = os.path.basename(plan.script) if plan is not None else ""
     title = f"{script}: the fastest DeepSpeed config" + ("" if study_name == "optuna-ds" else f" (tuning {study_name})")

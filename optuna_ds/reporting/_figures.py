@@ -249,7 +249,7 @@ def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None
             x=[r.duration * 1000 for r in cut],  # type: ignore[operator]
             y=[_safe(r.slot or "?") for r in cut], orientation="h", name="interrupted",
             marker={"color": "#ced4da", "pattern": {"shape": "/"}, "line": {"color": "#fff", "width": 0.5}},
-            text=[_safe(f"{r.name}: interrupted, not failed") for r in cut], textposition="none",
+            text=[_safe(f"{r.name}: interrupted, no failure") for r in cut], textposition="none",
             hovertemplate="%{text}<br>%{x:,.0f} ms<extra></extra>"))
     chosen = [r for r in timed if r.chosen]
     if ctx.best is not None and chosen:

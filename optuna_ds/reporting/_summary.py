@@ -372,8 +372,8 @@ def dashboard_caveats(result: TuningResult) -> list[str]:
     lines = [note] if (note := optuna_best_note(result)) else []
     if result.interrupted:
         cut = ", ".join(f"z{stage} trial {number} ({name})" for stage, number, name in result.interrupted)
-        lines.append(f"{cut}: shown as Fail, but interrupted (a signal, or a worker lost), not failed; an interrupted "
-                     "experiment runs again when the tuning resumes.")
+        lines.append(f"{cut}: shown as Fail, but interrupted (a signal, or a worker lost), which is no failure: an "
+                     "interrupted experiment runs again when the tuning resumes.")
     accumulations = {m.config.accumulation for m in result.measured}
     if len(accumulations) == 1 and len(result.measured) > 1:
         lines.append(f"gradient_accumulation_steps was {accumulations.pop()} in every experiment: its importance in the "

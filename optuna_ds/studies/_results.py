@@ -394,7 +394,7 @@ class TuningResult:
     device_memory: float = 0.0  # bytes per device, as the first process recorded it
     memory_margin: float = 0.0  # the share of it the choice leaves free
     measured: tuple[Measured, ...] = ()  # every config that ran, for the choice's explanation
-    # The trials cut short by an interrupt (stage, number, name): Optuna's FAIL, no failure.
+    # The experiments an interrupt cut short (stage, trial, name): Optuna's FAIL, no failure.
     interrupted: tuple[tuple[int, int, str], ...] = ()
 
     @property
@@ -445,7 +445,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         device_memory=resources.device_memory,
         memory_margin=plan.memory_margin,
         measured=tuple(measured_configs(every)),
-        interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in ts
+        interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in launched(ts)
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
     )
 
