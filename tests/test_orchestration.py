@@ -182,6 +182,19 @@ def test_all_stages_are_planned_together_and_each_outcome_has_a_reason(ws: Works
     assert optimal["zero_optimization"]["stage"] == 3  # three times stage 0's throughput, and larger sizes fit
 
 
+def test_a_stage_left_out_on_one_rank_says_it_partitions_nothing(ws: Workspace) -> None:
+    # "all" on one device: only z0 runs, and each other stage says why (it said "the planner
+    # expected no gain from it", which a newcomer could not follow).
+    ws.config({**FAST, "zero_optimization": {"stage": "all"}})
+    p = ws.tune("ds_config.json", "--num_gpus", "1", surface={"num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000})
+    assert p.returncode == 0, p.stderr
+    assert {l["stage"] for l in _launched(ws)} == {0}
+    summary = (ws.results / "summary.txt").read_text()
+    for stage in (1, 2, 3):
+        assert (f"z{stage} skipped: on one data-parallel rank ZeRO-{stage} partitions nothing, so it cannot run faster than z0, "
+                "and offloading was not expected to pay; list the stage in zero_optimization.stage to measure it") in summary
+
+
 def test_failures_do_not_end_the_search_and_keep_their_reason(ws: Workspace) -> None:
     ws.config({**FAST, "train_micro_batch_size_per_gpu": [2, 4, 8, 16]})
     p = ws.tune("ds_config.json", "--trial-timeout", "3", surface={"error_at": [4], "no_metrics_at": [8], "hang_at": [16]})

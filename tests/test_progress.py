@@ -98,6 +98,25 @@ def test_never_100_percent_while_one_runs_or_the_planner_has_not_stopped() -> No
     assert bar.startswith("4/4 ") and " 100% " in bar and "left" not in bar
 
 
+def test_a_bar_that_reached_its_estimate_is_not_finished_when_the_estimate_rises() -> None:
+    """`make example` on a fresh clone: `2/2 100%`, then the planner measured the pair alike and
+    the bar read `4/~8 (1 running) ... 100%`, with no time left, for the rest of the tuning."""
+    clock = Clock()
+    progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
+    progress.plan(2, metric=Metric.named("throughput"))
+    for i in range(2):
+        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
+        clock.now += 10
+        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=10.0, outcome="ok")
+    progress.plan(0, metric=Metric.named("throughput"))
+    assert progress.status().splitlines()[1].startswith("2/2 ") and " 100% " in progress.status()
+    progress.plan(4, metric=Metric.named("throughput"))  # the planner went on after all
+    progress.started(stage=0, number=2, name="a2", slot="localhost:0")
+    clock.now += 5
+    bar = progress.status().splitlines()[1]
+    assert bar.startswith("2/~7 (1 running) ") and " 35% " in bar and "left" in bar, bar
+
+
 def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)

@@ -200,6 +200,69 @@ def test_a_config_whose_runs_scatter_more_than_the_noise_is_flagged(tmp_path: Pa
     assert f'<p class="warning">{markupsafe.escape(warning)}</p>' in page
 
 
+def test_your_config_is_drawn_at_the_mean_the_headline_gives(tmp_path: Path) -> None:
+    # Your config ran twice (measured alike with the optimum): every figure shows the mean the
+    # headline divides, each of its runs is starred in time, and no label lies on a bar or
+    # past the plot's right edge (issue 35: a newcomer read 132.6 on the figure, 112.2 above it).
+    storage, plan = _store(tmp_path, [*RUNS, (1, 2, 600.0)])
+    result = _result(storage, plan)
+    assert result.baseline is not None and result.baseline.value == 800.0 and result.baseline.runs == 2
+    assert "Your config (z1, micro-batch 2, the first stage explored of [1, 2]): 800 samples/s (mean of 2 runs)." in headline(result)
+    figures = load_report(storage, "optuna-ds", result=result).figures
+    star = next(t for t in figures["metric_vs_mbs"].data if t.name == "your config")
+    assert (star.x[0], star.y[0]) == (2, 800.0) and "mean of 2 runs" in star.hovertemplate
+    chosen = next(t for t in figures["metric_vs_mbs"].data if t.name == "chosen")
+    assert chosen.textposition == "bottom right"  # 16 is not the largest size drawn (64 failed)
+    bars = figures["best_per_stage"]
+    assert bars.layout.shapes[0].y0 == 800.0 and not bars.layout.annotations  # the line, named in the legend only
+    assert [t.name for t in bars.data if t.showlegend is not False] == ["your config 800 (mean of 2 runs)"]
+    history = next(t for t in figures["history"].data if t.name == "your config")
+    assert not figures["history"].layout.annotations  # no label on a line, over its runs
+    assert any(t.name == "chosen: mean 15,520 samples/s" for t in figures["history"].data)
+    assert list(history.y) == [1_000.0, 600.0] and list(history.text) == ["your config", ""]
+    timeline = figures["timeline"]
+    assert timeline.layout.xaxis.title.text == "time on Jan 01, 2025" and timeline.layout.xaxis.tickformat == "%H:%M:%S"
+    outlined = [w for t in timeline.data if t.name == "z1" for w in t.marker.line.width]
+    assert outlined.count(3) == 2  # both runs of yours
+
+
+def test_a_label_at_the_rightmost_size_sits_to_its_left(tmp_path: Path) -> None:
+    storage, plan = _store(tmp_path, [(1, 2, 1_000.0), (1, 16, 15_000.0), (1, 16, 15_200.0), (2, 8, 12_000.0)])
+    figure = load_report(storage, "optuna-ds", result=_result(storage, plan)).figures["metric_vs_mbs"]
+    chosen = next(t for t in figure.data if t.name == "chosen")
+    assert chosen.textposition == "bottom left" and chosen.cliponaxis is False
+
+
+def test_the_dashboard_note_says_first_that_an_interrupted_trial_is_no_failure(tmp_path: Path) -> None:
+    # Ctrl-C during a run, then a resume that ran it again: optuna-dashboard's timeline draws the
+    # cut-short trial as a red "Fail", which the summary and the report never call a failure.
+    storage, plan = _store(tmp_path)
+    z1 = optuna.load_study(study_name="optuna-ds-z1", storage=storage)
+    record = ExperimentRecord(phase=Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=16), exp_name="z1_gas1_tmbspg16_r3",
+                              reason=FailureReason.INTERRUPTED, detail="interrupted by SIGINT")
+    cut = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, params={MBS_KEY: 16},
+                                    distributions={MBS_KEY: optuna.distributions.IntDistribution(1, 64)}, user_attrs=record.attrs())
+    cut.datetime_start = _T0 + datetime.timedelta(seconds=200)
+    cut.datetime_complete = cut.datetime_start + datetime.timedelta(seconds=4)
+    z1.add_trial(cut)
+    # A claim lost before its launch (its process died between the two) ran nothing: not named, not drawn.
+    unclaimed = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                          user_attrs={"reason": "interrupted", "lost": True, "worker": "w"})
+    unclaimed.datetime_start, unclaimed.datetime_complete = _T0 + datetime.timedelta(seconds=210), _T0 + datetime.timedelta(seconds=211)
+    z1.add_trial(unclaimed)
+    result = _result(storage, plan)
+    assert result.interrupted == ((1, 6, "z1_gas1_tmbspg16_r3"),)
+    note = summary_markdown(result, advice=None)
+    assert ("**Read first:** z1 trial 6 (z1_gas1_tmbspg16_r3): shown as Fail, but interrupted (a signal, or a worker lost), "
+            "which is no failure: an interrupted experiment runs again when the tuning resumes.") in note.split("**Your config")[0]
+    assert "z1_gas1_tmbspg16_r3" not in summary_text(result, advice=None)
+    # The slots draw its device time (the title counts it), apart from the failures' hatching.
+    timeline = load_report(storage, "optuna-ds", result=result).figures["timeline"]
+    interrupted = next(t for t in timeline.data if t.name == "interrupted")
+    assert list(interrupted.text) == ["z1_gas1_tmbspg16_r3: interrupted, no failure"] and list(interrupted.x) == [4000.0]  # not the unclaimed one
+    assert not any("z1_gas1_tmbspg16_r3" in str(t.text) for t in timeline.data if t.name != "interrupted")
+
+
 def test_numbers_read_as_people_write_them() -> None:
     cases = {15_973.2: "15,970", 1.597e4: "15,970", 2_089.4: "2,089", 123.456: "123.5", 2.0: "2", 0.01234: "0.01234",
              9_999.6: "10,000", 1_234_567: "1.23M", 2.5e6: "2.5M", 312.5e12: "312T", 0.000012345: "0.00001234", 0: "0"}

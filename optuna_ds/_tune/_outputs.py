@@ -17,6 +17,7 @@ from optuna_ds.domain import is_finished_experiment
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.reporting import Budget
+from optuna_ds.reporting import LearningRateAdvice
 from optuna_ds.reporting import learning_rate_advice
 from optuna_ds.reporting import load_report
 from optuna_ds.reporting import optimal_config
@@ -113,7 +114,7 @@ def write_outputs(
     files = ResultsFiles(results_dir)
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
     config = optimal_config(result)
-    scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if scale_lr and advice and config else None
+    scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if scale_lr and isinstance(advice, LearningRateAdvice) and config else None
     summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice, budget=budget)
     data = load_report(storage, plan.study_name, result=result, advice=scaled.note if scaled else advice, budget=budget)
     write_report(data, files.report)

@@ -49,12 +49,14 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
                 advice: LearningRateAdvice | str | None = None, budget: Budget | None = None) -> ReportData:
     metric, best, spend = result.metric, result.best, result.spend
     studies = stage_studies(storage, study_name)
-    rows = visible_rows(experiment_rows(studies, best))
+    every = experiment_rows(studies, best)
+    rows = visible_rows(every)
     root = RootRecord.from_attrs(optuna.load_study(study_name=study_name, storage=storage).user_attrs)
     base = result.baseline
     baseline = next((r for r in sorted(rows, key=lambda r: r.status != "complete")
                      if base is not None and base.name and r.name == base.name and r.stage == base.stage), None)
-    drawn = figures(result, studies=studies, rows=rows, baseline=baseline, root=root)
+    drawn = figures(result, studies=studies, rows=rows, baseline=baseline, root=root,
+                    cut=[r for r in every if r.status == "interrupted" and r.record.claimed])
     plan = load_plan(storage, study_name)
     script = os.path.basename(plan.script) if plan is not None else ""
     title = f"{script}: the fastest DeepSpeed config" + ("" if study_name == "optuna-ds" else f" (tuning {study_name})")

@@ -75,9 +75,27 @@ class _Context:
     name of the devices."""
 
     metric: Metric
-    baseline: ExperimentRow | None
+    baseline: ExperimentRow | None  # its first run
     best: Optimum | None
     device: str  # "GPU", "CPU device"...
+    mine: float | None = None  # the mean of its runs: the figure of the headline
+    mine_runs: int = 1
+
+    def is_mine(self, row: ExperimentRow) -> bool:
+        """Whether ``row`` is a run of the user's config (its first or a re-run)."""
+        base = self.baseline
+        return base is not None and row.stage == base.stage and row.record.config is not None and row.record.config == base.record.config
+
+    @property
+    def mine_label(self) -> str:
+        runs = f" (mean of {self.mine_runs} runs)" if self.mine_runs > 1 else ""
+        return f"your config {format_number(self.mine)}{runs}" if self.mine is not None else "your config"
+
+
+def _beside(x: float, xs: list[float], side: str) -> str:
+    """A text position ``side`` of a marker at ``x``, to its left where it is the rightmost
+    (the plot's right margin is narrow: a label there is cut off)."""
+    return f"{side} left" if xs and x >= max(xs) else f"{side} right"
 
 
 def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
@@ -115,15 +133,17 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
                         "line": {"width": 2, "color": color}},
                 text=[_safe(f"{r.name}: {r.status}" + (f" ({r.detail})" if r.detail else "")) for r in failed],
                 hovertemplate="%{text}<br>mbs %{x}: no measurement<extra></extra>"))
-    if baseline is not None and baseline.value is not None:
-        fig.add_trace(go.Scatter(x=[baseline.mbs], y=[baseline.value], mode="markers+text", name="your config",
-                                 marker=_BASELINE_MARKER, text=["your config"], textposition="top right",
-                                 hovertemplate=_safe(baseline.name) + "<br>your config<br>%{y:,.4r}<extra></extra>"))
+    sizes = [float(r.mbs) for r in rows if r.mbs]
+    if baseline is not None and baseline.mbs and ctx.mine is not None:
+        # At the mean of its runs, as the headline gives it, not at its first run.
+        fig.add_trace(go.Scatter(x=[baseline.mbs], y=[ctx.mine], mode="markers+text", name="your config",
+                                 marker=_BASELINE_MARKER, text=["your config"], textposition=_beside(baseline.mbs, sizes, "top"),
+                                 cliponaxis=False, hovertemplate=_safe(f"{baseline.name}<br>{ctx.mine_label}") + "<extra></extra>"))
     if ctx.best is not None:
         best = ctx.best
         fig.add_trace(go.Scatter(x=[best.config.micro_batch], y=[best.value], mode="markers+text", name=CHOSEN, marker=_CHOSEN_MARKER,
-                                 error_y=_error_bars(best), text=[CHOSEN], textposition="bottom right",
-                                 hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
+                                 error_y=_error_bars(best), text=[CHOSEN], textposition=_beside(best.config.micro_batch, sizes, "bottom"),
+                                 cliponaxis=False, hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
     fig.update_layout(title=_title(f"{_safe(label)} against micro-batch size per {ctx.device}"),
                       xaxis_title=f"micro-batch size per {ctx.device}", yaxis_title=_safe(label), **_FIGURE_LAYOUT)
     return fig
@@ -143,24 +163,26 @@ def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
                  "arrayminus": [leaders[s].value - min(leaders[s].runs) for s in stages]},
         text=[("<b>chosen</b><br>" if s == chosen else "") + f"{format_number(leaders[s].value)}<br>mbs {leaders[s].config.micro_batch}"
               for s in stages],
-        textposition="outside", cliponaxis=False,
+        textposition="outside", cliponaxis=False, showlegend=False,
         customdata=[_safe(leaders[s].name) + "<br>" + _safe(leaders[s].figure(metric)) for s in stages],
         hovertemplate="%{customdata}<extra></extra>"))
     if ctx.best is not None:
         best = ctx.best
         fig.add_trace(go.Bar(x=[_stage_name(best.stage)], y=[best.value], name=CHOSEN, hovertemplate=_chosen_label(best, metric) + "<extra></extra>",
-                             marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 4}}))
-    if baseline is not None and baseline.value is not None:
-        fig.add_hline(y=baseline.value, line={"color": "#000", "dash": "dash"},
-                      annotation_text=f"your config {format_number(baseline.value)}", annotation_position="top left")
+                             marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 4}}, showlegend=False))
+    if baseline is not None and ctx.mine is not None:
+        # Named in the legend: a label on the line lies over a bar.
+        line = {"color": "#000", "dash": "dash"}
+        fig.add_hline(y=ctx.mine, line=line)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=line, name=_safe(ctx.mine_label), hoverinfo="skip"))
     top = max((max(b.runs) for b in leaders.values()), default=1.0)
     fig.update_layout(title=_title(f"Best {_safe(metric.name)} per ZeRO stage (mean of each config's runs)"), xaxis_title="ZeRO stage",
-                      yaxis_title=_safe(label), showlegend=False, yaxis_range=[0, top * 1.3], barmode="overlay", **_FIGURE_LAYOUT)
+                      yaxis_title=_safe(label), showlegend=True, yaxis_range=[0, top * 1.3], barmode="overlay", **_FIGURE_LAYOUT)
     return fig
 
 
 def _history(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
-    metric, baseline, best = ctx.metric, ctx.baseline, ctx.best
+    metric, best = ctx.metric, ctx.best
     ordered = sorted((r for r in rows if r.end), key=lambda r: r.end)  # type: ignore[arg-type,return-value]
     fig = go.Figure()
     for stage in sorted({r.stage for r in ordered}):
@@ -172,12 +194,19 @@ def _history(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
         runs = [(i, r) for i, r in enumerate(ordered) if r.chosen and r.value is not None]
         fig.add_trace(go.Scatter(x=[i for i, _ in runs], y=[r.value for _, r in runs], mode="markers", name=CHOSEN, marker=_CHOSEN_MARKER,
                                  hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
-        fig.add_hline(y=best.value, line={"color": _CHOSEN_COLOR, "dash": "dot"},
-                      annotation_text=_safe(f"{CHOSEN}: {metric.with_unit(best.value)}"), annotation_position="bottom right")
-    mine = [i for i, r in enumerate(ordered) if baseline is not None and r.name == baseline.name and r.stage == baseline.stage]
-    if mine and baseline is not None and baseline.value is not None:
-        fig.add_trace(go.Scatter(x=mine[:1], y=[baseline.value], mode="markers+text", name="your config", marker=_BASELINE_MARKER,
-                                 text=["your config"], textposition="top right", hovertemplate="your config<br>%{y:,.4r}<extra></extra>"))
+        # Its mean named in the legend: a label on the line lay over the runs near it.
+        line = {"color": _CHOSEN_COLOR, "dash": "dot"}
+        fig.add_hline(y=best.value, line=line)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=line, hoverinfo="skip",
+                                 name=_safe(f"{CHOSEN}: mean {metric.with_unit(best.value)}")))
+    mine = [(i, r) for i, r in enumerate(ordered) if ctx.is_mine(r) and r.value is not None]
+    if mine:
+        # Each of its runs, as the optimum's are ringed.
+        fig.add_trace(go.Scatter(x=[i for i, _ in mine], y=[r.value for _, r in mine], mode="markers+text", name="your config",
+                                 marker=_BASELINE_MARKER, text=["your config"] + [""] * (len(mine) - 1),
+                                 textposition=_beside(mine[0][0], [float(len(ordered) - 1)], "top"), cliponaxis=False,
+                                 customdata=[_safe(r.name) for _, r in mine],
+                                 hovertemplate="%{customdata}<br>your config<br>%{y:,.4r}<extra></extra>"))
     fig.update_layout(title=_title("Optimization history"), xaxis={"title": "experiment (in order of completion)", "tickformat": "d"},
                       yaxis_title=_safe(metric.label), **_FIGURE_LAYOUT)
     return fig
@@ -190,10 +219,13 @@ class _Profile:
     slot: str
 
 
-def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None, spend: str) -> go.Figure:
-    baseline = ctx.baseline
+def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None, spend: str,
+              cut: list[ExperimentRow] | None = None) -> go.Figure:
+    """Every run in time on its slot; ``cut``: the runs an interrupt cut short, the table's
+    hidden ones included (their device time is in the title's), drawn apart from failures."""
     fig = go.Figure()
-    timed = [r for r in rows if r.start and r.end]
+    timed = [r for r in rows if r.start and r.end and r.status != "interrupted"]
+    cut = [r for r in (cut or []) if r.start and r.end]
     if profile is not None:
         fig.add_trace(go.Bar(base=[profile.start.isoformat()], x=[profile.seconds * 1000], y=[_safe(profile.slot)], orientation="h",
                              name="profile run", marker_color=_PROFILE_COLOR, text=["profile"], textposition="inside",
@@ -206,11 +238,19 @@ def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None
             y=[_safe(r.slot or "?") for r in group], orientation="h", name=_stage_name(stage),
             marker={"color": _STAGE_COLORS.get(stage, "#333"),
                     "pattern": {"shape": ["x" if r.status not in ("complete", "running") else "" for r in group]},
-                    "line": {"color": ["#000" if baseline is not None and r.name == baseline.name else "#fff" for r in group],
-                             "width": [3 if baseline is not None and r.name == baseline.name else 0.5 for r in group]}},
-            text=[_safe(r.name + (" (your config)" if baseline is not None and r.name == baseline.name else "")) for r in group],
+                    "line": {"color": ["#000" if ctx.is_mine(r) else "#fff" for r in group],
+                             "width": [3 if ctx.is_mine(r) else 0.5 for r in group]}},
+            text=[_safe(r.name + (" (your config)" if ctx.is_mine(r) else "")) for r in group],
             textposition="none", hovertemplate="%{text}<br>%{x:,.0f} ms<extra></extra>",
         ))
+    if cut:
+        fig.add_trace(go.Bar(
+            base=[r.start.isoformat() for r in cut],  # type: ignore[union-attr]
+            x=[r.duration * 1000 for r in cut],  # type: ignore[operator]
+            y=[_safe(r.slot or "?") for r in cut], orientation="h", name="interrupted",
+            marker={"color": "#ced4da", "pattern": {"shape": "/"}, "line": {"color": "#fff", "width": 0.5}},
+            text=[_safe(f"{r.name}: interrupted, no failure") for r in cut], textposition="none",
+            hovertemplate="%{text}<br>%{x:,.0f} ms<extra></extra>"))
     chosen = [r for r in timed if r.chosen]
     if ctx.best is not None and chosen:
         fig.add_trace(go.Bar(
@@ -220,7 +260,12 @@ def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None
             marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 3}},
             text=[_safe(r.name) for r in chosen], textposition="none",
             hovertemplate=_chosen_label(ctx.best, ctx.metric) + "<br>this run: %{text}<extra></extra>"))
-    fig.update_layout(title=_title(f"{ctx.device} slots: {_safe(spend)}"), xaxis={"type": "date", "title": "time"},
+    # One day: its date in the axis title, not as a second line of tick labels over the legend.
+    days = {t.date() for t in [*(r.start for r in timed), *(r.end for r in timed), *([profile.start] if profile else [])] if t}
+    xaxis: dict[str, Any] = {"type": "date", "title": "time"}
+    if len(days) == 1:
+        xaxis.update(title=f"time on {next(iter(days)):%b %d, %Y}", tickformat="%H:%M:%S")
+    fig.update_layout(title=_title(f"{ctx.device} slots: {_safe(spend)}"), xaxis=xaxis,
                       yaxis_title=f"{ctx.device} slot", barmode="overlay", **_FIGURE_LAYOUT)
     return fig
 
@@ -271,16 +316,20 @@ def _profile(root: RootRecord, rows: list[ExperimentRow]) -> _Profile | None:
 
 
 def figures(result: TuningResult, *, studies: dict[int, optuna.Study], rows: list[ExperimentRow], baseline: ExperimentRow | None,
+            cut: list[ExperimentRow] | None = None,
             root: RootRecord) -> dict[str, go.Figure]:
     """The report's figures, by id, the optimum marked in each; a stage's knob importances where
     enough of its knob experiments ran."""
     spend = result.spend
-    ctx = _Context(metric=result.metric, baseline=baseline, best=result.best, device=spend.noun)
+    base = result.baseline
+    mine = base.value if base is not None and baseline is not None and base.name == baseline.name else None
+    ctx = _Context(metric=result.metric, baseline=baseline, best=result.best, device=spend.noun, mine=mine,
+                   mine_runs=base.runs if base is not None else 1)
     out = {
         "metric_vs_mbs": _metric_vs_mbs(rows, ctx),
         "best_per_stage": _best_per_stage({s.stage: s.best for s in result.stages if s.best is not None}, ctx),
         "history": _history(rows, ctx),
-        "timeline": _timeline(rows, ctx, _profile(root, rows), f"{spend.hours}, {spend.experiments} runs"),
+        "timeline": _timeline(rows, ctx, _profile(root, rows), f"{spend.hours}, {spend.experiments} runs", cut),
     }
     for stage, study in studies.items():
         fig = _importances(study, stage, ctx)

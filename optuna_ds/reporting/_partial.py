@@ -4,6 +4,7 @@ import dataclasses
 
 from optuna_ds.reporting._summary import Budget
 from optuna_ds.reporting._summary import budget_lines
+from optuna_ds.reporting._summary import mean_of
 from optuna_ds.reporting._summary import stage_notes
 from optuna_ds.reporting._summary import summary_table
 from optuna_ds.studies import TuningResult
@@ -42,7 +43,7 @@ def partial_summary(result: TuningResult, *, finished: int, resume: str, budget:
     head.append(f"Best so far ({best.name}): {best.figure(metric)}." if best is not None
                 else "Best so far: none, no experiment finished successfully.")
     if base is not None and base.value is not None:
-        head.append(f"Your config ({base.name}): {metric.with_unit(base.value)}.")
+        head.append(f"Your config ({base.name}): {metric.with_unit(base.value)}{mean_of(base.runs)}.")
     head.append(f"Spent so far: {spend.hours}.")
     head += budget_lines(result, budget)
     notes = stage_notes(result)

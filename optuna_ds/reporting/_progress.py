@@ -237,6 +237,8 @@ class Progress:
         # Set directly: update(total=...) starts the task afresh, dropping the rate's samples,
         # and this total is an estimate that moves with each experiment.
         task.total = float(total) if total is not None else None
+        if task.total is None or completed < task.total:
+            task.finished_time = None  # rich keeps a bar finished once it reached its total, even as the estimate rises
         self._bar.update(self._task, completed=completed, done=self._done, running=len(self._running),
                          stopped=self._to_start == 0)
 

@@ -5,6 +5,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ from optuna_ds.config import with_integer_sizes
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import shell_line
 from optuna_ds.studies import Measured
+from optuna_ds.studies import SCATTER_WARNING
+from optuna_ds.studies import Baseline
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
 from optuna_ds.studies import departures
@@ -63,7 +66,8 @@ def speedup(result: TuningResult) -> float | None:
     return best.value / base.value if result.metric.maximize else base.value / best.value
 
 
-def _mean_of(runs: int) -> str:
+def mean_of(runs: int) -> str:
+    """How many runs a figure is the mean of, as every view says it (nothing for one)."""
     return f" (mean of {runs} runs)" if runs > 1 else ""
 
 
@@ -81,10 +85,11 @@ def optimum_line(result: TuningResult) -> str:
         base = result.baseline
         same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
         spread = speedup_uncertainty(result)
-        if spread is not None and spread >= _RANGE_FROM and not same:
-            low, high = factor * max(0.0, 1 - spread), factor * (1 + spread)
-            line += (f", {format_number(low, 2)}-{format_number(high, 2)}x {'faster' if factor >= 1 else 'as fast'} "
-                     f"({format_number(factor, 3)}x by the means of their runs, give or take twice the noise)")
+        if spread is not None and spread.deviation >= _RANGE_FROM and not same:
+            low, high = factor * math.exp(-spread.deviation), factor * math.exp(spread.deviation)
+            source = "their runs' scatter" if spread.scattered else "the noise"
+            line += (f", {format_number(low, 2)}-{format_number(high, 2)}x {'faster' if low >= 1 else 'as fast'} "
+                     f"({format_number(factor, 3)}x by the means of their runs, give or take twice {source})")
         else:
             line += f", {format_number(factor, 3)}x {'faster' if factor >= 1 else 'as fast'}{same}"
     return f"{line}; {result.noise.phrase}."
@@ -94,13 +99,37 @@ def optimum_line(result: TuningResult) -> str:
 _RANGE_FROM = 0.1
 
 
-def speedup_uncertainty(result: TuningResult) -> float | None:
-    """Twice the relative deviation of :func:`speedup`, from the measured run-to-run noise and
-    the runs each mean rests on; ``None`` where the noise was not measured."""
+@dataclasses.dataclass(frozen=True)
+class SpeedupUncertainty:
+    """Twice the deviation of the speed-up's log, and whether a config's own runs, scattering
+    more than the noise explains, set it in place of the noise."""
+
+    deviation: float
+    scattered: bool
+
+
+def _run_deviation(runs: Sequence[float], noise: float) -> tuple[float, bool]:
+    """The deviation of one run's log: the measured noise, or the runs' own where they scatter
+    beyond :data:`~optuna_ds.studies.SCATTER_WARNING` times it (a run taken under load, or a
+    straggler the noise leaves out, is still in the mean the headline divides)."""
+    if len(runs) > 1 and all(r > 0 for r in runs):
+        spread = statistics.stdev(runs) / statistics.fmean(runs)
+        if spread > SCATTER_WARNING * noise:
+            return max(noise, statistics.stdev(math.log(r) for r in runs)), True
+    return noise, False
+
+
+def speedup_uncertainty(result: TuningResult) -> SpeedupUncertainty | None:
+    """Twice the deviation of :func:`speedup` (of its log), from the runs each mean rests on and
+    the measured run-to-run noise, or a config's own scatter where the noise does not explain
+    it; ``None`` where the noise was not measured."""
     base, best, noise = result.baseline, result.best, result.noise.value
     if noise is None or base is None or best is None:
         return None
-    return 2 * noise * (1 / max(1, base.runs) + 1 / len(best.runs)) ** 0.5
+    mine, mine_scattered = _run_deviation(base.values, noise)
+    its, its_scattered = _run_deviation(best.runs, noise)
+    deviation = 2 * (mine**2 / max(1, base.runs) + its**2 / len(best.runs)) ** 0.5
+    return SpeedupUncertainty(deviation=deviation, scattered=mine_scattered or its_scattered)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +218,7 @@ def headline(result: TuningResult, budget: Budget | None = None) -> list[str]:
         if base.listed and len(base.listed) > 1:
             label += f", the first stage explored of {list(base.listed)}"
         if base.value is not None:
-            mine = f"Your config ({label}): {metric.with_unit(base.value)}{_mean_of(base.runs)}"
+            mine = f"Your config ({label}): {metric.with_unit(base.value)}{mean_of(base.runs)}"
         elif base.status:
             mine = f"Your config ({label}): failed ({base.status})"
         else:
@@ -204,9 +233,23 @@ def headline(result: TuningResult, budget: Budget | None = None) -> list[str]:
     warning = best.warning(metric, result.noise) if best is not None else ""
     if warning:
         lines.append(warning)
+    if base is not None and (mine := _baseline_warning(base, result.noise.value)):
+        lines.append(mine)
     if memory := memory_line(result):
         lines.append(memory)
     return lines + budget_lines(result, budget)
+
+
+def _baseline_warning(base: Baseline, noise: float | None) -> str:
+    """The line that says the user's own runs disagree beyond the noise (the speed-up divides
+    their mean), or ``""``."""
+    if noise is None or len(base.values) < 2 or not (mean := statistics.fmean(base.values)):
+        return ""
+    spread = statistics.stdev(base.values) / mean
+    if spread <= SCATTER_WARNING * noise:
+        return ""
+    return (f"Warning: the {len(base.values)} runs of your config ({base.name}) scatter by {spread:.1%}, more than "
+            f"{SCATTER_WARNING:g}x the {noise:.1%} run-to-run noise: the speed-up is uncertain.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,12 +283,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def learning_rate_advice(result: TuningResult, user: UserConfig, *, data_parallel_size: int) -> LearningRateAdvice | None:
+def learning_rate_advice(result: TuningResult, user: UserConfig, *,
+                         data_parallel_size: int) -> LearningRateAdvice | str | None:
+    """DeepSpeed's advice against the user's global batch size; where the config gives none (a
+    micro-batch ``"auto"`` no script flag resolves), the rule alone, as a line: a factor from
+    the smallest size tried would scale the learning rate by a batch the user never trained at."""
     best = result.best
     if best is None or best.train_batch_size is None:
         return None
-    original = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * data_parallel_size
     new = best.train_batch_size
+    if not (user.train_batch_size or user.baseline_micro_batch_size or user.micro_batch_sizes):
+        rule = f"sqrt({new}/B) (an Adam-type optimizer)" if user.adam_type_optimizer else f"{new}/B ({user.optimizer_type})"
+        return (f"The best global batch size is {new}; your config gives no batch size to compare it with, so no learning "
+                f"rate is scaled: from the global batch size B you train at, scale it by {rule}.")
+    original = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * data_parallel_size
     if new == original:
         return None
     ratio = new / original
@@ -317,8 +368,13 @@ def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str |
 
 def dashboard_caveats(result: TuningResult) -> list[str]:
     """What optuna-dashboard shows that is not this tuning's answer: its best trial, where it is
-    not the optimum, and the importance of an accumulation that never changed."""
+    not the optimum, the importance of an accumulation that never changed, and the trials it
+    shows failed that were interrupted."""
     lines = [note] if (note := optuna_best_note(result)) else []
+    if result.interrupted:
+        cut = ", ".join(f"z{stage} trial {number} ({name})" for stage, number, name in result.interrupted)
+        lines.append(f"{cut}: shown as Fail, but interrupted (a signal, or a worker lost), which is no failure: an "
+                     "interrupted experiment runs again when the tuning resumes.")
     accumulations = {m.config.accumulation for m in result.measured}
     if len(accumulations) == 1 and len(result.measured) > 1:
         lines.append(f"gradient_accumulation_steps was {accumulations.pop()} in every experiment: its importance in the "

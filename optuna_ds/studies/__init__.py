@@ -10,6 +10,7 @@ from optuna_ds.studies._results import Baseline
 from optuna_ds.studies._results import Measured
 from optuna_ds.studies._results import Noise
 from optuna_ds.studies._results import Optimum
+from optuna_ds.studies._results import SCATTER_WARNING
 from optuna_ds.studies._results import OptunaBest
 from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
@@ -28,6 +29,7 @@ __all__ = [
     "Optimum",
     "OptunaBest",
     "PrintObserver",
+    "SCATTER_WARNING",
     "Spend",
     "StageResult",
     "Tuning",

@@ -251,6 +251,7 @@ class Baseline:
     reason: str = ""
     listed: tuple[int, ...] = ()  # the stages the user's config lists
     runs: int = 1  # how many runs ``value`` is the mean of
+    values: tuple[float, ...] = ()  # those runs, where they completed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +362,8 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
     values = runs_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE else []
     return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name,
                     value=statistics.fmean(values) if values else t.value, status=status,
-                    reason="" if status == "complete" else f"it failed ({status})", listed=listed, runs=max(1, len(values)))
+                    reason="" if status == "complete" else f"it failed ({status})", listed=listed, runs=max(1, len(values)),
+                    values=tuple(values))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,6 +394,8 @@ class TuningResult:
     device_memory: float = 0.0  # bytes per device, as the first process recorded it
     memory_margin: float = 0.0  # the share of it the choice leaves free
     measured: tuple[Measured, ...] = ()  # every config that ran, for the choice's explanation
+    # The experiments an interrupt cut short (stage, trial, name): Optuna's FAIL, no failure.
+    interrupted: tuple[tuple[int, int, str], ...] = ()
 
     @property
     def num_experiments(self) -> int:
@@ -441,6 +445,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         device_memory=resources.device_memory,
         memory_margin=plan.memory_margin,
         measured=tuple(measured_configs(every)),
+        interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in launched(ts)
+                          if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
     )
 
 

@@ -499,6 +499,14 @@ class Tuning:
                 self._pool.release(lease)
         return True
 
+    def _unexplored(self, stage: int) -> str:
+        """Why the planner's search ended without a run of ``stage``: on one data-parallel rank a
+        ZeRO stage has nothing to partition (a newcomer's ``"all"`` on one device asked why)."""
+        if stage >= 1 and self._user.all_stages and self._builder.data_parallel_size == 1:
+            return (f"on one data-parallel rank ZeRO-{stage} partitions nothing, so it cannot run faster than z0, "
+                    "and offloading was not expected to pay; list the stage in zero_optimization.stage to measure it")
+        return "the planner expected no gain from it"
+
     def _record_outcome(self, coordinator: Coordinator, stages: dict[int, StageExperiments],
                         estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
         """Each stage's status, the chosen config and the noise, on the root study. A stage left
@@ -511,7 +519,7 @@ class Tuning:
             memory = estimates[stage].to_dict()
             if not mine:
                 if ended:
-                    self._record_stage(stage, StageRecord(status="skipped", reason="the planner expected no gain from it", memory=memory))
+                    self._record_stage(stage, StageRecord(status="skipped", reason=self._unexplored(stage), memory=memory))
                 elif stage not in recorded:
                     self._record_stage(stage, StageRecord(status="pending", reason="not reached yet", memory=memory))
                 continue
