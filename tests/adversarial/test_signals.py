@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -15,6 +16,17 @@ from invariants import Hostile
 from invariants import assert_no_traceback
 from invariants import base_config
 from invariants import hws  # noqa: F401
+
+
+def _as_from_a_terminal(**kwargs) -> subprocess.Popen:
+    """The tuner as a terminal starts it: with SIGHUP's default action. A suite run under
+    ``nohup`` (or any parent that ignores SIGHUP) would pass the ignored SIGHUP on, and the tuner
+    rightly outlives it, as a user's ``nohup optuna-ds tune`` must."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        return subprocess.Popen(**kwargs)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def _wait_for(predicate, timeout: float = 60.0) -> None:
@@ -95,8 +107,8 @@ def test_sighup_with_the_terminal_gone_ends_the_tuning_as_sigterm_does(hws: Host
     hws.config(base_config(train_micro_batch_size_per_gpu=[2, 4]))
     master, slave = pty.openpty()
     env = hws.env(HOSTILE_DS_TABLE=json.dumps({"2": "ok", "4": "hang"}))
-    tuner = subprocess.Popen([sys.executable, "-m", "optuna_ds", "tune", *hws.hostile_args()], cwd=hws.root, env=env,
-                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True)
+    tuner = _as_from_a_terminal(args=[sys.executable, "-m", "optuna_ds", "tune", *hws.hostile_args()], cwd=hws.root, env=env,
+                                stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True)
     os.close(slave)
     # The terminal is read while it is there, as a terminal is: the progress display redraws
     # twice a second, and a pty nobody reads takes about 20 KB (some 40 s of it) before the
@@ -187,8 +199,8 @@ def test_a_signal_while_the_outputs_are_written_unwinds_and_leaves_no_temp_file(
     hws.config(base_config())
     mark = hws.base / "writing-the-report"
     env = hws.env(HOSTILE_DS_TABLE="{}", HOLD_MARK=str(mark))
-    tuner = subprocess.Popen([sys.executable, "-c", _HOLD_THE_REPORT, "tune", *hws.hostile_args()], cwd=hws.root, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    tuner = _as_from_a_terminal(args=[sys.executable, "-c", _HOLD_THE_REPORT, "tune", *hws.hostile_args()], cwd=hws.root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for(lambda: mark.exists() or tuner.poll() is not None, timeout=300)
     assert mark.exists(), tuner.communicate()
     os.kill(tuner.pid, signum)
