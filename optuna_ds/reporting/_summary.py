@@ -25,6 +25,8 @@ from optuna_ds.studies import Baseline
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
 from optuna_ds.studies import departures
+from optuna_ds.studies import relative_spread
+from optuna_ds.studies import scatters
 
 SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "runs", "best_exp_name")
 
@@ -112,10 +114,8 @@ def _run_deviation(runs: Sequence[float], noise: float) -> tuple[float, bool]:
     """The deviation of one run's log: the measured noise, or the runs' own where they scatter
     beyond :data:`~optuna_ds.studies.SCATTER_WARNING` times it (a run taken under load, or a
     straggler the noise leaves out, is still in the mean the headline divides)."""
-    if len(runs) > 1 and all(r > 0 for r in runs):
-        spread = statistics.stdev(runs) / statistics.fmean(runs)
-        if spread > SCATTER_WARNING * noise:
-            return max(noise, statistics.stdev(math.log(r) for r in runs)), True
+    if all(r > 0 for r in runs) and scatters(runs, noise):
+        return max(noise, statistics.stdev(math.log(r) for r in runs)), True
     return noise, False
 
 
@@ -243,10 +243,7 @@ def headline(result: TuningResult, budget: Budget | None = None) -> list[str]:
 def _baseline_warning(base: Baseline, noise: float | None) -> str:
     """The line that says the user's own runs disagree beyond the noise (the speed-up divides
     their mean), or ``""``."""
-    if noise is None or len(base.values) < 2 or not (mean := statistics.fmean(base.values)):
-        return ""
-    spread = statistics.stdev(base.values) / mean
-    if spread <= SCATTER_WARNING * noise:
+    if not scatters(base.values, noise) or (spread := relative_spread(base.values)) is None:
         return ""
     return (f"Warning: the {len(base.values)} runs of your config ({base.name}) scatter by {spread:.1%}, more than "
             f"{SCATTER_WARNING:g}x the {noise:.1%} run-to-run noise: the speed-up is uncertain.")

@@ -11,6 +11,8 @@ from optuna_ds.studies._results import Measured
 from optuna_ds.studies._results import Noise
 from optuna_ds.studies._results import Optimum
 from optuna_ds.studies._results import SCATTER_WARNING
+from optuna_ds.studies._results import relative_spread
+from optuna_ds.studies._results import scatters
 from optuna_ds.studies._results import OptunaBest
 from optuna_ds.studies._results import Spend
 from optuna_ds.studies._results import StageResult
@@ -30,6 +32,8 @@ __all__ = [
     "OptunaBest",
     "PrintObserver",
     "SCATTER_WARNING",
+    "relative_spread",
+    "scatters",
     "Spend",
     "StageResult",
     "Tuning",

@@ -4,6 +4,7 @@ import dataclasses
 import statistics
 from collections.abc import Mapping
 from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -33,6 +34,17 @@ from optuna_ds.storage import load_stage_study
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
 # or three runs, scatter beyond the noise itself is common (the noise is their average).
 SCATTER_WARNING = 2.0
+
+
+def relative_spread(runs: Sequence[float]) -> float | None:
+    """The relative standard deviation of a config's runs; ``None`` for one run (or a zero mean)."""
+    return statistics.stdev(runs) / mean if len(runs) > 1 and (mean := statistics.fmean(runs)) else None
+
+
+def scatters(runs: Sequence[float], noise: float | None) -> bool:
+    """Whether a config's runs disagree by more than the measured ``noise`` explains."""
+    spread = relative_spread(runs)
+    return spread is not None and noise is not None and spread > SCATTER_WARNING * noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +99,7 @@ class Optimum:
     @property
     def spread(self) -> float | None:
         """The relative standard deviation of its runs; ``None`` for one run."""
-        return statistics.stdev(self.runs) / self.value if len(self.runs) > 1 and self.value else None
+        return relative_spread(self.runs)
 
     @property
     def train_batch_size(self) -> int | None:
@@ -96,7 +108,7 @@ class Optimum:
 
     def scatters(self, noise: Noise) -> bool:
         """Whether its runs disagree by more than the measured noise explains."""
-        return self.spread is not None and noise.value is not None and self.spread > SCATTER_WARNING * noise.value
+        return scatters(self.runs, noise.value)
 
     def figure(self, metric: Metric) -> str:
         """Its measurement as every view writes it: the mean, the runs and their spread, and the
