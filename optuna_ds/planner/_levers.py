@@ -123,11 +123,10 @@ def lever_effects(problem: Problem, observations: Sequence[Observation], priors:
     for arm in problem.arms:
         if arm.stage != 3:
             continue
-        for knob, values in arm.knobs:
-            for value in values:
-                if (knob, value) not in arm.knob_defaults and (effect := lever_effect(knob, value, share=share, nodes=problem.nodes,
-                                                                                        priors=priors)) is not None:
-                    out[(knob, value)] = effect
+        listed = [(knob, value) for knob, values in arm.knobs for value in values]
+        for knob, value in arm.departures(listed):
+            if (effect := lever_effect(knob, value, share=share, nodes=problem.nodes, priors=priors)) is not None:
+                out[(knob, value)] = effect
     return out
 
 
