@@ -71,6 +71,7 @@ class ExperimentRecord:
     stderr_tail: str | None = None
     # The marks: a claim that stood down, a dead driver's trial.
     duplicate_of: int | None = None  # the trial that has this experiment
+    ended_by: dict[str, Any] | None = None  # the tune process ending the tuning when a worker claimed it
     # Failed because its process died, not for its config; a trial that died before its claim is
     # lost with no exp_name (it launched nothing: no experiment to run again or to report).
     lost: bool = False

@@ -7,10 +7,12 @@ from optuna_ds.storage._plan import TuningPlan
 from optuna_ds.storage._plan import check_study_name
 from optuna_ds.storage._plan import claim_stage_study
 from optuna_ds.storage._plan import delete_tuning
+from optuna_ds.storage._plan import ending
 from optuna_ds.storage._plan import load_plan
 from optuna_ds.storage._plan import load_stage_study
 from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import open_stage_study
+from optuna_ds.storage._plan import set_ending
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tuning_names
@@ -38,10 +40,12 @@ __all__ = [
     "database_error",
     "default_storage_url",
     "delete_tuning",
+    "ending",
     "load_plan",
     "load_stage_study",
     "open_root_study",
     "open_stage_study",
+    "set_ending",
     "redact_url",
     "stage_of",
     "stage_study_name",

@@ -9,6 +9,8 @@ from typing import Any
 import optuna
 
 from optuna_ds._errors import ConfigError
+from optuna_ds._optuna_compat import storage_of
+from optuna_ds._optuna_compat import study_id as id_of
 from optuna_ds._errors import PlanMismatchError
 
 PLAN_VERSION = 1
@@ -17,6 +19,10 @@ PLAN_VERSION = 1
 # study on one line, and no system attr; workers on other nodes read the plan from the storage.
 _PLAN_ATTR = "optuna_ds:plan"
 _TUNING_ATTR = "optuna_ds:tuning"  # on a stage study: the tuning that owns it
+# On the root study: the tune process ending the tuning ({"host", "pid", "started"}), set once its
+# planner is done, from when workers launch nothing more; {} while its search is open. A system
+# attr: coordination, not a figure for `optuna studies`.
+_ENDING_ATTR = "optuna_ds:ending"
 # Optuna's study_name column holds 512 characters; stage studies add "-z<stage>".
 MAX_STUDY_NAME = 500
 _STAGE_SUFFIX = re.compile(r"-z[0-9]$")
@@ -266,3 +272,14 @@ def delete_tuning(storage: optuna.storages.BaseStorage, study_name: str) -> list
     for name in names:
         optuna.delete_study(study_name=name, storage=storage)
     return names
+
+
+def set_ending(root: optuna.Study, owner: dict[str, Any]) -> None:
+    """Record on the root study that the process ``owner`` is ending the tuning (``{}``: nobody)."""
+    storage_of(root).set_study_system_attr(id_of(root), _ENDING_ATTR, owner)
+
+
+def ending(root: optuna.Study) -> dict[str, Any] | None:
+    """The process recorded as ending the tuning of ``root`` (:func:`set_ending`), read now."""
+    owner = storage_of(root).get_study_system_attrs(id_of(root)).get(_ENDING_ATTR)
+    return owner if isinstance(owner, dict) and owner else None

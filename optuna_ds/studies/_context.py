@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 
@@ -31,3 +33,6 @@ class StageContext:
     # The device's memory less the user's margin (--memory-margin): a run measured above it
     # counts as out of memory, so the chosen config keeps that headroom.
     memory_limit: float | None = None
+    # A worker's check before it launches: the live tune process ending the tuning (its identity),
+    # if any; then the worker launches nothing more. Tune's own is always None.
+    ending_tune: Callable[[], dict[str, Any] | None] = lambda: None

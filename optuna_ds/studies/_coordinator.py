@@ -204,7 +204,7 @@ class Coordinator:
         """The next experiment for a free slot, with what the planner saw; ``None`` when there
         is none now. Sets ``_phase_done`` once the planner is done."""
         with self._lock:
-            if self._phase_done or time.monotonic() < self._idle_until:
+            if self._phase_done or time.monotonic() < self._idle_until or self._ended_elsewhere():
                 return None  # nothing changed here since a slot found nothing to start
             for stage in self._stages.values():
                 # A dead worker's running experiment holds the planner up until it is failed,
@@ -222,11 +222,32 @@ class Coordinator:
             self._idle_until = time.monotonic() + _IDLE_SECONDS
             return None
 
+    def _ended_elsewhere(self) -> bool:
+        """Whether a tune process is ending the tuning (a worker's search ends then: tune's
+        choice and files are the last word). Sets ``_phase_done``; called under the lock."""
+        owner = self._ctx.ending_tune()
+        if owner is None:
+            return False
+        self._phase_done = True
+        self._say_stopped(f"tune (process {owner.get('pid')} on {owner.get('host')}) is ending the tuning: "
+                          "this worker launches nothing more")
+        self._changed.notify_all()
+        return True
+
     def _say_stopped(self, reason: str) -> None:
         """Once a reason: asked again after the runs measured alike, the same verdict is not news."""
         if reason != self._stopped_said:
             self._stopped_said = reason
             self._log(f"the planner stopped: {reason}")
+
+    def end(self, publish: Callable[[], None]) -> None:
+        """End the search for every process once this one's planner is done: ``publish`` tells
+        the others (tune's end, on the root study), then the planner is asked again, so an
+        experiment another process claimed before it is waited for (and, should it change the
+        planner's mind, the search goes on here); a claim after it stands down unlaunched."""
+        publish()
+        self.reopen()
+        self.run()
 
     def reopen(self) -> None:
         """Ask the planner again after experiments it did not propose (the runs measured alike)."""
@@ -254,7 +275,7 @@ class Coordinator:
         """Whether the planner is done, asked before waiting for a slot another process holds:
         a resumed tuning with nothing left to launch must not wait on someone else's experiment."""
         with self._lock:
-            if not self._phase_done:
+            if not self._phase_done and not self._ended_elsewhere():
                 for stage in self._stages.values():
                     stage.reap()  # as _next does: a dead worker's running experiment must not pass for one under way
                 decision = self._decide()

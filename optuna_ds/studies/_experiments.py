@@ -251,6 +251,13 @@ class StageExperiments:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 attempt.stood_down, attempt.competitor = True, previous
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
+            # Checked after the claim is published, as tune publishes its end before it reads the
+            # trials: of the two, at least one sees the other (tune waits for this experiment).
+            owner = ctx.ending_tune()
+            if owner is not None:
+                ExperimentRecord(ended_by=owner).write(trial.set_user_attr)
+                attempt.stood_down = True
+                raise optuna.TrialPruned(f"{experiment.name}: tune is ending the tuning")
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
             attempt.launched = True

@@ -40,7 +40,9 @@ from optuna_ds.space import knob_defaults
 from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
 from optuna_ds.storage import TuningPlan
+from optuna_ds.storage import ending
 from optuna_ds.storage import open_root_study
+from optuna_ds.storage import set_ending
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._coordinator import Coordinator
@@ -90,6 +92,13 @@ class ProfileError(OptunaDSError):
     """The model-info profile run failed: the script does not run with DeepSpeed as given."""
 
     exit_code = 1
+
+
+def ending_tune(root: optuna.Study) -> dict[str, Any] | None:
+    """The tune process ending the tuning of ``root``, unless it is known gone (a tune that died
+    while ending it: its search is open to workers again)."""
+    owner = ending(root)
+    return owner if owner and not dead(owner) else None
 
 
 def _humanize(n: float) -> str:
@@ -283,6 +292,7 @@ class Tuning:
             num_trials=a.tuner_num_trials,
             timeout=self._timeout(),
             observer=observer,
+            ending_tune=(lambda: ending_tune(self._root)) if self._worker else (lambda: None),
         )
 
     def _distributions(self, stage: int, space: KnobSpace) -> dict[str, BaseDistribution]:
@@ -415,6 +425,8 @@ class Tuning:
             stages[stage] = experiments
         if not arms:
             return
+        if not self._worker:
+            set_ending(self._root, {})  # a resumed tune's search is open again
         zero = self._user.zero_section()
 
         def buffers(stage: int, offload: str, knobs: Mapping[str, Any]) -> float:
@@ -430,6 +442,10 @@ class Tuning:
         ended = False
         try:
             coordinator.run()
+            if not self._worker and coordinator.decision is not None and coordinator.decision.done:
+                # Tune ends the tuning (workers' claims stand down: StageContext.ending_tune), so
+                # its choice and files are the last word.
+                coordinator.end(lambda: set_ending(self._root, this_process()))
             # The planner sees the runs measured alike (a resumed tuning would): where they
             # change its mind, its search goes on now, not at the next run of the command.
             while self._measure_alike(coordinator, stages):
@@ -528,7 +544,8 @@ class Tuning:
             self._record_stage(stage, StageRecord(status="tuned", memory=memory, max_runnable_micro_batch_size=edge,
                                                   offload=offloads))
         decision = coordinator.decision
-        if not ended or decision is None or decision.choice is None or not decision.done:
+        # The choice is tune's: a worker's decision may predate a later launch of tune's.
+        if self._worker or not ended or decision is None or decision.choice is None or not decision.done:
             return
         c = decision.choice
         metric = self._user.autotuning.tuned_metric
