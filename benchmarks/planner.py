@@ -1,7 +1,7 @@
 """`make bench-planner`: the planner alone, on hundreds of simulated jobs, in seconds.
 
-Each job of benchmarks/surfaces.py and the three generators (jobs.py, physical_jobs.py,
-blind_jobs.py) is tuned by calling the planner (optuna_ds.planner.plan) and answering its
+Each job of benchmarks/surfaces.py and the four generators (jobs.py, physical_jobs.py,
+blind_jobs.py, and blind4_jobs.py, held out: never tuned against) is tuned by calling the planner (optuna_ds.planner.plan) and answering its
 proposals from the surface -- no launcher, no storage -- with ``--slots`` experiments at once
 (a finished one frees its slot in simulated time order). It prints the share of the optimum
 the chosen config reaches (mean, 5th percentile, worst, share of jobs within 1%), launches and
@@ -271,6 +271,8 @@ def main() -> None:
     parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
     parser.add_argument("--blind", type=int, default=0, metavar="N",
                         help="also N jobs of the third, blind generator (benchmarks/blind_jobs.py)")
+    parser.add_argument("--blind4", type=int, default=0, metavar="N",
+                        help="also N jobs of the fourth, blind generator (benchmarks/blind4_jobs.py): the held-out set")
     parser.add_argument("--levers", type=int, default=0, metavar="N",
                         help="only the lever table: N jobs of each ZeRO++ family (physical_jobs.lever_job), full mode, levers on and off")
     parser.add_argument("--slots", type=int, default=1)
@@ -305,6 +307,7 @@ def main() -> None:
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
                           + [f"phys-{i}" for i in range(args.first, args.first + args.physical)]
                           + [f"blind-{i}" for i in range(args.first, args.first + args.blind)]
+                          + [f"blind4-{i}" for i in range(args.first, args.first + args.blind4)]
                           + ([job.name for job in replays.replays()] if args.replays else []))
     mode = "full" if args.full else "fast"
     ds = deepspeed_figures(names, fast=not args.full)
@@ -340,7 +343,8 @@ def main() -> None:
                          ("random", [r for r in rows if r[0].startswith("random-")]),
                          ("physical hand-made", [r for r in rows if r[0] in physical_hand]),
                          ("physical", [r for r in rows if r[0].startswith("phys-") and r[0] not in physical_hand]),
-                         ("blind", [r for r in rows if r[0].startswith("blind-")])):
+                         ("blind", [r for r in rows if r[0].startswith("blind-")]),
+                         ("blind4 (held out)", [r for r in rows if r[0].startswith("blind4-")])):
         if group:
             _summary(label, group, ds, args.slots)
 
@@ -427,7 +431,7 @@ def _replay_summary(rows: list[tuple[str, float, dict]], ds: dict, mode: str) ->
 def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:
     """Launches per job by kind (launch_kind) and by outcome, per group; then the jobs that spend
     most beside DeepSpeed and the worst chosen, each with its launches by kind."""
-    groups = {"random": "random-", "physical": "phys-", "blind": "blind-", "replays": replays.PREFIX}
+    groups = {"random": "random-", "physical": "phys-", "blind": "blind-", "blind4": "blind4-", "replays": replays.PREFIX}
     hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}  # the generated jobs only, as the summaries count them
     print("launches per job  " + " ".join(f"{k:>9.9}" for k in ("profile",) + KINDS) + "      oom    crash    total")
     for label, prefix in groups.items():

@@ -240,6 +240,8 @@ def main() -> None:
     parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
     parser.add_argument("--blind", type=int, default=0, metavar="N",
                         help="also N jobs of the third, blind generator (blind-0 .. blind-N-1, benchmarks/blind_jobs.py)")
+    parser.add_argument("--blind4", type=int, default=0, metavar="N",
+                        help="also N jobs of the fourth, blind generator, held out (blind4-0 .. blind4-N-1, benchmarks/blind4_jobs.py)")
     parser.add_argument("--only-deepspeed", action="store_true", help="run DeepSpeed's autotuner alone (to fill its cache)")
     parser.add_argument("--modes", nargs="+", default=["fast", "full"], choices=["fast", "full"])
     parser.add_argument("--samplers", nargs="+", default=["model_based"], help="knob samplers of full mode")
@@ -258,7 +260,7 @@ def main() -> None:
         with_ds = False
     cache = json.loads(args.deepspeed_cache.read_text()) if with_ds and args.deepspeed_cache.exists() else {}
     names = (list(args.surfaces) + [f"random-{i}" for i in range(args.random)] + [f"phys-{i}" for i in range(args.physical)]
-             + [f"blind-{i}" for i in range(args.blind)])
+             + [f"blind-{i}" for i in range(args.blind)] + [f"blind4-{i}" for i in range(args.blind4)])
     if args.replays:
         import replays
 
@@ -314,11 +316,12 @@ def main() -> None:
                 print(f"| {name} | {mode} | optimum | | | | {describe(best)} | 1.000 |", flush=True)
     if with_ds:
         args.deepspeed_cache.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-    hand = [r for r in runs if not r.job.startswith(("random-", "phys-", "blind-", "replay-"))]
+    hand = [r for r in runs if not r.job.startswith(("random-", "phys-", "blind-", "blind4-", "replay-"))]
     replayed = [r for r in runs if r.job.startswith("replay-")]
     generated = [r for r in runs if r.job.startswith("random-")]
     physical = [r for r in runs if r.job.startswith("phys-")]
     blind = [r for r in runs if r.job.startswith("blind-")]
+    blind4 = [r for r in runs if r.job.startswith("blind4-")]
     if hand:
         _summarise(hand, "Hand-made surfaces")
     if generated:
@@ -329,6 +332,8 @@ def main() -> None:
         _summarise(replayed, f"{len({r.job for r in replayed})} jobs of recorded real runs")
     if blind:
         _summarise(blind, f"{args.blind} jobs of the third, blind generator")
+    if blind4:
+        _summarise(blind4, f"{args.blind4} jobs of the fourth, blind generator (held out)")
     if hand and generated:
         _summarise(runs, "All jobs")
 

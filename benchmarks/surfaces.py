@@ -313,7 +313,8 @@ SURFACES = [
 def by_name(name: str) -> Surface:
     """A hand-made surface, ``random-<seed>``: the generated job of that seed, ``phys-...``:
     a job of the second generator (benchmarks/physical_jobs.py), ``blind-<seed>``: one of the
-    third (benchmarks/blind_jobs.py), or ``replay-...``: a job of recorded real runs
+    third (benchmarks/blind_jobs.py), ``blind4-<seed>``: one of the fourth, held out
+    (benchmarks/blind4_jobs.py), or ``replay-...``: a job of recorded real runs
     (benchmarks/replays.py)."""
     for s in SURFACES:
         if s.name == name:
@@ -330,6 +331,10 @@ def by_name(name: str) -> Surface:
         import blind_jobs  # the third, blind generator
 
         return blind_jobs.by_name(name)  # type: ignore[return-value]
+    if name.startswith("blind4-"):
+        import blind4_jobs  # the fourth, blind generator: held out
+
+        return blind4_jobs.by_name(name)  # type: ignore[return-value]
     if name.startswith("random-") and name[len("random-"):].isdigit():
         from jobs import random_job
 
