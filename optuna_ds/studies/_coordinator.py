@@ -263,7 +263,10 @@ class Coordinator:
         marks its trial ``interrupted``."""
         run_slots(self._pool.size, self._plan_slot, halt=self._halt)
         with self._lock:
-            self._decide()
+            # Done, the decision stands: asked again, it could see another process's claim made
+            # since (as not done), and tune would not end the tuning (:meth:`end` waits for it).
+            if not self._phase_done:
+                self._decide()
 
     def _halt(self) -> None:
         """Stop every slot: a waiting one wakes at once."""
