@@ -164,7 +164,9 @@ def test_a_tuning_where_checkpointing_pays_runs_it_and_the_optimum_carries_the_f
     command = shlex.split((ws.results / "cmd_optimal.txt").read_text())
     assert FLAG in command and optimal["train_micro_batch_size_per_gpu"] > 4
     summary = (ws.results / "summary.txt").read_text()
-    assert "Checkpointing:" in summary and FLAG in summary
+    assert "Checkpointing: the optimum uses --gradient_checkpointing" in summary and "the best config without it" in summary
+    report = (ws.results / "report.html").read_text()
+    assert "z0 checkpointing" in report and "Checkpointing: the optimum uses" in report
 
 
 def test_a_script_that_ignores_the_switch_is_reported_once_and_explored_no_further(ws: Workspace) -> None:
