@@ -200,9 +200,11 @@ def test_a_setting_that_fails_for_its_own_reason_blames_neither_stage_nor_size()
 
 
 def test_where_no_sample_fits_without_it_checkpointing_makes_one_fit() -> None:
+    # The profile says one sample's activations (70 GB) exceed the 60 GB the states leave: the
+    # first launch is one likely to run, with checkpointing.
     job = Job(per_sample=70 * GB, h=2.0)
     observations, choice = _tune(job)
-    assert observations[0].status is Status.OOM and not observations[0].knobs
+    assert observations[0].knobs == SWITCH and observations[0].status is Status.OK
     assert choice.knobs == SWITCH and job.fits(choice)
 
 

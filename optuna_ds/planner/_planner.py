@@ -229,6 +229,12 @@ class FirstLaunch:
         state, rows, p_run = slot.state, slot.rows, slot.p_run
         if state.ok or state.running or slot.taken or not rows:
             return None
+        if not (p_run >= 0.5).any():
+            # No size is likely to fit without checkpointing: a setting that likely fits with it
+            # is as much a first launch (a sample's activations beyond the device, say).
+            more, p_more = _checkpointing(slot, slot.model.noise)
+            likely = [i for i, p in enumerate(p_more) if p >= 0.5]
+            rows, p_run = rows + [more[i] for i in likely], np.concatenate([p_run, p_more[likely]])
         lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
         first = [i for i, (a, _, _) in enumerate(rows) if a.key == lowest] or list(range(len(rows)))
         return _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "the size expected to run fastest",

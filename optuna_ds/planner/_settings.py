@@ -123,9 +123,12 @@ class Priors:
             ranks, mostly overlapped with compute.
         recompute_growth:
             A checkpointing run's backward grows by the forward it recomputes (DeepSpeed's
-            ``bwd`` over ``fwd`` rises by one against the same config without it); a growth
-            credibly below this share of a forward (twice the spread of the ratio over the
-            runs without it included) says the script never checkpoints.
+            ``bwd`` over ``fwd`` rises by one against the same config without it), less what the
+            forward's timer holds that the recompute does not repeat: at ZeRO-3 the wait on the
+            parameter gathers (the backward gathers them anyway), per-micro-batch overheads. A
+            growth credibly below this share of a forward (twice the spread of the ratio over
+            the runs without it included) says the script never checkpoints; one that ignores
+            the switch grows by nothing but the noise.
     """
 
     broken: float = 0.5
@@ -164,7 +167,7 @@ class Priors:
     section_kept: tuple[float, float] = (0.3, 1.0)
     section_cost: float = 0.03
     section_cost_sd: float = 0.03
-    recompute_growth: float = 0.5
+    recompute_growth: float = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
