@@ -192,3 +192,23 @@ def test_a_bad_section_value_exits_2_in_one_line(ws: Workspace) -> None:
     p = ws.tune(_workspace(ws, activation_checkpointing={"cpu_checkpointing": [False, "maybe"]}))
     assert_one_line_error(p, "activation_checkpointing.cpu_checkpointing")
     assert not ws.launches()
+
+
+def test_a_listed_section_value_is_tuned_for_a_script_that_configures_deepspeeds_checkpointing(ws: Workspace) -> None:
+    # The script checkpoints through DeepSpeed's API: cpu_checkpointing keeps 30% of a sample's
+    # activations on the device, so 13 samples fit where 4 did; its configure() logs what it read.
+    config = ws.config({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0},
+                        "activation_checkpointing": {"cpu_checkpointing": [False, True]},
+                        "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 32}})
+    surface = {"oom_above": {"0": 4}, "checkpointing": {"configures": True, "section_kept": 0.3}}
+    p = ws.tune(config, surface=surface)
+    assert p.returncode == 0, p.stdout + p.stderr
+    optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
+    assert optimal["activation_checkpointing"] == {"cpu_checkpointing": True} and optimal["train_micro_batch_size_per_gpu"] > 4
+    summary = (ws.results / "summary.txt").read_text()
+    assert "Checkpointing: the optimum uses activation_checkpointing.cpu_checkpointing=true" in summary
+    # Every experiment got the section without its list: DeepSpeed's default where it is not set.
+    for folder in ws.results.iterdir():
+        if (folder / "ds_config.json").exists() and not folder.name.startswith("profile"):
+            section = json.loads((folder / "ds_config.json").read_text())["activation_checkpointing"]
+            assert section in ({}, {"cpu_checkpointing": True}), (folder.name, section)

@@ -126,6 +126,7 @@ class State:
         self.seconds_ok = _median(ok_seconds, 1.0)
         fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
         self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
+        self._checkpointing_rows: dict[float, tuple[list[tuple[Arm, int, Knobs]], np.ndarray]] = {}
 
     def arm(self, key: tuple[int, str], knobs: KnobsLike = ()) -> Arm:
         """The arm of ``key`` as the models see a config of it with ``knobs``: a setting whose
@@ -223,14 +224,17 @@ class State:
                         p_run.append(float(p) * p_knobs)
         return rows, np.array(p_run)
 
-
     def checkpointing_rows(self, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
         """Untried checkpointing settings with their chance to run: at each arm explored, at
         the sizes its config without them likely runs out of memory at (what checkpointing buys
         is room, and it costs a forward at a size both run), where the setting may fit; none
         where it cannot pay (:func:`~optuna_ds.planner._checkpointing.may_pay`: the curve's rise
         beyond its best measured size, ``noise`` widening it, against the setting's cost) and
-        none of a setting the script ignored or that failed for a reason of its own."""
+        none of a setting the script ignored or that failed for a reason of its own. The same
+        for every slot of a decision."""
+        cached = self._checkpointing_rows.get(noise)
+        if cached is not None:
+            return cached
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
         settings = usable(self.problem, self.finished, self.settings.priors)
@@ -257,7 +261,8 @@ class State:
                                  for m, q in zip(room, p)], dtype=bool)
                 rows += [(at, int(m), setting) for m in room[keep]]
                 p_run.append(p[keep])
-        return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
+        cached = self._checkpointing_rows[noise] = (rows, np.concatenate(p_run) if p_run else np.zeros(0))
+        return cached
 
 
 def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, Any]]:
