@@ -19,7 +19,10 @@ case). What DeepSpeed 0.19.8's source says, which the cases check:
   backward time per checkpointed call: none means the model checkpoints nothing.
 
 Each case prints throughput (samples/s over the measured steps), peak memory (torch's allocator),
-and the evidence a tool has: the log lines above, and the memory against the case's baseline.
+and the evidence a tool has: the log lines above, the memory against the case's baseline, and
+DeepSpeed's own timers (``wall_clock_breakdown``): a recomputing backward holds the forward again,
+so ``bwd_inner / fwd`` grows by about one against the baseline; optuna-ds judges a checkpointing
+run that grew by less than a quarter of a forward (``Priors.recompute_growth``) one the script ignored.
 """
 from __future__ import annotations
 
@@ -117,6 +120,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
         "zero_optimization": {"stage": case.stage},
         "steps_per_print": 10**9,
+        "wall_clock_breakdown": True,  # the engine's fwd/bwd timers, as optuna-ds reads them
         **case.sections,
     }
     logs = Captured()
@@ -159,16 +163,20 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
 def _measure(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     get_accelerator().synchronize()
     get_accelerator().reset_peak_memory_stats()
-    times = []
-    for _ in range(args.warmup + args.steps):
+    times, ratios = [], []
+    for step in range(args.warmup + args.steps):
         s = time.perf_counter()
         loss = engine(batch(engine, args.micro_batch, vocab=args.vocab, seq=args.seq))
         engine.backward(loss)
         engine.step()
         get_accelerator().synchronize()
         times.append(time.perf_counter() - s)
+        timers = engine.get_wall_clock_timers()
+        if step >= args.warmup and timers.get("fwd"):
+            ratios.append(timers.get("bwd_inner", timers.get("bwd", 0.0)) / timers["fwd"])
     measured = times[args.warmup:]
     return {
+        "bwd_over_fwd": sorted(ratios)[len(ratios) // 2] if ratios else None,
         "samples_per_s": args.micro_batch * len(measured) / sum(measured),
         "peak_gib": get_accelerator().max_memory_allocated() / 2**30,
         "warmup_s": sum(times[:args.warmup]),
@@ -187,7 +195,10 @@ def verdict(case: Case, row: dict[str, Any], base: dict[str, Any] | None) -> str
         took = "yes" if row["deepcompile_active"] else "no"
         return f"deepcompile {took} ({said}; {speed}, {memory})"
     if case.checkpoint or "activation_checkpointing" in case.sections:
-        return f"{row['log_checkpoint_times']} checkpoint timer lines; {speed}, {memory}"
+        ratio, plain = row.get("bwd_over_fwd"), (base or {}).get("bwd_over_fwd")
+        growth = (f"; bwd/fwd {ratio:.2f} against {plain:.2f}: {'recomputes' if ratio - plain >= 0.25 else 'no recompute seen'}"
+                  if ratio and plain else "")
+        return f"{row['log_checkpoint_times']} checkpoint timer lines; {speed}, {memory}{growth}"
     return "baseline" if not case.compile else f"{speed}, {memory}"
 
 

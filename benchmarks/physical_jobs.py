@@ -611,10 +611,71 @@ def lever_job(family: str, seed: int, *, levers: bool = True) -> LeverJob:
     return LeverJob(**{**init, "name": f"{family}-{seed}" + ("" if levers else "-off")}, levers=levers)
 
 
+CKPT = "gradient_checkpointing"  # the script's switch, as optuna-ds names it (arg_mappings' key)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointJob(PhysicalJob):
+    """A job whose script takes activation checkpointing as a switch (Hugging Face's
+    ``--gradient_checkpointing``): a config that sets ``gradient_checkpointing`` true runs as
+    the same job with full checkpointing (its activations and its recomputed forward, as
+    ``PhysicalJob`` models them); ``switch`` off: the fast-mode space without it."""
+
+    switch: bool = True
+
+    def _twin(self) -> PhysicalJob:
+        if "twin" not in self._cache:
+            init = {f.name: getattr(self, f.name) for f in dataclasses.fields(PhysicalJob) if f.init}
+            self._cache["twin"] = PhysicalJob(**{**init, "checkpointing": True})
+        return self._cache["twin"]
+
+    def _curve(self, stage, oo, op, knobs, gas, mbs):
+        if (CKPT, True) in knobs:
+            return self._twin()._curve(stage, oo, op, tuple(kv for kv in knobs if kv[0] != CKPT), gas, mbs)
+        return super()._curve(stage, oo, op, knobs, gas, mbs)
+
+    def _crashes(self, stage, oo, op, knobs, mbs):
+        return super()._crashes(stage, oo, op, tuple(kv for kv in knobs if kv[0] != CKPT), mbs)
+
+    def _settings(self, stage: int, fast: bool):
+        for knobs in super()._settings(stage, fast):
+            yield knobs
+            if self.switch:
+                yield tuple(sorted((*knobs, (CKPT, True))))
+
+
+# The checkpointing families (`benchmarks/planner.py --checkpointing N`), 0.3-7B models on drawn
+# hardware whose script takes the switch: long sequences (4096-8192 tokens), whose activations
+# bound the micro-batch at a few samples or none, and short ones (256-1024), whose activations
+# bound it only on small devices or beside large model states. Whether it pays is the job's.
+CHECKPOINT_FAMILIES = {"ckpt-long": "sequences of 4096-8192 tokens", "ckpt-short": "sequences of 256-1024 tokens"}
+
+
+def checkpoint_job(family: str, seed: int, *, switch: bool = True) -> CheckpointJob:
+    rng = random.Random(f"checkpoint-job-{family}-{seed}")
+    job = None
+    for _ in range(100):
+        psi = _logu(rng, 0.3e9, 7e9)
+        h = max(512, round((psi * _logu(rng, 64, 140) / 12) ** (1 / 3) / 128) * 128)
+        seq = rng.choice([4096, 8192]) if family == "ckpt-long" else rng.choice([256, 512, 1024])
+        drawn = _draw(rng, f"{family}-{seed}", layers=max(2, round(psi / (12 * h * h))), hidden=h, seq=seq, vocab=32000,
+                      checkpointing=False, crash_rule="")
+        init = {f.name: getattr(drawn, f.name) for f in dataclasses.fields(PhysicalJob) if f.init}
+        job = CheckpointJob(**init)
+        if job.num_gpus <= 64 and job.optimum(fast=True, offload=True)[0] is not None:
+            break  # some config runs, with the switch (the same job without it is its twin)
+    assert job is not None
+    return job if switch else dataclasses.replace(job, switch=False)  # the same physics, the space without it
+
+
 def by_name(name: str) -> PhysicalJob:
     for j in PHYSICAL_JOBS:
         if j.name == name:
             return j
+    for family in CHECKPOINT_FAMILIES:
+        if name.startswith(family + "-"):
+            seed, _, off = name[len(family) + 1:].partition("-")
+            return checkpoint_job(family, int(seed), switch=off != "off")
     for family in LEVER_FAMILIES:
         if name.startswith(family + "-"):
             seed, _, off = name[len(family) + 1:].partition("-")

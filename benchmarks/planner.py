@@ -47,6 +47,7 @@ from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
 from optuna_ds import samplers  # noqa: E402
 from optuna_ds.config import AutotuningConfig  # noqa: E402
+from optuna_ds.domain import Knobs  # noqa: E402
 from optuna_ds.space import estimate_memory  # noqa: E402
 
 GB = surfaces.GB
@@ -103,9 +104,11 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
             states_fit.append(arm)
     # As optuna-ds does: where the profile's activation estimate leaves room nowhere, every
     # variant whose states fit.
+    # A job whose script takes the checkpointing switch (physical_jobs.CheckpointJob): mapped, it is proposed.
+    checkpointing = (Knobs({physical_jobs.CKPT: True}),) if getattr(surface, "switch", False) else ()
     return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB, gpus=surface.num_gpus,
                    max_experiments=200 if full else 40, max_batch=cap, nodes=getattr(surface, "nodes", 1),
-                   params=surface.params_b * GB)
+                   params=surface.params_b * GB, checkpointing=checkpointing)
 
 
 def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces.Config:
@@ -172,7 +175,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     observations: list[Observation] = []
     running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
-    nonce = knob_launches = lever_launches = 0
+    nonce = knob_launches = lever_launches = checkpointing_launches = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
     while True:
@@ -202,7 +205,8 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             kinds.append((launch_kind(p, observations + [r[2] for r in running]), status.value))
             heapq.heappush(running, (now + outcome.seconds, nonce, done))
             launches += 1
-            knob_launches += bool(p.knobs)
+            knob_launches += bool(p.knobs.zero)
+            checkpointing_launches += bool(p.knobs.checkpointing)
             lever_launches += any(k in physical_jobs.LEVER_DEFAULTS and v != physical_jobs.LEVER_DEFAULTS[k] for k, v in p.knobs)
             oom += status is Status.OOM
             gpu_s += outcome.seconds * surface.num_gpus
@@ -213,13 +217,14 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
         observations.append(done)
     choice = decision.choice
     chosen = config_of(choice.stage, choice.offload, choice.mbs, choice.knobs) if choice else None
-    return {"launches": launches, "knob_launches": knob_launches, "lever_launches": lever_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
+    return {"launches": launches, "knob_launches": knob_launches, "lever_launches": lever_launches,
+            "checkpointing_launches": checkpointing_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve,
             "kinds": kinds}
 
 
-KINDS = ("first run", "size", "knobs", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
+KINDS = ("first run", "size", "knobs", "checkpointing", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
 
 
 def launch_kind(p, before: list[Observation]) -> str:
@@ -239,6 +244,8 @@ def launch_kind(p, before: list[Observation]) -> str:
         return "pending"
     if p.why.startswith("the size expected to run fastest") and before:
         return "fallback"
+    if p.knobs.checkpointing:
+        return "checkpointing"
     if p.knobs:
         return "knobs"
     return "size" if any(o.arm == p.arm for o in before) else "first run"
@@ -273,6 +280,9 @@ def main() -> None:
                         help="also N jobs of the third, blind generator (benchmarks/blind_jobs.py)")
     parser.add_argument("--blind4", type=int, default=0, metavar="N",
                         help="also N jobs of the fourth, blind generator (benchmarks/blind4_jobs.py): the held-out set")
+    parser.add_argument("--checkpointing", type=int, default=0, metavar="N",
+                        help="only the checkpointing table: N jobs of each family (physical_jobs.checkpoint_job), fast mode, "
+                             "the switch off, on, and on without the gate")
     parser.add_argument("--levers", type=int, default=0, metavar="N",
                         help="only the lever table: N jobs of each ZeRO++ family (physical_jobs.lever_job), full mode, levers on and off")
     parser.add_argument("--slots", type=int, default=1)
@@ -300,6 +310,9 @@ def main() -> None:
             parser.error(f"--set: optuna_ds.planner.PlannerSettings has no number {name}")
         changed = dataclasses.replace(owner, **{field: type(getattr(owner, field))(value)})
         settings = changed if isinstance(changed, PlannerSettings) else dataclasses.replace(settings, priors=changed)
+    if args.checkpointing:
+        _checkpointing_table(args.checkpointing, slots=args.slots, memory=args.memory, settings=settings)
+        return
     if args.levers:
         _lever_table(args.levers, slots=args.slots, memory=args.memory, settings=settings, tuner=args.tuner)
         return
@@ -373,6 +386,36 @@ def _lever_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings,
             print(f"{family:10} {label:10} {n:5d}  {worth:22.3f}  {statistics.mean(shares):25.4f} {sum(x >= 0.99 for x in shares) / n:10.0%}"
                   f"  {statistics.mean(r['launches'] for r in runs):8.1f} {statistics.mean(r['knob_launches'] for r in runs):5.1f} "
                   f"{statistics.mean(r['lever_launches'] for r in runs):6.1f}")
+
+
+def _checkpointing_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings) -> None:
+    """What activation checkpointing buys and costs: each job of the checkpointing families
+    tuned in fast mode without the switch (DeepSpeed's autotuner's space), with it (the switch
+    mapped: optuna-ds proposes it), and with it but no gate (tried wherever memory binds,
+    whatever the curve's rise: what the gate saves); each choice's share of the larger space's
+    optimum, its launches and those that set it, and how often the larger optimum checkpoints."""
+    from unittest import mock
+
+    import optuna_ds.planner._state as planner_state
+
+    print("family      checkpointing  jobs  it wins  larger/smaller optimum  share of the larger: mean  min  within 1%  "
+          "launches  with it")
+    for family in physical_jobs.CHECKPOINT_FAMILIES:
+        jobs = [physical_jobs.checkpoint_job(family, i) for i in range(n)]
+        optima = [job.optimum(fast=True, offload=True) for job in jobs]
+        smaller = [physical_jobs.checkpoint_job(family, i, switch=False).optimum(fast=True, offload=True)[1] for i in range(n)]
+        wins = sum(bool(c is not None and c.knobs) for c, _ in optima)
+        worth = statistics.mean(a / b if b else float("inf") for (_, a), b in zip(optima, smaller))
+        worth_text = f"{worth:22.3f}" if math.isfinite(worth) else f"{'inf (some fit only so)':>22}"
+        for label in ("off", "on", "on, no gate"):
+            gate = mock.patch.object(planner_state, "may_pay", lambda *a, **k: True) if label == "on, no gate" else mock.MagicMock()
+            with gate:
+                runs = [tune(job if label != "off" else physical_jobs.checkpoint_job(family, i, switch=False), slots=slots, memory=memory,
+                             settings=settings) for i, job in enumerate(jobs)]
+            shares = [r["true"] / best for r, (_, best) in zip(runs, optima)]
+            print(f"{family:11} {label:13} {n:5d} {wins:8d}  {worth_text}  {statistics.mean(shares):25.4f} {min(shares):5.3f}"
+                  f" {sum(x >= 0.99 for x in shares) / n:10.0%}  {statistics.mean(r['launches'] for r in runs):8.1f}"
+                  f" {statistics.mean(r['checkpointing_launches'] for r in runs):8.1f}")
 
 
 def deepspeed_figures(names: list[str], *, fast: bool, path: Path = search.DS_CACHE) -> dict[str, dict]:

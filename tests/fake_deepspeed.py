@@ -31,6 +31,12 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
     knob_duration {knob: {value: seconds}}           ...with that knob set so (say, to interrupt one knob experiment)
     noise       relative sd of a measurement          default 0; drawn per experiment name (repeats differ), and per step timed
     offload_factor  throughput with the optimizer offloaded, as a share   default 0.5 (a real offload is never faster)
+    checkpointing   activation checkpointing's physics: {"flag": the script's switch (on: the bare flag among its
+                arguments), "kept": the share of a sample's activations it keeps (oom_above grows by 1/kept),
+                "ignored": the script takes the flag and never checkpoints, "unsupported": the model refuses it (the
+                Trainer's ValueError), "configures": the script calls deepspeed.checkpointing.configure with the
+                config (its log lines; cpu_checkpointing true keeps "section_kept" more)}. On, the backward
+                recomputes the forward: the step takes a forward longer, as the timers show it.
 
 A config without autotuning enabled is a training run: it prints and exits with
 ``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times
@@ -194,14 +200,29 @@ def _config(args: list[str]) -> tuple[dict[str, Any], str | None]:
 _FWD, _BWD_INNER, _BWD_ALLREDUCE, _STEP = 0.3, 0.45, 0.15, 0.1
 
 
-def _timers(seconds: float) -> dict[str, float]:
-    """One optimizer step's timers, in milliseconds."""
-    ms = seconds * 1e3
-    return {"fwd": _FWD * ms, "bwd": (_BWD_INNER + _BWD_ALLREDUCE) * ms, "bwd_inner": _BWD_INNER * ms, "bwd_allreduce": _BWD_ALLREDUCE * ms,
+def _timers(seconds: float, *, recompute: bool = False) -> dict[str, float]:
+    """One optimizer step's timers, in milliseconds; with ``recompute`` (activation
+    checkpointing) the backward holds the forward again, within the same step time."""
+    ms = seconds * 1e3 / (1.0 + _FWD if recompute else 1.0)
+    inner = _BWD_INNER + (_FWD if recompute else 0.0)
+    return {"fwd": _FWD * ms, "bwd": (inner + _BWD_ALLREDUCE) * ms, "bwd_inner": inner * ms, "bwd_allreduce": _BWD_ALLREDUCE * ms,
             "step": _STEP * ms}
 
 
-def report(launch: Launch, *, throughput: float, steps: Sequence[float] = (), flops_per_gpu: float, seconds: float = 0.0) -> None:
+def checkpointing(surface: dict[str, Any], launch: Launch) -> tuple[bool, float]:
+    """Whether the launch checkpoints its activations by the surface's physics (its switch on
+    and not ignored), and the share of a sample's activations it keeps."""
+    physics = surface.get("checkpointing") or {}
+    section = launch.config.get("activation_checkpointing") or {}
+    on = bool(physics.get("flag")) and physics["flag"] in launch.args and not physics.get("ignored")
+    kept = float(physics.get("kept", 0.2)) if on else 1.0
+    if physics.get("configures") and section.get("cpu_checkpointing") is True:
+        kept *= float(physics.get("section_kept", 0.5))
+    return on, kept
+
+
+def report(launch: Launch, *, throughput: float, steps: Sequence[float] = (), flops_per_gpu: float, seconds: float = 0.0,
+           recompute: bool = False) -> None:
     """What DeepSpeed's engine does in autotuning mode once the model runs: it logs its global
     timers on rank 0 at every optimizer step, ``[Rank 0] time (ms) | fwd: ...``, for global
     steps 1..end_profile_step (``steps``: each one's throughput, samples/s; where fewer are given,
@@ -213,11 +234,11 @@ def report(launch: Launch, *, throughput: float, steps: Sequence[float] = (), fl
     end = int(launch.autotuning.get("end_profile_step", 5))
     for k in range(end):
         time.sleep(seconds / (end + 1))
-        timers = _timers(launch.train_batch_size / (steps[k] if k < len(steps) else throughput))
+        timers = _timers(launch.train_batch_size / (steps[k] if k < len(steps) else throughput), recompute=recompute)
         print("[Rank 0] time (ms) | " + " | ".join(f"{name}: {value:.2f}" for name, value in timers.items()), flush=True)
     time.sleep(seconds / (end + 1))
     latency = launch.train_batch_size * 1e6 / throughput
-    last = {name: value * 1e3 / launch.gas for name, value in _timers(latency / 1e6).items() if name in ("fwd", "bwd", "step")}
+    last = {name: value * 1e3 / launch.gas for name, value in _timers(latency / 1e6, recompute=recompute).items() if name in ("fwd", "bwd", "step")}
     write_json(launch.metric_path, {**last, "latency": latency, "FLOPS_per_gpu": flops_per_gpu, "throughput": throughput, "rank": 0})
 
 
@@ -288,10 +309,25 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
             os.open(os.path.join(folder, "lock"), os.O_CREAT | os.O_EXCL)
             print("holding the build lock", flush=True)
         time.sleep(3600)
+    physics = surface.get("checkpointing") or {}
+    recompute, kept = checkpointing(surface, launch)
+    if physics.get("configures"):
+        section = {"partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
+                   "number_checkpoints": None, **(launch.config.get("activation_checkpointing") or {})}
+        print("[INFO] [checkpointing.py:1248:configure] Activation Checkpointing Information", flush=True)
+        print(f"[INFO] [checkpointing.py:1249:configure] ----Partition Activations {section['partition_activations']}, "
+              f"CPU CHECKPOINTING {section['cpu_checkpointing']}", flush=True)
+        print(f"[INFO] [checkpointing.py:1250:configure] ----contiguous Memory Checkpointing "
+              f"{section['contiguous_memory_optimization']} with {section['number_checkpoints']} total layers", flush=True)
+    if recompute and physics.get("unsupported"):
+        print("Traceback (most recent call last):\nValueError: GPT2LMHeadModel does not support gradient checkpointing.", file=sys.stderr)
+        return 1
     oom_above = surface.get("oom_above", {}).get(str(launch.stage))
     for knob, rooms in surface.get("knob_room", {}).items():
         if oom_above is not None:
             oom_above += int({_key(json.loads(v)): n for v, n in rooms.items()}.get(_key(zero.get(knob)), 0))
+    if oom_above is not None and kept < 1.0:
+        oom_above = int(oom_above / kept)
     if oom_above is not None and mbs > oom_above:
         print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
         if "stderr_text" in surface:
@@ -302,7 +338,7 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
         return 1
     if mbs in surface.get("no_metrics_at", []):
         return 0
-    true = surface_throughput(surface, launch)
+    true = surface_throughput(surface, launch) / (1.0 + _FWD if recompute else 1.0)
     noise = float(surface.get("noise", 0.0))
     # The measured step: one draw per experiment name, so that repeats differ.
     measured = true * (1.0 + noise * random.Random(launch.name).gauss(0.0, 1.0)) if noise else true
@@ -312,7 +348,7 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
     # The other steps jitter around this run's draw: the run-to-run noise is the run's (its
     # placement, its neighbours), shared by its steps; a step adds half as much of its own.
     steps = jittered(measured, noise / 2, count=int(launch.autotuning.get("end_profile_step", 5)), seed=f"{launch.name}/steps")
-    report(launch, throughput=measured, steps=steps, flops_per_gpu=measured * 1e9, seconds=seconds)
+    report(launch, throughput=measured, steps=steps, flops_per_gpu=measured * 1e9, seconds=seconds, recompute=recompute)
     return 0
 
 

@@ -158,3 +158,15 @@ def test_the_lever_table_shows_what_the_larger_space_buys_and_costs(monkeypatch,
     for family in ("zpp-slow", "zpp-fast"):
         for label in ("off", "on", "on, flat"):
             assert re.search(rf"^{family} +{label} +1 +\d+\.\d{{3}} +[01]\.\d{{4}} +\d+% +\d+\.\d +\d+\.\d +\d+\.\d$", out, re.M), out
+
+
+def test_the_checkpointing_table_shows_what_it_buys_and_costs(monkeypatch, capsys) -> None:
+    import planner
+
+    monkeypatch.setattr(sys, "argv", ["planner.py", "--checkpointing", "1"])
+    planner.main()
+    out = capsys.readouterr().out
+    for family in ("ckpt-long", "ckpt-short"):
+        for label in ("off", "on", "on, no gate"):
+            assert re.search(rf"^{family} +{label} +1 +[01] +(\d+\.\d{{3}}|inf .+) +[01]\.\d{{4}} +[01]\.\d{{3}} +\d+% +\d+\.\d +\d+\.\d$",
+                             out, re.M), out

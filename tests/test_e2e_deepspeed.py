@@ -362,3 +362,53 @@ def test_a_listed_zeropp_value_reaches_deepspeeds_engine_on_two_ranks(project: P
     ran = json.loads((Path(experiment.result_dir) / "ds_config.json").read_text())
     assert ran["zero_optimization"]["stage"] == 3 and ran["zero_optimization"]["zero_hpz_partition_size"] == 2
     assert len(result.logged_steps) >= 3  # rank 0's step timers, read on two ranks too
+
+
+def test_checkpointing_reaches_the_script_and_deepspeeds_checkpointing(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpointing switch mapped in arg_mappings reaches the script (examples/train.py
+    wraps its layers in ``deepspeed.checkpointing.checkpoint``): its backward holds the forward
+    again, as DeepSpeed's timers show it; a listed ``activation_checkpointing`` value reaches
+    DeepSpeed's checkpointing (``cpu_checkpointing`` fails inside it on DeepSpeed 0.19.8's CPU
+    accelerator), a failure of the setting's own. Two launches on one rank."""
+    from optuna_ds.config import parse_user_config
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import FailureReason
+    from optuna_ds.domain import Phase
+    from optuna_ds.launcher import CommandBuilder
+    from optuna_ds.launcher import ExperimentRunner
+    from optuna_ds.launcher import Slot
+    from optuna_ds.space import build_knob_space
+    from optuna_ds.studies import ExperimentBuilder
+
+    flag = "--gradient_checkpointing"
+    raw = {"train_micro_batch_size_per_gpu": 16, "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+           "activation_checkpointing": {"cpu_checkpointing": [False, True]},
+           "autotuning": {"enabled": True, "start_profile_step": 2, "end_profile_step": 3, "arg_mappings": {"gradient_checkpointing": flag}}}
+    args = ("--deepspeed_config", "ds_config.json", "--hidden", "512", "--layers", "6", "--steps", "12")
+    user = parse_user_config(raw, path="ds_config.json", script_args=list(args))
+    builder = ExperimentBuilder(user=user, results_dir=str(project / "results"), total_gpus=1)
+    assert builder.checkpointing.switch == flag
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("OPTUNA_DS_LOCK_DIR", str(project / "locks"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    commands = CommandBuilder(deepspeed_bin=(os.path.join(os.path.dirname(sys.executable), "deepspeed"),), script=str(project / "train.py"),
+                              script_args=args, arg_mappings=dict(user.arg_mappings))
+    runner = ExperimentRunner(commands=commands, master_port=29692, metric_key="throughput", exps_dir=str(project / "exps"))
+    space = build_knob_space(0, {}, fast=True)
+
+    on = builder.build(Config(stage=0, micro_batch=16, knobs={"gradient_checkpointing": True}), phase=Phase.MICRO_BATCH, space=space)
+    result = runner.run(on, slot=Slot({"localhost": [0]}), timeout=300)
+    assert result.ok, (result.reason, result.detail, result.stderr_tail)
+    assert flag in result.cmd
+    # Without checkpointing this MLP's backward takes about 1.5 forwards on this CPU; with it the
+    # recomputed forward and DeepSpeed's checkpoint bookkeeping add more than one.
+    ratios = sorted(step["bwd_inner"] / step["fwd"] for step in result.logged_steps[1:])
+    assert ratios and ratios[len(ratios) // 2] > 2.5, result.logged_steps
+
+    offloaded = builder.build(Config(stage=0, micro_batch=16, knobs={"gradient_checkpointing": True,
+                                                                     "activation_checkpointing.cpu_checkpointing": True}),
+                              phase=Phase.MICRO_BATCH, space=space)
+    assert offloaded.ds_config["activation_checkpointing"] == {"cpu_checkpointing": True}
+    failed = runner.run(offloaded, slot=Slot({"localhost": [0]}), timeout=300)
+    assert failed.reason is FailureReason.CHECKPOINTING, (failed.reason, failed.detail, failed.stderr_tail)
+    assert "inside DeepSpeed's checkpointing" in failed.detail

@@ -232,3 +232,24 @@ def test_zeropp_pays_across_a_slow_interconnect_and_not_on_one_node():
     # The levers are the job's space only where optuna-ds proposes them.
     assert set(slow.spaces()[3]) >= {HPZ, QGZ, QWZ} and set(one.spaces()[3]) & {HPZ, QGZ, QWZ} == {QWZ}
     assert not set(lever_job("zpp-slow", 0, levers=False).spaces()[3]) & {HPZ, QGZ, QWZ}
+
+
+def test_checkpointing_trades_a_forward_for_activations_where_the_script_takes_the_switch():
+    """The checkpointing families (issue 37): the switch on runs the same job with full
+    checkpointing: fewer activations a sample, a third more compute, the backward holding the
+    recomputed forward in DeepSpeed's timers; off, the space without it."""
+    from physical_jobs import CKPT, checkpoint_job
+
+    job = checkpoint_job("ckpt-short", 0)
+    plain, on = Config(0, 2, 1, ()), Config(0, 2, 1, ((CKPT, True),))
+    assert job.memory_gb(on) < job.memory_gb(plain)
+    assert job.step_time(on) > job.step_time(plain)
+    t_plain, t_on = job.timers_ms(plain), job.timers_ms(on)
+    # The backward holds the recomputed forward (the per-micro-batch overheads in the forward's timer are not recomputed).
+    assert t_on["bwd_inner"] / t_on["fwd"] > t_plain["bwd_inner"] / t_plain["fwd"] + 0.25
+    assert any(k == ((CKPT, True),) for k in job._settings(0, True))
+    assert list(checkpoint_job("ckpt-short", 0, switch=False)._settings(0, True)) == [()]
+    # Somewhere a sample's activations fit only with it: its optimum is the larger space's.
+    long = [checkpoint_job("ckpt-long", i) for i in range(10)]
+    assert any(checkpoint_job("ckpt-long", i, switch=False).optimum(fast=True, offload=True)[0] is None
+               and j.optimum(fast=True, offload=True)[0] is not None for i, j in enumerate(long))

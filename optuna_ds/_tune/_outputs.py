@@ -39,6 +39,8 @@ from optuna_ds.storage import redact_url
 from optuna_ds.storage import storage_failures
 from optuna_ds.storage import tuning_study_names
 from optuna_ds.studies import TuningResult
+from optuna_ds.studies import checkpointing_space
+from optuna_ds.studies import script_switches
 from optuna_ds.studies import live_trials
 from optuna_ds.studies import load_result
 
@@ -123,7 +125,9 @@ def write_outputs(
     written = None
     if config is not None:
         commands = runner.commands if scaled is None else dataclasses.replace(runner.commands, script_args=tuple(scaled.script_args))
-        command = commands.training(config=scaled.config if scaled else config, config_path=files.optimal_config)
+        # The optimum's script switches (checkpointing through arg_mappings) go on its command line.
+        switches = script_switches(checkpointing_space(user), result.best.config) if result.best is not None else {}
+        command = commands.training(config=scaled.config if scaled else config, config_path=files.optimal_config, switches=switches)
         written = write_optimal(result, results_dir=results_dir, command=command, config=scaled.config if scaled else None,
                                 comment=scaled.note if scaled and scaled.applied else None)
     return TuneOutcome(

@@ -10,6 +10,8 @@ from optuna_ds.config._script_args import find_arg
 from optuna_ds.config._script_args import find_config_path
 from optuna_ds.config._script_args import replace_config_path
 from optuna_ds.config._script_args import set_arg
+from optuna_ds.config._script_args import set_switch
+from optuna_ds.config._script_args import switch_state
 from optuna_ds.config._user_config import UserConfig
 from optuna_ds.config._user_config import check_gpus
 from optuna_ds.config._user_config import load_json_file
@@ -31,5 +33,7 @@ __all__ = [
     "parse_user_config",
     "replace_config_path",
     "set_arg",
+    "set_switch",
+    "switch_state",
     "with_integer_sizes",
 ]

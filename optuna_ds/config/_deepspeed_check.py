@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import itertools
 import logging
 import os
 import typing
@@ -12,6 +13,7 @@ from typing import Any
 from optuna_ds._errors import ConfigError
 from optuna_ds.config._integers import with_integer_sizes
 from optuna_ds.config._user_config import UserConfig
+from optuna_ds.domain import CHECKPOINTING_SECTION
 from optuna_ds.domain import GAS_KEY
 from optuna_ds.domain import MBS_KEY
 from optuna_ds.domain import TBS_KEY
@@ -47,6 +49,37 @@ def check_with_deepspeed(user: UserConfig) -> None:
             except Exception as e:  # noqa: BLE001 - DeepSpeed asserts and indexes: any error is its verdict
                 raise ConfigError(f"{name}{stage}{value}: DeepSpeed rejects the config: {type(e).__name__}: {e}") from None
     _check_top_level(user, read=read, name=name)
+    _check_checkpointing(user, name=name)
+
+
+def _check_checkpointing(user: UserConfig, *, name: str) -> None:
+    """Every value listed in ``activation_checkpointing`` must run in some setting of the
+    section: DeepSpeed's ``deepspeed.checkpointing.configure()`` asserts that contiguous
+    checkpoints have partitioned activations and ``number_checkpoints`` (its config model,
+    ``get_scalar_param``, takes any value; the script's ``configure()`` call would fail in every
+    experiment that sets it)."""
+    section = user.raw.get(CHECKPOINTING_SECTION)
+    if not isinstance(section, dict):
+        return
+    lists = {k: v for k, v in section.items() if isinstance(v, list)}
+    fixed = {k: v for k, v in section.items() if not isinstance(v, list)}
+    for key, values in lists.items():
+        for value in values:
+            others = [dict(zip(lists, combo)) for combo in itertools.product(*lists.values())]
+            if not any(_checkpoints_configure({**fixed, **combo}) for combo in others if combo[key] == value):
+                raise ConfigError(f"{name} with {CHECKPOINTING_SECTION}.{key} = {value!r}: DeepSpeed's checkpointing refuses it "
+                                  "in every setting: contiguous_memory_optimization needs partition_activations true and "
+                                  "number_checkpoints set")
+    if not lists and not _checkpoints_configure(fixed):
+        raise ConfigError(f"{name}: DeepSpeed's checkpointing refuses {CHECKPOINTING_SECTION}: contiguous_memory_optimization "
+                          "needs partition_activations true and number_checkpoints set")
+
+
+def _checkpoints_configure(section: dict[str, Any]) -> bool:
+    """Whether ``deepspeed.checkpointing.configure()`` accepts the section (its two asserts)."""
+    if section.get("contiguous_memory_optimization") is True:
+        return section.get("partition_activations") is True and section.get("number_checkpoints") is not None
+    return True
 
 
 def _check_top_level(user: UserConfig, *, read: set[str], name: str) -> None:
@@ -112,14 +145,24 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
     gas = user.gradient_accumulation_steps
     # DeepSpeed checks them against its world size (1 here); check_gpus checks the real one.
     base.update({MBS_KEY: mbs, GAS_KEY: gas, TBS_KEY: mbs * gas})
+    if isinstance(base.get(CHECKPOINTING_SECTION), dict):
+        base[CHECKPOINTING_SECTION] = {k: v[0] if isinstance(v, list) and v else v for k, v in base[CHECKPOINTING_SECTION].items()}
     zero = base.get(ZERO_KEY) if isinstance(base.get(ZERO_KEY), dict) else {}
     lists = dict(_zero_lists(zero))
     first = {k: v[0] for k, v in lists.items()}
     variants = [({}, "")] + [({k: v}, f" with {ZERO_KEY}.{'.'.join(k)} = {v!r}") for k, vs in lists.items() for v in vs[1:]]
+    # The activation_checkpointing section's lists: each value through DeepSpeed's parser too.
+    section = base.get(CHECKPOINTING_SECTION)  # each list at its first value
+    mine = user.raw.get(CHECKPOINTING_SECTION)
+    listed = {k: v for k, v in mine.items() if isinstance(v, list) and v} if isinstance(mine, dict) else {}
+    checkpointing = [({k: v}, f" with {CHECKPOINTING_SECTION}.{k} = {v!r}") for k, vs in listed.items() for v in vs[1:]]
     for stage in user.stages:
         at = f" at ZeRO stage {stage}" if len(user.stages) > 1 else ""
         for change, value in variants:
             config = {**base, ZERO_KEY: {**_setting(zero, {**first, **change}), "stage": stage}}
+            yield with_integer_sizes(config), at, value
+        for change, value in checkpointing:
+            config = {**base, ZERO_KEY: {**_setting(zero, first), "stage": stage}, CHECKPOINTING_SECTION: {**section, **change}}
             yield with_integer_sizes(config), at, value
 
 

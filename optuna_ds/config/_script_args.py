@@ -37,6 +37,44 @@ def set_arg(args: Sequence[str], flag: str, value: str) -> list[str]:
     return out
 
 
+# What Hugging Face's argument parser reads as a boolean value (``string_to_bool``).
+_TRUE = frozenset({"yes", "true", "t", "y", "1"})
+_FALSE = frozenset({"no", "false", "f", "n", "0"})
+
+
+def switch_state(args: Sequence[str], flag: str) -> bool:
+    """Whether ``args`` turn the switch ``flag`` on: the bare flag (a ``store_true`` flag, or the
+    Trainer's boolean, whose bare flag means true), ``flag true`` or ``flag=true``; the last
+    occurrence wins, as argparse reads it."""
+    on = False
+    for i, arg in enumerate(args):
+        if arg == flag:
+            value = args[i + 1].lower() if i + 1 < len(args) else ""
+            on = value not in _FALSE
+        elif _is_joined(arg, flag):
+            on = arg[len(flag) + 1:].lower() not in _FALSE
+    return on
+
+
+def set_switch(args: Sequence[str], flag: str, on: bool) -> list[str]:
+    """Return a copy of ``args`` with the switch ``flag`` on (the bare flag, last) or off (no
+    occurrence): both a ``store_true`` flag and the Trainer's boolean read it so. Its earlier
+    occurrences go, with the boolean value that follows one (``--gradient_checkpointing False``)."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == flag:
+            skip = i + 1 < len(args) and args[i + 1].lower() in _TRUE | _FALSE
+            continue
+        if _is_joined(arg, flag):
+            continue
+        out.append(arg)
+    return out + [flag] if on else out
+
+
 def _is_joined(element: str, flag: str) -> bool:
     return element.startswith(flag + "=")
 

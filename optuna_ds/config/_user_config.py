@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import json
 import os
 from collections.abc import Sequence
@@ -9,7 +10,9 @@ from typing import Any
 
 from optuna_ds._errors import ConfigError
 from optuna_ds.config._autotuning import AutotuningConfig, parse_autotuning_config
-from optuna_ds.config._script_args import find_arg, find_config_path
+from optuna_ds.config._script_args import find_arg, find_config_path, switch_state
+from optuna_ds.domain import CHECKPOINTING_SECTION
+from optuna_ds.domain import CHECKPOINTING_SWITCH
 from optuna_ds.domain import GAS_KEY
 from optuna_ds.domain import MBS_KEY
 from optuna_ds.domain import TBS_KEY
@@ -138,6 +141,37 @@ def _check_zero_section(zero: dict[str, Any]) -> None:
                 raise ConfigError(f"{name} must be true, false or a list of them, got {value!r}")
 
 
+# The ``activation_checkpointing`` section (DeepSpeed's ``ACT_CHKPT_DEFAULT``): its switches may
+# be listed to tune them; DeepSpeed reads each with ``get_scalar_param``, which takes any value
+# and ignores an unknown key, so both are checked here.
+_CHECKPOINTING_BOOLS = ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                        "synchronize_checkpoint_boundary", "profile")
+_NUMBER_CHECKPOINTS = "number_checkpoints"
+
+
+def _check_checkpointing_section(raw: dict[str, Any]) -> None:
+    """Types of the ``activation_checkpointing`` keys: a switch is true, false or a list of them
+    (its values to tune); ``number_checkpoints`` is a count, one value; an unknown key, which
+    DeepSpeed would ignore without a word, is refused."""
+    section = raw.get(CHECKPOINTING_SECTION)
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise ConfigError(f'{CHECKPOINTING_SECTION} must be an object such as {{"cpu_checkpointing": [false, true]}}, got {section!r}')
+    known = (*_CHECKPOINTING_BOOLS, _NUMBER_CHECKPOINTS)
+    for key, value in section.items():
+        name = f"{CHECKPOINTING_SECTION}.{key}"
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f" (it knows {', '.join(known)})"
+            raise ConfigError(f"DeepSpeed does not know {name}{hint}")
+        if key == _NUMBER_CHECKPOINTS:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer or null (the model's checkpoints: one value), got {value!r}")
+        elif not (isinstance(value, bool) or (isinstance(value, list) and value and all(isinstance(v, bool) for v in value))):
+            raise ConfigError(f"{name} must be true, false or a list of them, got {value!r}")
+
+
 def _parse_stages(config: dict[str, Any]) -> tuple[list[int], bool]:
     """Return the stages to explore and whether the user asked for "all" of them."""
     zero = config.get(ZERO_KEY)
@@ -179,6 +213,18 @@ class UserConfig:
     # The one micro-batch size the user's config trains with (an int, or "auto" resolved from
     # the script): the baseline the tuning compares the optimum with. None for a list or none.
     baseline_micro_batch_size: int | None = None
+    # The user's arguments turn the checkpointing switch arg_mappings maps on already: their
+    # setting, kept in every experiment, and no dimension.
+    checkpointing_on: bool = False
+
+    @property
+    def checkpointing_switch(self) -> str | None:
+        """The script flag ``arg_mappings`` maps ``gradient_checkpointing`` to, if any."""
+        return self.arg_mappings.get(CHECKPOINTING_SWITCH)
+
+    def checkpointing_section(self) -> dict[str, Any] | None:
+        section = self.raw.get(CHECKPOINTING_SECTION)
+        return copy.deepcopy(section) if isinstance(section, dict) else None
 
     @property
     def optimizer_type(self) -> str | None:
@@ -237,6 +283,7 @@ def parse_user_config(
         if raw.get(key) == "auto" and key not in mappings:
             mappings[key] = flag
     stages, all_stages = _parse_stages(raw)
+    _check_checkpointing_section(raw)
 
     mbs = _int_or_auto(raw, MBS_KEY, allow_list=True)
     from_args = _from_script(script_args, mappings, MBS_KEY)
@@ -278,6 +325,7 @@ def parse_user_config(
         gradient_accumulation_steps=gas,
         train_batch_size=tbs,
         baseline_micro_batch_size=baseline,
+        checkpointing_on=CHECKPOINTING_SWITCH in mappings and switch_state(script_args, mappings[CHECKPOINTING_SWITCH]),
     )
 
 

@@ -8,6 +8,8 @@ runs it and returns an :class:`ExperimentResult`; its trial stores an :class:`Ex
 (the claim, then the outcome); the planner, the summary and the report read the record back.
 """
 
+from optuna_ds.domain._config import CHECKPOINTING_SECTION
+from optuna_ds.domain._config import CHECKPOINTING_SWITCH
 from optuna_ds.domain._config import GAS_KEY
 from optuna_ds.domain._config import MBS_KEY
 from optuna_ds.domain._config import TBS_KEY
@@ -17,6 +19,7 @@ from optuna_ds.domain._config import Knobs
 from optuna_ds.domain._config import KnobsLike
 from optuna_ds.domain._config import Offload
 from optuna_ds.domain._config import accumulation_for
+from optuna_ds.domain._config import is_checkpointing
 from optuna_ds.domain._config import knob_value
 from optuna_ds.domain._experiment import Experiment
 from optuna_ds.domain._experiment import ExperimentResult
@@ -34,6 +37,8 @@ from optuna_ds.domain._root import RootRecord
 from optuna_ds.domain._root import StageRecord
 
 __all__ = [
+    "CHECKPOINTING_SECTION",
+    "CHECKPOINTING_SWITCH",
     "ChoiceRecord",
     "Config",
     "DEFINITIVE_FAILURES",
@@ -54,6 +59,7 @@ __all__ = [
     "ZERO_KEY",
     "accumulation_for",
     "given_up",
+    "is_checkpointing",
     "is_finished_experiment",
     "knob_value",
     "launched",

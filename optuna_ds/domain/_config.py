@@ -14,6 +14,17 @@ MBS_KEY = "train_micro_batch_size_per_gpu"
 GAS_KEY = "gradient_accumulation_steps"
 TBS_KEY = "train_batch_size"
 ZERO_KEY = "zero_optimization"
+# Activation checkpointing, a dimension of its own (not a ZeRO knob): the script's switch, named
+# as Hugging Face's Trainer names it (the ``arg_mappings`` key that maps it to a script flag), and
+# the ``activation_checkpointing`` section DeepSpeed's own checkpointing API reads (a knob
+# ``activation_checkpointing.<key>``).
+CHECKPOINTING_SWITCH = "gradient_checkpointing"
+CHECKPOINTING_SECTION = "activation_checkpointing"
+
+
+def is_checkpointing(knob: str) -> bool:
+    """Whether ``knob`` is an activation-checkpointing setting rather than a ZeRO knob."""
+    return knob == CHECKPOINTING_SWITCH or knob.startswith(CHECKPOINTING_SECTION + ".")
 
 
 class Offload(str, enum.Enum):
@@ -60,6 +71,16 @@ class Knobs(tuple[tuple[str, Any], ...]):
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self)
+
+    @property
+    def checkpointing(self) -> Knobs:
+        """The activation-checkpointing settings among them (:func:`is_checkpointing`)."""
+        return Knobs(kv for kv in self if is_checkpointing(kv[0]))
+
+    @property
+    def zero(self) -> Knobs:
+        """The ZeRO knobs among them: the rest."""
+        return Knobs(kv for kv in self if not is_checkpointing(kv[0]))
 
 
 KnobsLike = Knobs | Mapping[str, Any] | Iterable[tuple[str, Any]]

@@ -20,6 +20,7 @@ class FailureReason(str, enum.Enum):
     PORT = "port"  # no rendezvous port free on the node, or its port taken at bind: the node's state; stops the tuning, runs again on resume
     SCRIPT = "script"  # failed whatever the config (the script's arguments, imports, files): stops the tuning, runs again on resume
     UNSUPPORTED = "unsupported"  # a setting this accelerator cannot run (an op DeepSpeed has no kernel for here): the setting's, not the stage's or the size's
+    CHECKPOINTING = "checkpointing"  # the script or its model cannot checkpoint activations as set: the setting's, not the stage's or the size's
 
     @property
     def judges_config(self) -> bool:
@@ -48,6 +49,9 @@ class Experiment:
     config: Config
     ds_config: dict[str, Any]
     result_dir: str
+    # Script switches the config sets, by flag (the checkpointing switch ``arg_mappings`` maps):
+    # on is the bare flag, off its absence.
+    switches: dict[str, bool] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Its description, as its folder's ``exp.json`` and DeepSpeed's ``exps_dir`` hold it."""
@@ -71,6 +75,9 @@ class ExperimentResult:
     # The engine's per-step timer lines on rank 0 (ms by timer), oldest first: what it measured
     # step by step besides the one step its metrics file holds.
     logged_steps: tuple[dict[str, float], ...] = ()
+    # What DeepSpeed's checkpointing logged it configured (``activation_checkpointing``'s keys),
+    # where the script configured it: a section the run's script never read is seen so.
+    checkpointing: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -66,6 +66,8 @@ class ExperimentRecord:
     # figure is the value then).
     step_times_ms: list[float] | None = None
     timers_ms: dict[str, float] | None = None
+    # What DeepSpeed's checkpointing logged it configured, where the script configured it.
+    checkpointing: dict[str, Any] | None = None
     reason: FailureReason | None = None
     detail: str | None = None
     stderr_tail: str | None = None
@@ -109,6 +111,7 @@ class ExperimentRecord:
             duration=round(result.duration, 3),
             returncode=result.returncode,
             peak_gpu_memory=result.peak_memory,
+            checkpointing=result.checkpointing,
             reason=result.reason,
             detail=result.detail if failed else None,
             stderr_tail=result.stderr_tail if failed else None,

@@ -3,11 +3,13 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 from optuna_ds.config import replace_config_path
 from optuna_ds.config import set_arg
+from optuna_ds.config import set_switch
 from optuna_ds.launcher._options import WHOLE_POOL_BACKENDS
 from optuna_ds.launcher._options import LauncherOptions
 from optuna_ds.launcher._paths import rank_log_dir
@@ -47,14 +49,17 @@ class CommandBuilder:
     options: LauncherOptions = LauncherOptions()
     hostfile: str | None = None
 
-    def script_args_for(self, config: dict[str, Any], config_path: str) -> list[str]:
+    def script_args_for(self, config: dict[str, Any], config_path: str, switches: Mapping[str, bool] | None = None) -> list[str]:
         """The script's arguments pointing at ``config_path``, with every ``arg_mappings`` flag
-        set from ``config`` (nested keys included)."""
+        set from ``config`` (nested keys included), and each switch of ``switches`` on (the bare
+        flag) or off (none)."""
         args = replace_config_path(self.script_args, config_path)
         for key, flag in self.arg_mappings.items():
             value = lookup(config, key)
             if value is not None and value != "auto":
                 args = set_arg(args, flag, _arg_value(value))
+        for flag, on in (switches or {}).items():
+            args = set_switch(args, flag, on)
         return args
 
     def rank_log_dir(self, experiment_name: str) -> str | None:
@@ -62,7 +67,8 @@ class CommandBuilder:
             return None
         return rank_log_dir(self.options.enable_each_rank_log, experiment_name)
 
-    def experiment(self, *, name: str, config: dict[str, Any], config_path: str, slot: Slot, port: int) -> list[str]:
+    def experiment(self, *, name: str, config: dict[str, Any], config_path: str, slot: Slot, port: int,
+                   switches: Mapping[str, bool] | None = None) -> list[str]:
         """An experiment (or the profile run) as a ``deepspeed`` runner command line: the slot's
         GPUs as ``--include``, the slot's port, every other flag as the user gave it."""
         selection: list[str] = []
@@ -76,7 +82,7 @@ class CommandBuilder:
         if rank_logs is not None:
             selection += ["--enable_each_rank_log", rank_logs]
         return [*self.deepspeed_bin, *selection, *self.options.passthrough_args(), self.script,
-                *self.script_args_for(config, config_path)]
+                *self.script_args_for(config, config_path, switches)]
 
     def _slot_selection(self, slot: Slot) -> list[str]:
         if self.hostfile and self.options.launcher.lower() in WHOLE_POOL_BACKENDS and len(slot.hosts) > 1:
@@ -88,7 +94,8 @@ class CommandBuilder:
         per-node launcher, without a multi-node backend."""
         return len(slot.hosts) == 1 and not self.options.force_multi
 
-    def local_launch(self, *, name: str, config: dict[str, Any], config_path: str, slot: Slot, port: int) -> list[str]:
+    def local_launch(self, *, name: str, config: dict[str, Any], config_path: str, slot: Slot, port: int,
+                     switches: Mapping[str, bool] | None = None) -> list[str]:
         """The arguments of ``deepspeed.launcher.launch`` for a single-node experiment, as
         DeepSpeed's runner computes them (its ``main``'s local branch): the world info of the
         slot, the rendezvous, and the per-node flags."""
@@ -109,12 +116,12 @@ class CommandBuilder:
         if o.bind_core_list is not None:
             args.append(f"--bind_core_list={o.bind_core_list}")
         args.append(f"--log_level={o.log_level}")
-        return [*args, self.script, *self.script_args_for(config, config_path)]
+        return [*args, self.script, *self.script_args_for(config, config_path, switches)]
 
-    def training(self, *, config: dict[str, Any], config_path: str) -> list[str]:
-        """The final training with the optimal config: the user's launcher flags as given (no
-        port unless the user gave one: DeepSpeed picks its own)."""
-        return [*self.deepspeed_bin, *self.options.training_args(), self.script, *self.script_args_for(config, config_path)]
+    def training(self, *, config: dict[str, Any], config_path: str, switches: Mapping[str, bool] | None = None) -> list[str]:
+        """The final training with the optimal config (and its script ``switches``): the user's
+        launcher flags as given (no port unless the user gave one: DeepSpeed picks its own)."""
+        return [*self.deepspeed_bin, *self.options.training_args(), self.script, *self.script_args_for(config, config_path, switches)]
 
 
 def local_launch_command(launch_args: Sequence[str]) -> list[str]:

@@ -41,6 +41,7 @@ from optuna_ds.launcher._paths import ExperimentFiles
 from optuna_ds.launcher._paths import rank_logs
 from optuna_ds.launcher._ports import lease_port
 from optuna_ds.launcher._resources import Slot
+from optuna_ds.launcher._checkpointing import read_checkpointing
 from optuna_ds.launcher._steps import read_step_timers
 from optuna_ds.launcher._slots import default_lock_dir
 from optuna_ds.launcher._tracking import MARK_VAR
@@ -184,14 +185,16 @@ class ExperimentRunner:
 
     def command(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
         """The experiment as a ``deepspeed`` command line (what ``cmd.txt`` holds)."""
-        return self._commands.experiment(name=experiment.name, config=experiment.ds_config, config_path=config_path, slot=slot, port=port)
+        return self._commands.experiment(name=experiment.name, config=experiment.ds_config, config_path=config_path, slot=slot, port=port,
+                                         switches=experiment.switches)
 
     def launched(self, experiment: Experiment, config_path: str, *, slot: Slot, port: int) -> list[str]:
         """What is actually started: the per-node launcher for a local experiment with
         ``local_start``, else the ``deepspeed`` command line."""
         if self._local_start and self._commands.is_local(slot):
             return local_launch_command(
-                self._commands.local_launch(name=experiment.name, config=experiment.ds_config, config_path=config_path, slot=slot, port=port)
+                self._commands.local_launch(name=experiment.name, config=experiment.ds_config, config_path=config_path, slot=slot, port=port,
+                                            switches=experiment.switches)
             )
         return self.command(experiment, config_path, slot=slot, port=port)
 
@@ -356,7 +359,7 @@ class ExperimentRunner:
             metrics, problem = None, str(e)
         reason, detail = classify(
             returncode=returncode, timed_out=timed_out, metrics=metrics, stdout_tail=stdout_tail, stderr_tail=stderr_tail,
-            metrics_problem=problem,
+            metrics_problem=problem, switches=[flag for flag, on in experiment.switches.items() if on],
         )
         if unlocked:
             detail = f"{detail}; the op build lock it left as it was ended removed ({', '.join(unlocked)})"
@@ -372,4 +375,5 @@ class ExperimentRunner:
             stderr_tail=last_lines(tail_source) if reason is not None else "",
             peak_memory=memory.peak,
             logged_steps=tuple(read_step_timers(stdout_tail + "\n" + rank0)) if experiment.phase is not Phase.PROFILE else (),
+            checkpointing=read_checkpointing(stdout_tail + "\n" + rank0),
         )

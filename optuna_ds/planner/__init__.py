@@ -6,6 +6,7 @@ The studies and the launcher carry its proposals out; a resumed tuning or a work
 again with what the storage holds.
 """
 
+from optuna_ds.planner._checkpointing import ignored as checkpointing_ignored
 from optuna_ds.planner._levers import communication_share
 from optuna_ds.planner._levers import lever_effect
 from optuna_ds.planner._memory import FeasibilityModel
@@ -36,6 +37,7 @@ __all__ = [
     "Proposal",
     "Status",
     "ThroughputModel",
+    "checkpointing_ignored",
     "communication_share",
     "lever_effect",
     "measured_noise",

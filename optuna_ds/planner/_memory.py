@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from optuna_ds.planner._checkpointing import kept_range
 from optuna_ds.planner._problem import Arm
+from optuna_ds.planner._problem import Knobs
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Status
@@ -17,6 +20,7 @@ _C_POINTS = 61
 # An arm's own offset beyond the shared one (its communication buckets), as a share of the device.
 _DELTA = np.array([-0.06, -0.04, -0.02, -0.01, 0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15])
 _DELTA_PRIOR = np.exp(-np.abs(_DELTA) / 0.02)
+_KEPT_POINTS = 16  # the grid of a checkpointing setting's share of the activations kept
 
 
 class FeasibilityModel:
@@ -32,11 +36,16 @@ class FeasibilityModel:
     reports it, a measurement of the line itself: two runs of different sizes pin it, so the
     memory edge is known before any run has hit it. Runs with non-default knobs (other buckets)
     teach only their own config: within one arm and knob setting, memory grows with the size, so
-    sizes above an OOM run out too and sizes below a run fit.
+    sizes above an OOM run out too and sizes below a run fit. An activation-checkpointing setting
+    keeps a share of ``per_sample`` (:meth:`kept`): a grid over its prior range
+    (:func:`~optuna_ds.planner._checkpointing.kept_range`) weighed by the setting's own runs.
     """
 
     def __init__(self, problem: Problem, observations: Sequence[Observation], *, priors: Priors = Priors()) -> None:
         self._problem = problem
+        self._observations = observations
+        self._priors = priors
+        self._kept_cache: dict[Knobs, tuple[np.ndarray, np.ndarray]] = {}
         d = problem.device_memory
         widest = max((a.free for a in problem.arms), default=d)
         wide = np.exp(np.linspace(np.log(max(widest, 1.0) / 16384), np.log(max(widest, 1.0)), _A_POINTS))
@@ -109,20 +118,64 @@ class FeasibilityModel:
     def p_oom(self, arm: Arm, sizes: np.ndarray, knobs: tuple[Any, ...] = ()) -> np.ndarray:
         """The probability that each size runs out of memory at ``arm`` with ``knobs``; an arm
         whose ``buffers`` differ from the problem's (a knob setting's) has its offsets moved
-        by as much."""
+        by as much; a checkpointing setting keeps a share of each sample's activations
+        (:meth:`kept`), over which the probability is averaged."""
         sizes = np.asarray(sizes, dtype=float)
-        offsets, tails = self._tails(arm)
-        # Size m runs out at (a, offset) where m * a + offset > free - buffers: for each a, the
-        # weight of the offsets above that threshold.
-        threshold = arm.free - arm.buffers - sizes[:, None] * self.a[None, :]  # (sizes, A)
-        above = np.searchsorted(offsets, threshold, side="right")
-        p: np.ndarray = tails[np.arange(len(self.a))[None, :], above].sum(axis=1)
+        setting = Knobs(knobs).checkpointing
+        if setting:
+            grid, weights = self.kept(setting)
+            p = np.asarray(weights @ np.stack([self._p_line(arm, sizes * r) for r in grid]))
+        else:
+            p = self._p_line(arm, sizes)
         key = (arm.key, knobs)
         if key in self._ok:
             p = np.where(sizes <= self._ok[key], 0.0, p)
         if key in self._oom:
             p = np.where(sizes >= self._oom[key], 1.0, p)
         return np.asarray(np.clip(p, 0.0, 1.0))
+
+    def _p_line(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
+        """The probability that each size (of whole samples' activations: a fraction where a
+        share is kept) runs out of memory by the linear model alone, no run of it consulted."""
+        offsets, tails = self._tails(arm)
+        # Size m runs out at (a, offset) where m * a + offset > free - buffers: for each a, the
+        # weight of the offsets above that threshold.
+        threshold = arm.free - arm.buffers - sizes[:, None] * self.a[None, :]  # (sizes, A)
+        above = np.searchsorted(offsets, threshold, side="right")
+        return np.asarray(tails[np.arange(len(self.a))[None, :], above].sum(axis=1))
+
+    def kept(self, setting: Knobs) -> tuple[np.ndarray, np.ndarray]:
+        """The share of a sample's activations a checkpointing ``setting`` keeps: a grid over its
+        prior range (log-uniform) and the weights its runs give it (each of any arm, its run or
+        out-of-memory a constraint believed up to a contradiction, its peak memory where
+        reported a measurement)."""
+        cached = self._kept_cache.get(setting)
+        if cached is not None:
+            return cached
+        low, high = kept_range(setting, self._priors)
+        grid = np.exp(np.linspace(math.log(low), math.log(high), _KEPT_POINTS)) if high > low else np.array([low])
+        log_w = np.zeros(len(grid))
+        d, floor = self._problem.device_memory, self._priors.contradiction
+        for o in self._observations:
+            arm = self._problem.arm(o.arm)
+            if arm is None or o.knobs != setting or o.status not in (Status.OK, Status.OOM):
+                continue
+            p = self._p_line(arm, o.mbs * grid)
+            log_w += np.log(np.maximum(1.0 - p if o.status is Status.OK else p, floor))
+            if o.status is Status.OK and o.memory and o.memory < self._priors.saturated * d:
+                need = d - arm.free + self._offset(arm) + o.mbs * grid * self.per_sample
+                z = (need - o.memory) / (self._priors.memory_sd * d)
+                log_w += np.log(np.maximum(np.exp(-0.5 * z * z), floor))
+        w = np.exp(log_w - log_w.max())
+        cached = self._kept_cache[setting] = (grid, w / w.sum())
+        return cached
+
+    def kept_share(self, setting: Knobs) -> float:
+        """The expected share of a sample's activations ``setting`` keeps (1 for none)."""
+        if not setting:
+            return 1.0
+        grid, weights = self.kept(setting)
+        return float(weights @ grid)
 
     def _tails(self, arm: Arm) -> tuple[np.ndarray, np.ndarray]:
         """The arm's offsets (shared plus its own, less its buffers) sorted, ``(K,)``, and for each
@@ -146,9 +199,9 @@ class FeasibilityModel:
     def share(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
         """The expected share of device memory in use at each size."""
         d = self._problem.device_memory
-        return (d - arm.free + self._offset(arm) + np.asarray(sizes, dtype=float) * self.per_sample) / d
+        return (d - arm.free + self._offset(arm) + np.asarray(sizes, dtype=float) * self.per_sample * arm.kept) / d
 
     def fill(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
         """The expected share of the arm's room (the device less the model states) in use: 1 at
         its memory edge."""
-        return (self._offset(arm) + np.asarray(sizes, dtype=float) * self.per_sample) / max(arm.free, 1.0)
+        return (self._offset(arm) + np.asarray(sizes, dtype=float) * self.per_sample * arm.kept) / max(arm.free, 1.0)

@@ -20,7 +20,9 @@ class Arm:
     share. ``buffers`` is what its communication buckets are expected to take of that. ``cap``
     is the largest micro-batch size the config allows. ``knobs`` is the arm's knob space (each
     tuned knob with its values; none in fast mode) and ``knob_defaults`` what a config that
-    leaves the knobs out runs with: a setting is scored by how it departs from those.
+    leaves the knobs out runs with: a setting is scored by how it departs from those. ``kept``
+    is the share of a sample's activation memory a config of it holds (below 1 with activation
+    checkpointing: the memory model's estimate for the setting).
     """
 
     stage: int
@@ -30,6 +32,7 @@ class Arm:
     buffers: float = dataclasses.field(default=0.0, compare=False)
     knobs: tuple[tuple[str, tuple[Any, ...]], ...] = dataclasses.field(default=(), compare=False)
     knob_defaults: Knobs = dataclasses.field(default=Knobs(), compare=False)
+    kept: float = dataclasses.field(default=1.0, compare=False)
 
     @property
     def key(self) -> tuple[int, str]:
@@ -77,6 +80,9 @@ class Problem:
     knob_sizes: int = 3  # knob settings are tried at an arm's this many best sizes (num_tuning_micro_batch_sizes)
     nodes: int = 1  # the nodes one experiment's ranks span: what ZeRO++ saves is inter-node bandwidth
     params: float = 0.0  # the model's parameters (the profile's; 0: unknown)
+    # The activation-checkpointing settings to try at every arm, each the knobs it departs from
+    # the defaults by (:mod:`optuna_ds.planner._checkpointing`); none: no such dimension.
+    checkpointing: tuple[Knobs, ...] = ()
 
     def arm(self, key: tuple[int, str]) -> Arm | None:
         return next((a for a in self.arms if a.key == key), None)
@@ -129,7 +135,10 @@ class Observation(_OfConfig):
     its config ran before it (a re-measurement's is 1 or more); ``memory`` the peak memory of
     one of its GPUs in bytes, where the accelerator reports it; ``timers`` DeepSpeed's step
     timers (ms: ``fwd``, ``bwd``, ``bwd_allreduce``, ``step``, ...), where it logged them: what
-    a lever can save is read from them (:func:`~optuna_ds.planner.communication_share`)."""
+    a lever can save is read from them (:func:`~optuna_ds.planner.communication_share`), and
+    whether checkpointing recomputed; ``checkpointing`` what DeepSpeed's checkpointing logged
+    it configured (empty: nothing, where its ranks log at INFO; ``None``: the output cannot
+    tell); ``reason`` a failure's (``FailureReason`` value)."""
 
     config: Config
     status: Status
@@ -138,6 +147,8 @@ class Observation(_OfConfig):
     repeat: int = 0
     memory: float | None = None
     timers: tuple[tuple[str, float], ...] = ()
+    checkpointing: tuple[tuple[str, Any], ...] | None = None
+    reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,6 +91,44 @@ class Priors:
             Parameters below which a model's communication share is believed smaller in
             proportion: a small model's all-gathers are short beside the compute of the large
             micro-batches it leaves room for.
+        recompute:
+            What activation checkpointing adds to a sample's compute before a run's timers say:
+            one more forward pass, a third of the forward and backward (the backward computes
+            the gradients of the activations and of the weights, twice the forward's FLOPs).
+            Once a run without it logged DeepSpeed's timers, the step's own forward share
+            (``fwd / (fwd + bwd + step)``) replaces it: the optimizer step and the waits on
+            communication are not recomputed.
+        recompute_sd:
+            How far the recompute's cost strays from that, in log throughput: before timers, the
+            step's share outside the compute (optimizer, communication) is unknown; measured,
+            the recomputed forward runs without storing its activations, a little faster.
+        recompute_sd_measured:
+            ...and once the job's timers gave its forward share.
+        checkpoint_kept:
+            The range of the share of a sample's activation memory a fully checkpointed model
+            still holds (log-uniform within it until its runs say where): each layer's input,
+            about 2 of the ~34 bytes per token and hidden unit a transformer layer keeps (with
+            the attention scores on top; Korthikanti et al. 2022), plus one layer's activations
+            while it is recomputed, plus what no layer boundary frees (embeddings, the logits and
+            the loss: a large vocabulary's logits dominate a small model's activations). From a
+            twentieth for a deep model to about half for a shallow one with a large vocabulary.
+        section_kept:
+            The same for a setting of DeepSpeed's ``activation_checkpointing`` section that
+            frees memory (the checkpoints in host memory, or partitioned over model-parallel
+            ranks), against the same script without it: what the checkpoints are of a sample's
+            memory depends on the model, from most of it to little.
+        section_cost:
+            Such a setting's cost in log throughput, and ``section_cost_sd`` how well it is known:
+            a copy of each checkpoint to the host and back, or a gather over the model-parallel
+            ranks, mostly overlapped with compute.
+        recompute_growth:
+            A checkpointing run's backward grows by the forward it recomputes (DeepSpeed's
+            ``bwd`` over ``fwd`` rises by one against the same config without it), less what the
+            forward's timer holds that the recompute does not repeat: at ZeRO-3 the wait on the
+            parameter gathers (the backward gathers them anyway), per-micro-batch overheads. A
+            growth credibly below this share of a forward (twice the spread of the ratio over
+            the runs without it included) says the script never checkpoints; one that ignores
+            the switch grows by nothing but the noise.
     """
 
     broken: float = 0.5
@@ -122,6 +160,14 @@ class Priors:
     internode_share: float = 0.3
     intranode_share: float = 0.05
     lever_model: float = 1e9
+    recompute: float = 1 / 3
+    recompute_sd: float = 0.08
+    recompute_sd_measured: float = 0.03
+    checkpoint_kept: tuple[float, float] = (0.05, 0.5)
+    section_kept: tuple[float, float] = (0.3, 1.0)
+    section_cost: float = 0.03
+    section_cost_sd: float = 0.03
+    recompute_growth: float = 0.25
 
 
 @dataclasses.dataclass(frozen=True)

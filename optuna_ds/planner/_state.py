@@ -17,6 +17,11 @@ from typing import Any
 import numpy as np
 
 from optuna_ds.domain import KnobsLike
+from optuna_ds.planner._checkpointing import checkpointing_effects
+from optuna_ds.planner._checkpointing import cost
+from optuna_ds.planner._checkpointing import may_pay
+from optuna_ds.planner._checkpointing import rise
+from optuna_ds.planner._checkpointing import usable
 from optuna_ds.planner._levers import lever_effects
 from optuna_ds.planner._levers import lever_pays
 from optuna_ds.planner._memory import FeasibilityModel
@@ -121,13 +126,18 @@ class State:
         self.seconds_ok = _median(ok_seconds, 1.0)
         fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
         self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
+        self._checkpointing_rows: dict[float, tuple[list[tuple[Arm, int, Knobs]], np.ndarray]] = {}
 
     def arm(self, key: tuple[int, str], knobs: KnobsLike = ()) -> Arm:
         """The arm of ``key`` as the models see a config of it with ``knobs``: a setting whose
         buffers are known moves the arm's memory by as much."""
         arm = _known(self.problem, key)
         buffers = self._buffers.get((key, Knobs(knobs))) if knobs else None
-        return arm if buffers is None else dataclasses.replace(arm, buffers=buffers)
+        if buffers is not None:
+            arm = dataclasses.replace(arm, buffers=buffers)
+        # A checkpointing setting keeps a share of each sample's activations.
+        setting = Knobs(knobs).checkpointing
+        return dataclasses.replace(arm, kept=self.memory.kept_share(setting)) if setting else arm
 
     @functools.cached_property
     def arms(self) -> tuple[Arm, ...]:
@@ -140,8 +150,10 @@ class State:
 
     @functools.cached_property
     def levers(self) -> dict[tuple[str, Any], tuple[float, float]]:
-        """The prior of each lever value in the stage-3 knob spaces (:mod:`optuna_ds.planner._levers`)."""
-        return lever_effects(self.problem, self.finished, self.settings.priors)
+        """The prior of each lever value in the stage-3 knob spaces (:mod:`optuna_ds.planner._levers`)
+        and of each checkpointing value (:mod:`optuna_ds.planner._checkpointing`)."""
+        return {**lever_effects(self.problem, self.finished, self.settings.priors),
+                **checkpointing_effects(self.problem, self.finished, self.settings.priors)}
 
     def sizes(self, arm: Arm) -> list[int]:
         return _candidate_sizes(self.problem, arm, self.settings.growth)
@@ -211,6 +223,46 @@ class State:
                         rows.append((arm, m, candidate.knobs))
                         p_run.append(float(p) * p_knobs)
         return rows, np.array(p_run)
+
+    def checkpointing_rows(self, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
+        """Untried checkpointing settings with their chance to run: at each arm explored, at
+        the sizes its config without them likely runs out of memory at (what checkpointing buys
+        is room, and it costs a forward at a size both run), where the setting may fit; none
+        where it cannot pay (:func:`~optuna_ds.planner._checkpointing.may_pay`: the curve's rise
+        beyond its best measured size, ``noise`` widening it, against the setting's cost) and
+        none of a setting the script ignored or that failed for a reason of its own. The same
+        for every slot of a decision."""
+        cached = self._checkpointing_rows.get(noise)
+        if cached is not None:
+            return cached
+        rows: list[tuple[Arm, int, Knobs]] = []
+        p_run: list[np.ndarray] = []
+        settings = usable(self.problem, self.finished, self.settings.priors)
+        priors = self.settings.priors
+        for arm in self.arms if settings else ():
+            runs: dict[int, list[float]] = {}
+            for o in self.ok:
+                if o.arm == arm.key and not o.knobs:
+                    runs.setdefault(o.mbs, []).append(float(o.score))  # type: ignore[arg-type]
+            sizes = np.array(self.sizes(arm), dtype=float)
+            room = sizes[(self.memory.p_oom(arm, sizes) >= 0.5) & (sizes > max(runs, default=0))]
+            if not len(room):
+                continue  # activations do not bound the micro-batch here
+            climb = rise({m: statistics.fmean(v) for m, v in runs.items()}, noise)
+            crash = _p_crash(arm, room, self.finished, priors)
+            for setting in settings:
+                at = self.arm(arm.key, setting)
+                fits = 1.0 - self.memory.p_oom(at, room, setting)
+                reach = float(room[fits >= 0.5].max()) if (fits >= 0.5).any() else 0.0
+                if not may_pay(climb, reach=reach, price=cost(setting, self.levers), min_gain=self.settings.min_gain):
+                    continue
+                p = fits * (1.0 - crash) * (1.0 - _p_knob_crash(at, setting, self.finished, priors))
+                keep = np.array([q > 1.0 - self.settings.hopeless_oom and self.problem.config(arm, int(m), setting) not in self.tried
+                                 for m, q in zip(room, p)], dtype=bool)
+                rows += [(at, int(m), setting) for m in room[keep]]
+                p_run.append(p[keep])
+        cached = self._checkpointing_rows[noise] = (rows, np.concatenate(p_run) if p_run else np.zeros(0))
+        return cached
 
 
 def _departures(arm: Arm, knobs: Knobs) -> set[tuple[str, Any]]:

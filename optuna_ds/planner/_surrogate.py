@@ -177,6 +177,7 @@ def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, flo
     own: set[tuple[int, str, Any]] = set()
 
     settings = [(arm, tuple((knob, value) for value in values)) for arm in problem.arms for knob, values in arm.knobs]
+    settings += [(arm, setting) for arm in problem.arms for setting in problem.checkpointing]
     for arm, knobs in settings + [(arm, knobs) for arm, _, knobs, _ in points]:
         for knob, value in arm.departures(knobs):
             shared.add((knob, value))
@@ -318,10 +319,11 @@ class ThroughputModel:
 
     def _pressure(self, rows: Sequence[tuple[Any, ...]], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shares, fills = np.empty(len(rows)), np.empty(len(rows))
-        # By key and buffers: arms compare by key alone, and a knob setting's has buffers of its own.
-        groups: dict[tuple[tuple[int, str], float], list[int]] = {}
+        # By key, buffers and activations kept: arms compare by key alone, and a knob setting's
+        # has buffers of its own, a checkpointing setting its share of the activations.
+        groups: dict[tuple[tuple[int, str], float, float], list[int]] = {}
         for i, r in enumerate(rows):
-            groups.setdefault((r[0].key, r[0].buffers), []).append(i)
+            groups.setdefault((r[0].key, r[0].buffers, r[0].kept), []).append(i)
         for idx in groups.values():
             arm = rows[idx[0]][0]
             shares[idx], fills[idx] = self._memory.share(arm, sizes[idx]), self._memory.fill(arm, sizes[idx])

@@ -21,6 +21,7 @@ from optuna_ds.domain import MBS_KEY
 from optuna_ds.domain import Phase
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import ZERO_KEY
+from optuna_ds.domain import is_checkpointing
 from optuna_ds.reporting._rows import ExperimentRow
 from optuna_ds.reporting._rows import format_value
 from optuna_ds.studies import Optimum
@@ -107,7 +108,9 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
     for stage in sorted({r.stage for r in rows}):
         color = _STAGE_COLORS.get(stage, "#333")
         ok = sorted((r for r in rows if r.stage == stage and r.status == "complete" and r.mbs), key=lambda r: r.mbs)  # type: ignore[arg-type,return-value]
-        curve = [r for r in ok if r.phase != "knobs"]
+        # Activation checkpointing runs a curve of its own, beyond the stage's memory edge.
+        checkpointed = [r for r in ok if r.phase != "knobs" and any(is_checkpointing(k) for k in r.knobs)]
+        curve = [r for r in ok if r.phase != "knobs" and r not in checkpointed]
         knobs = [r for r in ok if r.phase == "knobs"]
         group = _stage_name(stage)
         fig.add_trace(go.Scatter(
@@ -115,6 +118,12 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
             line={"color": color, "dash": _STAGE_DASH.get(stage, "solid"), "width": 2},
             marker={"symbol": _STAGE_SYMBOL.get(stage, "circle"), "size": 8, "color": color},
             text=[_safe(r.name) for r in curve], hovertemplate=hover))
+        if checkpointed:
+            fig.add_trace(go.Scatter(
+                x=[r.mbs for r in checkpointed], y=[r.value for r in checkpointed], mode="lines+markers", name=f"{group} checkpointing",
+                legendgroup=group, line={"color": color, "dash": "dot", "width": 1},
+                marker={"symbol": f"{_STAGE_SYMBOL.get(stage, 'circle')}-open", "size": 9, "color": color, "line": {"width": 2}},
+                text=[_safe(r.name) for r in checkpointed], hovertemplate=hover))
         if knobs:
             fig.add_trace(go.Scatter(
                 x=[r.mbs for r in knobs], y=[r.value for r in knobs], mode="markers", name=f"{group} knobs", legendgroup=group,

@@ -80,8 +80,10 @@ def optimum_line(result: TuningResult) -> str:
     if best is None:
         return "Optimum: none, no experiment ran successfully."
     what = "Optimum" if best.chosen else "Best so far (the planner has not chosen yet)"
+    setting = best.config.knobs.checkpointing
+    checkpointing = f", {result.checkpointing.named(setting)}" if setting and result.checkpointing is not None else ""
     line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.config.micro_batch}, gradient accumulation "
-            f"{best.config.accumulation}): {best.figure(metric)}")
+            f"{best.config.accumulation}{checkpointing}): {best.figure(metric)}")
     factor = speedup(result)
     if factor is not None:
         base = result.baseline
@@ -439,9 +441,11 @@ def knob_line(result: TuningResult) -> str:
     stage and offload that ran at the defaults (at its own micro-batch size where one ran), by
     the same noise rule as the equivalent configs; "" where it sets none or no such config ran."""
     best, metric, noise = result.best, result.metric, result.noise
-    if best is None or not (settings := departures(best.config)):
+    if best is None or not (settings := departures(best.config).zero):
         return ""
-    plain = [m for m in result.measured if m.config.arm == best.config.arm and not departures(m.config)]
+    # Checkpointing has its own line: the configs compared share the optimum's.
+    plain = [m for m in result.measured if m.config.arm == best.config.arm and not departures(m.config).zero
+             and m.config.knobs.checkpointing == best.config.knobs.checkpointing]
     mbs = best.config.micro_batch
     same = [m for m in plain if m.config.micro_batch == mbs]
     other = metric.best(same or plain, key=lambda m: m.value)
@@ -460,6 +464,39 @@ def knob_line(result: TuningResult) -> str:
         verdict = f"more than the noise explains ({noise.value:.1%} per run)"
     return (f"Knobs: {who} settings ({named}) measured {abs(gap):.1%} {'above' if gap >= 0 else 'below'} the best config "
             f"without them {where} ({other.name}: {metric.with_unit(other.value)}, {_runs(len(other.runs))}), {verdict}.")
+
+
+def checkpointing_line(result: TuningResult) -> str:
+    """What activation checkpointing came to, where it was a dimension: the setting the optimum
+    uses and its worth against the best config without it (any stage: what it buys may be a
+    lower stage), or why the optimum goes without: the script ignored it (said once, with what
+    shows it), it failed for a reason of its own, it ran and lost, or it could not pay."""
+    outcome, best, metric, noise = result.checkpointing, result.best, result.metric, result.noise
+    if outcome is None or best is None:
+        return ""
+    if outcome.ignored:
+        named, why = outcome.ignored[0]
+        return f"Checkpointing: {named}: {why}; explored no further ({_runs(outcome.runs)} with it)."
+    if outcome.failed and not best.config.knobs.checkpointing:
+        name, why = outcome.failed[-1]
+        return f"Checkpointing: {name} failed for a reason of the setting ({why}); not tried again."
+    setting = best.config.knobs.checkpointing
+    others = [m for m in result.measured if bool(m.config.knobs.checkpointing) != bool(setting)]
+    other = metric.best(others, key=lambda m: m.value)
+    if not setting:
+        if other is None:
+            return ("Checkpointing: not launched: it pays only where activations bound the micro-batch and the throughput "
+                    "curve still rises beyond that size by more than the forward it recomputes, which the runs did not show here.")
+        return (f"Checkpointing: the best config with it, {other.name} ({metric.with_unit(other.value)}, {_runs(len(other.runs))}), "
+                f"is {format_number(other.value / best.value, 3)}x the optimum without it.")
+    if other is None:
+        return f"Checkpointing: the optimum uses {outcome.named(setting)}; no config ran without it."
+    factor = best.value / other.value if metric.maximize else other.value / best.value
+    verdict = ("" if noise.value is None else
+               f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
+    return (f"Checkpointing: the optimum uses {outcome.named(setting)} (micro-batch {best.config.micro_batch}): "
+            f"{format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
+            f"{_runs(len(other.runs))}){verdict}.")
 
 
 # DeepSpeed's global timers, as a user reads them: backward includes its gradient all-reduce.
@@ -516,6 +553,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     lines += choice_lines(result)
     if knobs := knob_line(result):
         lines.append(knobs)
+    if checkpointing := checkpointing_line(result):
+        lines.append(checkpointing)
     if step := step_line(result):
         lines.append(step)
     if note := optuna_best_note(result):

@@ -1,5 +1,8 @@
 """Layer 1: what to search, per ZeRO stage: knobs, micro-batch sizes, memory bounds."""
 
+from optuna_ds.space._checkpointing import CheckpointingSpace
+from optuna_ds.space._checkpointing import build_checkpointing_space
+from optuna_ds.space._checkpointing import checkpointing_defaults
 from optuna_ds.space._levers import is_superchip
 from optuna_ds.space._memory import MemoryEstimate
 from optuna_ds.space._memory import estimate_memory
@@ -12,10 +15,13 @@ from optuna_ds.space._zero import default_tuning_space
 from optuna_ds.space._zero import knob_defaults
 
 __all__ = [
+    "CheckpointingSpace",
     "OFFLOAD_VARIANTS",
     "KnobSpace",
     "MemoryEstimate",
+    "build_checkpointing_space",
     "build_knob_space",
+    "checkpointing_defaults",
     "default_tuning_space",
     "estimate_memory",
     "is_superchip",

@@ -7,6 +7,7 @@ from typing import Any
 
 from optuna_ds._errors import ConfigError
 from optuna_ds.domain import knob_value
+from optuna_ds.space._checkpointing import checkpointing_defaults
 from optuna_ds.space._levers import OFFLOAD_DEVICE
 from optuna_ds.space._levers import ZEROPP
 from optuna_ds.space._levers import ZEROPP_STORED
@@ -87,8 +88,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
 
 def knob_defaults(space: KnobSpace) -> dict[str, Any]:
     """What a config of ``space``'s stage that leaves its tuned knobs out runs with: DeepSpeed's
-    defaults (those it has; a dotted knob's from DeepSpeed's config models)."""
-    defaults = {**KNOB_DEFAULTS, "overlap_comm": space.stage == 3}
+    defaults (those it has; a dotted knob's from DeepSpeed's config models; a checkpointing
+    setting's, off)."""
+    defaults = {**KNOB_DEFAULTS, "overlap_comm": space.stage == 3, **checkpointing_defaults()}
     return {k: knob_value(defaults[k] if k in defaults else deepspeed_default(k)) for k in space.tuned
             if k in defaults or k.startswith(_LEVERS)}
 

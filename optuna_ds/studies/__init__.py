@@ -1,6 +1,8 @@
 """Layer 3: the studies of a tuning, one per ZeRO stage, and the workflow that drives them."""
 
 from optuna_ds.studies._builder import ExperimentBuilder
+from optuna_ds.studies._builder import checkpointing_space
+from optuna_ds.studies._builder import script_switches
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
@@ -39,11 +41,13 @@ __all__ = [
     "Tuning",
     "TuningObserver",
     "TuningResult",
+    "checkpointing_space",
     "departures",
     "failure_text",
     "leader",
     "live_trials",
     "load_result",
     "observation_of",
+    "script_switches",
     "started_line",
 ]

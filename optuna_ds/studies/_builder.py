@@ -6,6 +6,7 @@ from typing import Any
 
 from optuna_ds.config import UserConfig
 from optuna_ds.config import with_integer_sizes
+from optuna_ds.domain import CHECKPOINTING_SECTION
 from optuna_ds.domain import GAS_KEY
 from optuna_ds.domain import MBS_KEY
 from optuna_ds.domain import TBS_KEY
@@ -14,9 +15,23 @@ from optuna_ds.domain import Config
 from optuna_ds.domain import Experiment
 from optuna_ds.domain import Phase
 from optuna_ds.launcher import ExperimentFiles
+from optuna_ds.space import CheckpointingSpace
 from optuna_ds.space import KnobSpace
+from optuna_ds.space import build_checkpointing_space
 
 PROFILE_NAME = "profile_model_info"
+
+
+def checkpointing_space(user: UserConfig) -> CheckpointingSpace:
+    """The checkpointing settings the user's config and arguments allow (:mod:`optuna_ds.space._checkpointing`)."""
+    return build_checkpointing_space(user.checkpointing_section(), switch=user.checkpointing_switch,
+                                     switch_on=user.checkpointing_on, mp_size=user.autotuning.mp_size)
+
+
+def script_switches(space: CheckpointingSpace, config: Config) -> dict[str, bool]:
+    """The script switches ``config`` sets, by flag: the checkpointing switch where it is tuned."""
+    on = space.switch_value(config.knobs.checkpointing.as_dict())
+    return {space.switch: on} if on is not None else {}
 
 
 class ExperimentBuilder:
@@ -31,6 +46,7 @@ class ExperimentBuilder:
         self._user = user
         self._results_dir = results_dir
         self._total_gpus = total_gpus
+        self.checkpointing = checkpointing_space(user)
 
     @property
     def data_parallel_size(self) -> int:
@@ -51,13 +67,19 @@ class ExperimentBuilder:
     def train_batch_size(self, mbs: int, gas: int) -> int:
         return mbs * gas * self.data_parallel_size
 
-    def _base(self, *, stage: int, mbs: int, gas: int, zero: dict[str, Any]) -> dict[str, Any]:
+    def _base(self, *, stage: int, mbs: int, gas: int, zero: dict[str, Any], checkpointing: dict[str, Any] | None = None) -> dict[str, Any]:
         config = copy.deepcopy(self._user.raw)
         config[MBS_KEY] = mbs
         config[GAS_KEY] = gas
         if config.get(TBS_KEY) != "auto":
             config[TBS_KEY] = self.train_batch_size(mbs, gas)
         config[ZERO_KEY] = {"stage": stage, **zero}
+        # The user's section with its lists replaced: the tuned values, else DeepSpeed's defaults.
+        section = self.checkpointing.section(checkpointing or {})
+        if section is None:
+            config.pop(CHECKPOINTING_SECTION, None)
+        else:
+            config[CHECKPOINTING_SECTION] = section
         config.pop("autotuning", None)
         return with_integer_sizes(config)
 
@@ -72,7 +94,7 @@ class ExperimentBuilder:
         result_dir = self.result_dir(name)
         files = ExperimentFiles(result_dir)
         ds_config = self._base(stage=config.stage, mbs=config.micro_batch, gas=config.accumulation,
-                               zero=space.zero_section(config.knob_dict))
+                               zero=space.zero_section(config.knobs.zero.as_dict()), checkpointing=config.knobs.checkpointing.as_dict())
         a = self._user.autotuning
         ds_config["autotuning"] = {
             "enabled": True,
@@ -80,7 +102,8 @@ class ExperimentBuilder:
             "start_profile_step": a.start_profile_step,
             "end_profile_step": a.end_profile_step,
         }
-        return Experiment(name=name, phase=phase, config=config, ds_config=ds_config, result_dir=result_dir)
+        return Experiment(name=name, phase=phase, config=config, ds_config=ds_config, result_dir=result_dir,
+                          switches=script_switches(self.checkpointing, config))
 
     def build_profile(self) -> Experiment:
         """The model-info profile run: DeepSpeed's minimum-memory config (stage 3, micro-batch 1)

@@ -71,11 +71,14 @@ def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, Frozen
     if trial.state == TrialState.COMPLETE and is_measurement(trial.value):
         if memory_limit is not None and record.peak_gpu_memory and record.peak_gpu_memory > memory_limit:
             return Observation(config=config, status=Status.OOM, seconds=record.duration, repeat=repeat)
+        logged = record.checkpointing
         return Observation(config=config, status=Status.OK, score=metric.rate(trial.value), seconds=record.duration, repeat=repeat,
-                           memory=record.peak_gpu_memory or None, timers=tuple(sorted((record.timers_ms or {}).items())))
+                           memory=record.peak_gpu_memory or None, timers=tuple(sorted((record.timers_ms or {}).items())),
+                           checkpointing=tuple(sorted(logged.items())) if isinstance(logged, dict) else None)
     if is_finished_experiment(trial) or record.exp_name in dead:
         status = Status.OOM if record.reason is FailureReason.OOM else Status.FAILED
-        return Observation(config=config, status=status, seconds=record.duration, repeat=repeat)
+        return Observation(config=config, status=status, seconds=record.duration, repeat=repeat,
+                           reason=record.reason.value if record.reason is not None else None)
     return None
 
 

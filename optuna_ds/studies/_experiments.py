@@ -142,16 +142,19 @@ OFFLOAD_PARAM = "offload"  # the param a stage study records the offload variant
 _NO_OFFLOAD = "none"  # its value for none, as the dashboard shows it
 
 
-def stage_distributions(*, mbs_high: int, gas_high: int, offloads: Sequence[str], space: KnobSpace) -> dict[str, BaseDistribution]:
+def stage_distributions(*, mbs_high: int, gas_high: int, offloads: Sequence[str], space: KnobSpace,
+                        checkpointing: Mapping[str, Sequence[Any]] | None = None) -> dict[str, BaseDistribution]:
     """The params of a stage study's trials, each with one distribution for the whole study, so
     optuna-dashboard's plots and importances (PED-ANOVA groups trials by distribution) and
     ``optuna best-trial`` read it as any Optuna study: the micro-batch size and accumulation up
     to ``mbs_high`` and ``gas_high``, the offload variant among ``offloads`` (labels, ``""`` for
-    none) where the stage has several, and each knob tuned with or without offload among its values."""
+    none) where the stage has several, and each knob tuned with or without offload among its values,
+    each checkpointing setting among its (``checkpointing``)."""
     distributions: dict[str, BaseDistribution] = {MBS_KEY: IntDistribution(1, mbs_high), GAS_KEY: IntDistribution(1, gas_high)}
     if len(offloads) > 1:
         distributions[OFFLOAD_PARAM] = CategoricalDistribution([label or _NO_OFFLOAD for label in offloads])
     distributions.update({k: CategoricalDistribution(v) for k, v in space.dimensions.items()})
+    distributions.update({k: CategoricalDistribution(list(v)) for k, v in (checkpointing or {}).items()})
     return distributions
 
 
@@ -235,7 +238,7 @@ class StageExperiments:
         records it (:func:`record_params`); no sampler is asked anything."""
         ctx = self._ctx
         space = self._space.with_offload(config.offload) if config.offload else self._space
-        phase = Phase.KNOBS if config.knobs else Phase.MICRO_BATCH
+        phase = Phase.KNOBS if config.knobs.zero else Phase.MICRO_BATCH  # checkpointing, like offload, is the size search's
 
         # A trial that stands down is pruned: Optuna's optimize knows no other way than its
         # objective raising TrialPruned.

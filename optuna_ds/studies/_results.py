@@ -25,11 +25,15 @@ from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import launched
 from optuna_ds.launcher import telling_line
+from optuna_ds.planner import Priors
+from optuna_ds.planner import checkpointing_ignored
 from optuna_ds.planner import measured_noise
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import knob_defaults
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import load_stage_study
+from optuna_ds.studies._builder import checkpointing_space
+from optuna_ds.studies._coordinator import observation_of
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
 # or three runs, scatter beyond the noise itself is common (the noise is their average).
@@ -390,6 +394,44 @@ class OptunaBest:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointingOutcome:
+    """What a tuning found of activation checkpointing, where it was a dimension: the script
+    flag of its switch ("" where the section alone is tuned), its launches, the settings the
+    script ignored (the setting named, and what shows it) and the runs that failed for a
+    reason of the setting (the experiment, and why)."""
+
+    switch: str = ""
+    runs: int = 0
+    ignored: tuple[tuple[str, str], ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()
+
+    def named(self, knobs: Iterable[tuple[str, Any]]) -> str:
+        """A checkpointing setting as the user sets it: the script flag, the section's keys."""
+        return ", ".join(self.switch if k == "gradient_checkpointing" and self.switch else f"{k}={_json(v)}" for k, v in knobs)
+
+
+def _json(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else str(value)
+
+
+def checkpointing_outcome(trials: Sequence[FrozenTrial], user: UserConfig) -> CheckpointingOutcome | None:
+    """The tuning's checkpointing outcome from its trials (``None`` where it was no dimension):
+    what the planner reads of its runs (:func:`~optuna_ds.planner.checkpointing_ignored`) is
+    what the summary says."""
+    space = checkpointing_space(user)
+    if not space.settings():
+        return None
+    metric = user.autotuning.tuned_metric
+    observations = [o for t in launched(trials) if (o := observation_of(t, metric=metric, dead={})) is not None]
+    outcome = CheckpointingOutcome(switch=space.switch)
+    why = checkpointing_ignored(observations, Priors())
+    failed = [(r.exp_name or "", failure_text(r)) for t in launched(trials) if t.state == TrialState.FAIL
+              and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.CHECKPOINTING]
+    return dataclasses.replace(outcome, runs=sum(1 for o in observations if o.knobs.checkpointing),
+                               ignored=tuple((outcome.named([kv]), text) for kv, text in why.items()), failed=tuple(failed))
+
+
+@dataclasses.dataclass(frozen=True)
 class TuningResult:
     """Every stage's outcome and the one optimum: what the summary, the report, the dashboard
     notes and the optimal files show."""
@@ -408,6 +450,7 @@ class TuningResult:
     measured: tuple[Measured, ...] = ()  # every config that ran, for the choice's explanation
     # The experiments an interrupt cut short (stage, trial, name): Optuna's FAIL, no failure.
     interrupted: tuple[tuple[int, int, str], ...] = ()
+    checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
 
     @property
     def num_experiments(self) -> int:
@@ -459,6 +502,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         measured=tuple(measured_configs(every)),
         interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in launched(ts)
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
+        checkpointing=checkpointing_outcome(every, user),
     )
 
 

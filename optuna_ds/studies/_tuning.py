@@ -304,7 +304,8 @@ class Tuning:
         gas_high = max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu())
         offloads = [""] + ([label for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
                            if stage >= 1 and not user_offloads(self._user.zero_section()) else [])
-        return stage_distributions(mbs_high=mbs_high, gas_high=gas_high, offloads=offloads, space=space)
+        return stage_distributions(mbs_high=mbs_high, gas_high=gas_high, offloads=offloads, space=space,
+                                   checkpointing=self._builder.checkpointing.tuned)
 
     def _record_stage(self, stage: int, record: StageRecord) -> None:
         RootRecord(stages={stage: record}).write(self._root.set_user_attr)
@@ -393,6 +394,7 @@ class Tuning:
             knob_sizes=a.num_tuning_micro_batch_sizes,
             nodes=self._resources.nodes_per_experiment,
             params=float(info.get("num_params") or 0.0),
+            checkpointing=tuple(self._builder.checkpointing.settings()),
             # The knob search's trials come on top of the micro-batch search's.
             max_experiments=_MAX_EXPERIMENTS + (0 if a.fast else a.tuner_num_trials),
         )
