@@ -178,6 +178,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     nonce = knob_launches = lever_launches = checkpointing_launches = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
+    configs: list[surfaces.Config] = []  # each launch's config, in launch order
     while True:
         t0 = time.perf_counter()
         candidates = knob_candidates(surface, problem, observations, noise, tuner) if full else None
@@ -203,6 +204,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
                 print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
             kinds.append((launch_kind(p, observations + [r[2] for r in running]), status.value))
+            configs.append(config)
             heapq.heappush(running, (now + outcome.seconds, nonce, done))
             launches += 1
             knob_launches += bool(p.knobs.zero)
@@ -217,11 +219,14 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
         observations.append(done)
     choice = decision.choice
     chosen = config_of(choice.stage, choice.offload, choice.mbs, choice.knobs) if choice else None
+    # The best config that ran, by its true throughput: what a choice among the runs could reach.
+    ran = {o.config for o in observations if o.status is Status.OK}
+    best_ran = max((surface.evaluate(config_of(c.stage, c.offload, c.micro_batch, c.knobs)).throughput for c in ran), default=0.0)
     return {"launches": launches, "knob_launches": knob_launches, "lever_launches": lever_launches,
             "checkpointing_launches": checkpointing_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve,
-            "kinds": kinds}
+            "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran}
 
 
 KINDS = ("first run", "size", "knobs", "checkpointing", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
@@ -297,9 +302,11 @@ def main() -> None:
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) "
                              "or of its priors (priors.knob_cause, ...) for a what-if")
     parser.add_argument("--audit", action="store_true",
-                        help="where the launches go: per job and group, by kind and outcome; the costliest and worst jobs")
+                        help="where the launches go: per job and group, by kind and outcome; whether a config within 1%% ran "
+                             "and was chosen; the costliest and worst jobs")
     parser.add_argument("--curve", action="store_true",
-                        help="the share of the optimum after each number of launches (with --set MIN_GAIN=0: never stopping)")
+                        help="the share of the optimum after each number of launches, and per generator within each budget of "
+                             "DeepSpeed's launches of the job (BUDGETS); with --set min_gain=0: never stopping")
     args = parser.parse_args()
     settings = PlannerSettings()
     for item in args.set:
@@ -345,6 +352,7 @@ def main() -> None:
                   f"chose {r['chosen']} optimum {best}", flush=True)
     if args.curve:
         _curve([r for n, _, r in rows if n.startswith("random")])
+        _budget_curve(rows, ds)
     if args.audit:
         _audit(rows, ds)
     hand = {s.name for s in surfaces.SURFACES}
@@ -492,6 +500,10 @@ def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:
             o = sum(kind == k and s == "oom" for r in group for kind, s in r["kinds"])
             print(f"  {k}: {o} of {n} ran out of memory", end="")
         print()
+        # The search against the choice: a config within 1% that ran, against one chosen.
+        ran = sum(r["best_ran"] >= 0.99 * r["optimum"] for r in group) / len(group)
+        chose = sum(r["true"] >= 0.99 * r["optimum"] for r in group) / len(group)
+        print(f"  within 1%: a config that ran on {ran:.1%} of jobs, the one chosen on {chose:.1%}")
 
     def breakdown(r: dict) -> str:
         counts = {}
@@ -522,6 +534,30 @@ def _curve(runs: list[dict]) -> None:
             shares.append(before[-1] / r["optimum"] if before else 0.0)
         print(f"after {k:2d} launches: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
               f"within 1% {sum(s >= 0.99 for s in shares) / len(shares):.0%}")
+
+
+BUDGETS = (0.25, 0.35, 0.4, 0.5)
+
+
+def _budget_curve(rows: list[tuple[str, float, dict]], ds: dict) -> None:
+    """What a budget of DeepSpeed's launches buys: per group, over the jobs with its figures,
+    the share of the optimum of the choice made once ``f`` times DeepSpeed's launches of the job
+    ran (the profile counted on both sides; the final choice where the tuning stopped sooner,
+    none where no run had finished), for each ``f`` of ``BUDGETS``."""
+    groups = {"random": "random-", "physical": "phys-", "blind": "blind-"}
+    hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}
+    for label, prefix in groups.items():
+        group = [(n, r) for n, _, r in rows if n.startswith(prefix) and n not in hand and ds.get(n, {}).get("launches")]
+        if not group:
+            continue
+        for f in BUDGETS:
+            shares = []
+            for n, r in group:
+                budget = max(2, math.floor(f * ds[n]["launches"]))
+                before = [t for k, t in r["curve"] if k <= budget]
+                shares.append(before[-1] / r["optimum"] if before else 0.0)
+            print(f"{label} at {f:g}x DeepSpeed's launches ({len(group)} jobs): mean {statistics.mean(shares):.4f} "
+                  f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}")
 
 
 def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int) -> None:

@@ -125,6 +125,26 @@ def test_the_planner_audit_counts_every_launch_of_a_job_once() -> None:
     assert kinds[0] == "first run" and sum(s == "oom" for _, s in r["kinds"]) == r["oom"]
 
 
+def test_the_planner_curve_prices_a_budget_of_deepspeeds_launches_and_the_audit_splits_search_from_choice(
+        monkeypatch, capsys) -> None:
+    """``--curve`` prints, per generator, the share of the optimum reached within each budget of
+    DeepSpeed's launches of the job (its cached figures); ``--audit`` whether a config within 1%
+    ran and whether it was the one chosen."""
+    import planner
+
+    monkeypatch.setattr(sys, "argv", ["planner.py", "--random", "0", "--physical", "2", "--memory", "--curve", "--audit",
+                                      "--jobs", "random-0", "random-1", "phys-0", "phys-1"])
+    planner.main()
+    out = capsys.readouterr().out
+    for group in ("random", "physical"):
+        for f in planner.BUDGETS:
+            assert re.search(rf"^{group} at {f:g}x DeepSpeed's launches \(2 jobs\): mean [01]\.\d{{4}} p5 [01]\.\d{{4}} within 1% "
+                             r"\d+\.\d%$", out, re.M), out
+    assert re.search(r"^  within 1%: a config that ran on \d+\.\d% of jobs, the one chosen on \d+\.\d%$", out, re.M), out
+    r = planner.tune(surfaces.by_name("random-0"), slots=1, memory=True)
+    assert r["best_ran"] >= r["true"] > 0 and len(r["configs"]) == r["launches"] - 1
+
+
 def test_blind_jobs_bring_their_own_knob_space(tmp_path: Path) -> None:
     import blind_jobs
     import planner

@@ -6,6 +6,7 @@ import math
 import random
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from optuna_ds.domain import Config
@@ -168,6 +169,23 @@ def test_a_size_that_fails_at_every_stage_from_a_threshold_up_is_bisected_not_wa
     failed = [o for o in observations if o.status is Status.FAILED]
     assert len(failed) <= 6, [(o.stage, o.mbs) for o in observations]
     assert decision.choice is not None and decision.choice.mbs >= 8
+
+
+def test_the_first_launch_is_a_size_likely_to_fit_and_where_none_is_the_likeliest() -> None:
+    """The first launch is the run expected to measure fastest, but among the sizes likely to
+    fit: the chance-weighted throughput of a far size (the profile's activation figure can be off
+    by a factor, so each size keeps some chance) once outweighed a size that fits, and the first
+    launch of a job whose profile leaves room for about one sample was 140 samples, 92% sure to
+    run out of memory, measuring nothing."""
+    tight = Problem(arms=(Arm(stage=0, free=10 * GB, cap=1024),), device_memory=80 * GB, per_sample=8 * GB, gpus=8)
+    first = plan(tight, []).proposals[0]
+    p_oom = FeasibilityModel(tight, []).p_oom(tight.arms[0], np.array([1.0, 2.0, float(first.mbs)]))
+    assert p_oom[0] > 0.5 and p_oom[1] > p_oom[0], p_oom  # no size is likely to fit: the likeliest
+    assert first.mbs == 1 and first.why == "the size expected to run fastest"
+    roomy = Problem(arms=(Arm(stage=0, free=60 * GB, cap=1024),), device_memory=80 * GB, per_sample=2 * GB, gpus=8)
+    first = plan(roomy, []).proposals[0]
+    assert FeasibilityModel(roomy, []).p_oom(roomy.arms[0], np.array([float(first.mbs)]))[0] < 0.5
+    assert 8 <= first.mbs <= 30  # near the edge the profile gives (about 30 samples), not past it
 
 
 def test_one_oom_at_one_stage_moves_every_stage_edge() -> None:

@@ -184,6 +184,7 @@ class Slot:
     ranked: list[_Ranked]
     rows: list[tuple[Arm, int, Knobs]]  # the untried default-knob candidates not taken
     p_run: np.ndarray  # the chance of each row to run
+    fits: np.ndarray  # the chance of each row to fit in memory
     explored: set[tuple[int, str]]  # the arms run, running or taken
 
     @property
@@ -202,7 +203,7 @@ class ListedStages:
         if not fresh:
             return None
         return _best_run(slot.problem, [slot.rows[i] for i in fresh], slot.p_run[fresh], slot.model, "a stage you listed",
-                         slot.problem.sizes)
+                         slot.problem.sizes, fits=slot.fits[fresh])
 
 
 class ListedSizes:
@@ -223,22 +224,25 @@ class ListedSizes:
 
 class FirstLaunch:
     """Is nothing measured, running or proposed yet? The lowest stage likely to run, at the size
-    expected to run fastest: DeepSpeed's order, the lowest stage that runs communicates least."""
+    expected to run fastest of those likely to fit: DeepSpeed's order, the lowest stage that runs
+    communicates least."""
 
     def propose(self, slot: Slot) -> Proposal | None:
-        state, rows, p_run = slot.state, slot.rows, slot.p_run
+        state, rows, p_run, fits = slot.state, slot.rows, slot.p_run, slot.fits
         if state.ok or state.running or slot.taken or not rows:
             return None
         if not (p_run >= 0.5).any():
             # No size is likely to fit without checkpointing: a setting that likely fits with it
-            # is as much a first launch (a sample's activations beyond the device, say).
+            # is as much a first launch (a sample's activations beyond the device, say); its
+            # chance to run is its chance to fit.
             more, p_more = _checkpointing(slot, slot.model.noise)
             likely = [i for i, p in enumerate(p_more) if p >= 0.5]
             rows, p_run = rows + [more[i] for i in likely], np.concatenate([p_run, p_more[likely]])
+            fits = np.concatenate([fits, p_more[likely]])
         lowest = min((a.key for (a, _, _), p in zip(rows, p_run) if p >= 0.5), default=None)
         first = [i for i, (a, _, _) in enumerate(rows) if a.key == lowest] or list(range(len(rows)))
         return _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "the size expected to run fastest",
-                         slot.problem.sizes)
+                         slot.problem.sizes, fits=fits[first])
 
 
 class WhilePending:
@@ -256,7 +260,8 @@ class WhilePending:
             other = [i for i, (_, m, _) in enumerate(rows) if m <= 0.7 * min(sizes)] if sizes else []
         if not other:
             return None
-        return _best_run(slot.problem, [rows[i] for i in other], slot.p_run[other], slot.model, "while the first results are pending")
+        return _best_run(slot.problem, [rows[i] for i in other], slot.p_run[other], slot.model, "while the first results are pending",
+                         fits=slot.fits[other])
 
 
 class MostValue:
@@ -308,7 +313,8 @@ class OnlyWithCheckpointing:
             return None
         lowest = min(rows[i][0].key for i in likely)
         first = [i for i in likely if rows[i][0].key == lowest]
-        return _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "nothing fits without checkpointing")
+        return _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "nothing fits without checkpointing",
+                         fits=p_run[first])
 
 
 def _checkpointing(slot: Slot, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
@@ -327,10 +333,12 @@ def _next(state: State, model: ThroughputModel, taken: set[Config], ranked: list
           measured_only: ThroughputModel) -> Proposal | None:
     """The next experiment of one slot, by the first step of the policy that proposes one."""
     rows, p_run = state.candidates
+    fits = state.candidate_fits
     keep = [i for i, (a, m, k) in enumerate(rows) if state.problem.config(a, m, k) not in taken]
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
     slot = Slot(state=state, model=model, measured_only=measured_only, taken=taken, ranked=ranked,
-                rows=[rows[i] for i in keep], p_run=p_run[keep] if len(keep) else np.zeros(0), explored=explored)
+                rows=[rows[i] for i in keep], p_run=p_run[keep] if len(keep) else np.zeros(0),
+                fits=fits[keep] if len(keep) else np.zeros(0), explored=explored)
     for step in POLICY:
         if (proposal := step.propose(slot)) is not None:
             return proposal
@@ -372,13 +380,17 @@ def _replicate(model: ThroughputModel, state: State, ranked: list[_Ranked]) -> t
 
 
 def _best_run(problem: Problem, rows: list[tuple[Arm, int, Knobs]], p_run: np.ndarray, model: ThroughputModel, why: str,
-              sizes: tuple[int, ...] | None = None) -> Proposal:
-    """The run expected to measure fastest; with the user's list of ``sizes``, the first listed
-    that is likely to run, in the user's order as DeepSpeed does."""
+              sizes: tuple[int, ...] | None = None, *, fits: np.ndarray) -> Proposal:
+    """The run expected to measure fastest among the sizes likely to fit in memory (``fits``,
+    each row's chance to), or the likeliest to fit where none is; with the user's list of
+    ``sizes``, the first listed that is likely to run, in the user's order as DeepSpeed does."""
     likely = [i for i, (_, m, _) in enumerate(rows) if p_run[i] >= 0.5]
     if sizes and likely:
         i = min(likely, key=lambda i: sizes.index(rows[i][1]) if rows[i][1] in sizes else len(sizes))
     else:
-        i = int(np.argmax(p_run * np.exp(model.mean(rows))))
+        # A launch that runs out of memory measures nothing, its peak memory included: the sizes
+        # likely to fit, where any is; where none is, the likeliest.
+        fit = [i for i in range(len(rows)) if fits[i] >= 0.5] or [int(np.argmax(fits))]
+        i = fit[int(np.argmax(p_run[fit] * np.exp(model.mean([rows[i] for i in fit]))))]
     a, m, k = rows[i]
     return Proposal(config=problem.config(a, m, k), why=why)

@@ -161,12 +161,23 @@ class State:
     def points(self) -> list[tuple[Arm, int, Knobs, float]]:
         return [(self.arm(o.arm, o.knobs), o.mbs, o.knobs, float(o.score)) for o in self.ok if o.score is not None]
 
-    @functools.cached_property
+    @property
     def candidates(self) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
         """Untried default-knob configs of every arm, with their probability to run: the same for
         every proposal of a batch."""
+        rows, p_run, _ = self._candidates
+        return rows, p_run
+
+    @property
+    def candidate_fits(self) -> np.ndarray:
+        """The probability of each of :attr:`candidates` to fit in memory."""
+        return self._candidates[2]
+
+    @functools.cached_property
+    def _candidates(self) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray, np.ndarray]:
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
+        p_fit: list[np.ndarray] = []
         for arm in self.arms:
             sizes = np.array([m for m in self.sizes(arm) if self.problem.config(arm, int(m)) not in self.tried])
             if not len(sizes):
@@ -184,7 +195,8 @@ class State:
                 keep[0] = True
             rows += [(arm, int(m), Knobs()) for m in sizes[keep]]
             p_run.append(p[keep])
-        return rows, (np.concatenate(p_run) if p_run else np.zeros(0))
+            p_fit.append(fits[keep])
+        return rows, (np.concatenate(p_run) if p_run else np.zeros(0)), (np.concatenate(p_fit) if p_fit else np.zeros(0))
 
 
     def knob_rows(self, model: ThroughputModel) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
