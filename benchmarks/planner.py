@@ -179,6 +179,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
     configs: list[surfaces.Config] = []  # each launch's config, in launch order
+    spans: list[tuple[float, float]] = []  # each launch's (start, end), simulated seconds
     while True:
         t0 = time.perf_counter()
         candidates = knob_candidates(surface, problem, observations, noise, tuner) if full else None
@@ -201,11 +202,12 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak, repeat=p.repeat,
                                timers=timers)
             if trace:
-                print(f"  {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
+                print(f"  {now / 60:6.1f} min {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
                       f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
             kinds.append((launch_kind(p, observations + [r[2] for r in running]), status.value))
             configs.append(config)
             heapq.heappush(running, (now + outcome.seconds, nonce, done))
+            spans.append((now, now + outcome.seconds))
             launches += 1
             knob_launches += bool(p.knobs.zero)
             checkpointing_launches += bool(p.knobs.checkpointing)
@@ -226,7 +228,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             "checkpointing_launches": checkpointing_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve,
-            "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran}
+            "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran, "spans": spans}
 
 
 KINDS = ("first run", "size", "knobs", "checkpointing", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
@@ -291,6 +293,9 @@ def main() -> None:
     parser.add_argument("--levers", type=int, default=0, metavar="N",
                         help="only the lever table: N jobs of each ZeRO++ family (physical_jobs.lever_job), full mode, levers on and off")
     parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--versus", type=int, default=0, metavar="SLOTS",
+                        help="also tune each job with SLOTS slots: the simulated wall time to the stop with them over "
+                             "--slots' (the speed-up), and their share of the optimum")
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
@@ -346,6 +351,9 @@ def main() -> None:
         if name in ds:
             r["ceiling_ds"] = {k: surfaces.within_1pc_ceiling(gap, surface.noise, int(k * ds[name]["launches"])) for k in (0.35, 0.5, 1.0)}
         share = r["true"] / optimum
+        if args.versus:
+            other = tune(surface, slots=args.versus, memory=args.memory, settings=settings, full=args.full, tuner=args.tuner)
+            r["versus"] = {"wall_s": other["wall_s"], "share": other["true"] / optimum, "launches": other["launches"]}
         rows.append((name, share, r))
         if args.verbose or share < 0.99:
             print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
@@ -368,6 +376,8 @@ def main() -> None:
                          ("blind4 (held out)", [r for r in rows if r[0].startswith("blind4-")])):
         if group:
             _summary(label, group, ds, args.slots)
+            if args.versus:
+                _speedup(group, slots=args.slots, versus=args.versus)
 
 
 def _lever_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings, tuner: str) -> None:
@@ -558,6 +568,18 @@ def _budget_curve(rows: list[tuple[str, float, dict]], ds: dict) -> None:
                 shares.append(before[-1] / r["optimum"] if before else 0.0)
             print(f"{label} at {f:g}x DeepSpeed's launches ({len(group)} jobs): mean {statistics.mean(shares):.4f} "
                   f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}")
+
+
+def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int) -> None:
+    """The simulated wall time to the stop with ``versus`` slots over that with ``slots``: of the
+    group's total (its mean per job) and the median of the jobs' own; the quality of each beside it."""
+    theirs = [r["versus"] for _, _, r in rows]
+    ratios = [t["wall_s"] / r["wall_s"] for (_, _, r), t in zip(rows, theirs) if r["wall_s"] > 0]
+    shares = [t["share"] for t in theirs]
+    print(f"  wall with {versus} slot(s) / with {slots}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for _, _, r in rows):.2f}x "
+          f"(median per job {statistics.median(ratios):.2f}x); with {versus}: mean {statistics.mean(shares):.4f} "
+          f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
+          f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job")
 
 
 def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int) -> None:
