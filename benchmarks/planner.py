@@ -18,11 +18,17 @@ import dataclasses
 import heapq
 import json
 import math
+import os
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
+
+# The planner's matrices have tens of rows: BLAS threads only contend for the cores, and on a
+# loaded machine they multiply a decision's time 5-30x. One thread each, unless set.
+for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
