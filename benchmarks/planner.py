@@ -560,7 +560,7 @@ def _budget_curve(rows: list[tuple[str, float, dict]], ds: dict) -> None:
     the share of the optimum of the choice made once ``f`` times DeepSpeed's launches of the job
     ran (the profile counted on both sides; the final choice where the tuning stopped sooner,
     none where no run had finished), for each ``f`` of ``BUDGETS``."""
-    groups = {"random": "random-", "physical": "phys-", "blind": "blind-"}
+    groups = {"random": "random-", "physical": "phys-", "blind": "blind-", "blind4": "blind4-"}
     hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}
     for label, prefix in groups.items():
         group = [(n, r) for n, _, r in rows if n.startswith(prefix) and n not in hand and ds.get(n, {}).get("launches")]
