@@ -403,6 +403,9 @@ class ThroughputModel:
                 explained = cross @ kinv  # (rows + 1, n)
                 var = var - np.einsum("rn,rn->r", explained, cross)
                 covariance = covariance - explained[:-1] @ cross[-1]
+            # Rounding leaves a variance at a measured point a little below zero (seen at -0.75
+            # with wide full-mode batches): clamped as predict() clamps it, lest a value be NaN.
+            var = np.maximum(var, 1e-12)
             for out, value in ((var_r, var[:-1]), (var_c, np.full(len(rows), var[-1])), (cov, covariance)):
                 out.append(np.broadcast_to(value, (len(active), len(rows))))
         mean_c = np.broadcast_to(means[:, -1:], means[:, :-1].shape)
