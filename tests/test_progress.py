@@ -28,6 +28,16 @@ def _feed(progress: Progress, clock: Clock | None = None) -> None:
     progress.started(stage=2, number=0, name="z2_gas1_tmbspg4", slot="localhost:2,3")
 
 
+def _runs(progress: Progress, count: int, *, seconds: float, clock: Clock | None = None) -> None:
+    """``count`` experiments of stage 0 on one slot, one after another, each ``seconds`` long
+    (on ``clock``, where given) and finished ok."""
+    for i in range(count):
+        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
+        if clock is not None:
+            clock.now += seconds
+        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=seconds, outcome="ok")
+
+
 def test_status_shows_best_first_a_bar_over_the_estimate_and_time_left() -> None:
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
@@ -49,10 +59,7 @@ def test_the_time_left_counts_the_running_experiments_share_and_holds_while_one_
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
     progress.plan(10, metric=Metric.named("throughput"))
-    for i in range(2):
-        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
-        clock.now += 60
-        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=60.0, outcome="ok")
+    _runs(progress, 2, seconds=60.0, clock=clock)
     progress.started(stage=0, number=2, name="a2", slot="localhost:0")
     lefts = []
     for _ in range(5):
@@ -104,10 +111,7 @@ def test_a_bar_that_reached_its_estimate_is_not_finished_when_the_estimate_rises
     clock = Clock()
     progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
     progress.plan(2, metric=Metric.named("throughput"))
-    for i in range(2):
-        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
-        clock.now += 10
-        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=10.0, outcome="ok")
+    _runs(progress, 2, seconds=10.0, clock=clock)
     progress.plan(0, metric=Metric.named("throughput"))
     assert progress.status().splitlines()[1].startswith("2/2 ") and " 100% " in progress.status()
     progress.plan(4, metric=Metric.named("throughput"))  # the planner went on after all
@@ -165,9 +169,7 @@ def test_the_estimate_is_given_with_its_ceiling_and_every_rise_is_said() -> None
     progress = Progress(stream=out, tty=False)
     progress.plan(5, metric=Metric.named("throughput"), ceiling=40)
     assert out.getvalue() == ""  # said with the first experiment, which it counts
-    for i in range(3):  # the planner still expects 5 more after each: the total rises with each start
-        progress.started(stage=0, number=i, name=f"a{i}", slot="localhost:0")
-        progress.finished(stage=0, number=i, name=f"a{i}", value=1.0, duration=1.0, outcome="ok")
+    _runs(progress, 3, seconds=1.0)  # the planner still expects 5 more after each: the total rises with each start
     lines = [line for line in out.getvalue().splitlines() if line.startswith("estimate:")]
     assert lines[0].startswith("estimate: ~6 experiments in all, at most 40: a guess the planner revises")
     assert lines[1:] == [f"estimate: ~{n} experiments in all (was ~{n - 1}), from what the results so far showed" for n in (7, 8)]
