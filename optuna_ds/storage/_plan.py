@@ -9,9 +9,9 @@ from typing import Any
 import optuna
 
 from optuna_ds._errors import ConfigError
+from optuna_ds._errors import PlanMismatchError
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import study_id as id_of
-from optuna_ds._errors import PlanMismatchError
 
 PLAN_VERSION = 1
 # On the root study: the plan whole in a system attr, and in a user attr its fingerprint only,

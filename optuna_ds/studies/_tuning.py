@@ -94,7 +94,7 @@ class ProfileError(OptunaDSError):
     exit_code = 1
 
 
-def ending_tune(root: optuna.Study) -> dict[str, Any] | None:
+def _live_ending(root: optuna.Study) -> dict[str, Any] | None:
     """The tune process ending the tuning of ``root``, unless it is known gone (a tune that died
     while ending it: its search is open to workers again)."""
     owner = ending(root)
@@ -292,7 +292,7 @@ class Tuning:
             num_trials=a.tuner_num_trials,
             timeout=self._timeout(),
             observer=observer,
-            ending_tune=(lambda: ending_tune(self._root)) if self._worker else (lambda: None),
+            ending_tune=(lambda: _live_ending(self._root)) if self._worker else (lambda: None),
         )
 
     def _distributions(self, stage: int, space: KnobSpace) -> dict[str, BaseDistribution]:
