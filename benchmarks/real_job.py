@@ -1,7 +1,8 @@
 """`make bench-real`: optuna-ds beside DeepSpeed's autotuner on a real DeepSpeed job on this machine.
 
-The job is the example (examples/train.py, real DeepSpeed on this machine's accelerator: CPU
-without a GPU), every ZeRO stage, the global batch capped at ``--max-train-batch-size``. First
+The job (``--job``) is the README's example (examples/train.py) or our own plain DeepSpeed script
+(benchmarks/replay_jobs/tiny_transformer.py, a tiny transformer language model that knows nothing
+of tuning), real DeepSpeed on this machine's accelerator (CPU without a GPU), every ZeRO stage, the global batch capped at ``--max-train-batch-size``. First
 DeepSpeed's autotuner (``deepspeed --autotuning tune``, unmodified but for a no-op ``pdsh`` on
 PATH: it ends each experiment with ``pdsh … pkill -f`` by name), then ``optuna-ds tune``, each in
 a folder of its own, both fast mode. Per tool: the wall time, the experiments it launched (its
@@ -37,7 +38,9 @@ from optuna_ds.launcher import Slot  # noqa: E402
 from optuna_ds.launcher import measure_steps  # noqa: E402
 from optuna_ds.launcher import profiled_steps  # noqa: E402
 
-SCRIPT_ARGS = ["--hidden", "512", "--layers", "4", "--steps", "1000"]
+# Per job: its script and arguments; its steps last, so the finals can run fewer.
+JOBS = {"example": (ROOT / "examples" / "train.py", ["--hidden", "512", "--layers", "4", "--steps", "1000"]),
+        "transformer": (ROOT / "benchmarks" / "replay_jobs" / "tiny_transformer.py", ["--steps", "1000"])}
 
 
 def _user_config(cap: int) -> dict:
@@ -45,12 +48,13 @@ def _user_config(cap: int) -> dict:
             "autotuning": {"enabled": True, "fast": True, "max_train_batch_size": cap, "start_profile_step": 3, "end_profile_step": 6}}
 
 
-def _tool(name: str, work: Path, cap: int, env: dict[str, str]) -> dict:
+def _tool(name: str, work: Path, job: str, cap: int, env: dict[str, str]) -> dict:
     folder = work / name
     folder.mkdir()
-    shutil.copy(ROOT / "examples" / "train.py", folder / "train.py")
+    path, script_args = JOBS[job]
+    shutil.copy(path, folder / path.name)
     (folder / "ds_config.json").write_text(json.dumps(_user_config(cap)))
-    script = ["train.py", "--deepspeed_config", "ds_config.json", *SCRIPT_ARGS]
+    script = [path.name, "--deepspeed_config", "ds_config.json", *script_args]
     bin_dir = os.path.dirname(sys.executable)
     cmd = ([os.path.join(bin_dir, "deepspeed"), "--autotuning", "tune", "--num_gpus", "1", *script] if name == "deepspeed"
            else [sys.executable, "-m", "optuna_ds", "tune", "--num_gpus", "1", *script])
@@ -72,11 +76,11 @@ def _describe(config: dict) -> str:
     return f"z{zero.get('stage', 0)}{offload} mbs {config['train_micro_batch_size_per_gpu']} gas {config.get('gradient_accumulation_steps', 1)}"
 
 
-def _finals(work: Path, optima: dict[str, dict], repeat: int) -> dict[str, list[float]]:
+def _finals(work: Path, job: str, optima: dict[str, dict], repeat: int) -> dict[str, list[float]]:
     metric = Metric.named("throughput")
+    path, script_args = JOBS[job]
     commands = CommandBuilder(deepspeed_bin=(os.path.join(os.path.dirname(sys.executable), "deepspeed"),),
-                              script=str(ROOT / "examples" / "train.py"),
-                              script_args=("--deepspeed_config", "ds.json", *SCRIPT_ARGS[:-1], "12"), arg_mappings={})
+                              script=str(path), script_args=("--deepspeed_config", "ds.json", *script_args[:-1], "12"), arg_mappings={})
     runner = ExperimentRunner(commands=commands, master_port=29870, metric_key=metric.key, exps_dir=str(work / "finals-exps"))
     runs: dict[str, list[float]] = {name: [] for name in optima}
     for index in range(repeat):
@@ -98,6 +102,7 @@ def _finals(work: Path, optima: dict[str, dict], repeat: int) -> dict[str, list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", choices=sorted(JOBS), default="example")
     parser.add_argument("--max-train-batch-size", type=int, default=256)
     parser.add_argument("--finals", type=int, default=4, help="runs of each optimum, measured alike")
     parser.add_argument("--keep", type=Path, help="copy both tools' folders here")
@@ -112,18 +117,18 @@ def main() -> None:
                    PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
                    OPTUNA_DS_LOCK_DIR=str(work / "locks"))
         loads = [os.getloadavg()[0]]
-        tools = {name: _tool(name, work, args.max_train_batch_size, env) for name in ("deepspeed", "optuna-ds")}
+        tools = {name: _tool(name, work, args.job, args.max_train_batch_size, env) for name in ("deepspeed", "optuna-ds")}
         loads.append(os.getloadavg()[0])
         # One config chosen by both: its runs would only measure the noise between them.
         same = tools["deepspeed"]["config"] == tools["optuna-ds"]["config"]
-        runs = _finals(work, {name: t["config"] for name, t in tools.items()} if not same else {"both": tools["deepspeed"]["config"]},
+        runs = _finals(work, args.job, {name: t["config"] for name, t in tools.items()} if not same else {"both": tools["deepspeed"]["config"]},
                        args.finals)
         if same:
             runs = {name: runs["both"] for name in tools}
         loads.append(os.getloadavg()[0])
         if args.keep:
             shutil.copytree(work, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("bin", "locks"))
-    print(f"the example, every ZeRO stage, max_train_batch_size {args.max_train_batch_size}, fast mode, {os.cpu_count()} cores "
+    print(f"job {args.job} ({JOBS[args.job][0].name}), every ZeRO stage, max_train_batch_size {args.max_train_batch_size}, fast mode, {os.cpu_count()} cores "
           f"(load average {min(loads):.1f}-{max(loads):.1f}); optima measured alike, {args.finals} runs each")
     print(f"{'tool':<10} {'wall s':>7} {'experiments':>11}  {'optimum':<22} {'samples/s (mean ± sd)':>22}")
     for name, t in tools.items():
