@@ -515,3 +515,27 @@ def test_full_mode_ends_whatever_notation_its_sizes_are_written_in(ws: Workspace
             assert len({repr(t.distributions[name]) for t in trials if name in t.distributions}) == 1, name
         assert all(t.params["offload"] == (t.user_attrs.get("offload") or "none") for t in trials)
         assert all(t.params["train_micro_batch_size_per_gpu"] == t.user_attrs["micro_batch_size"] for t in trials)
+
+
+def test_the_planner_decides_on_one_blas_thread_and_the_process_gets_its_threads_back(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tens of rows per matrix: more BLAS threads only contend with the experiments for the cores.
+    from threadpoolctl import threadpool_info
+
+    from optuna_ds.studies import _coordinator
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before, seen = blas_threads(), []
+    decide = _coordinator.plan
+
+    def plan(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(blas_threads())
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(_coordinator, "plan", plan)
+    ws.config(FAST)
+    p = ws.tune(surface={"peak": 24})
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert seen and all(threads and set(threads) == {1} for threads in seen), seen
+    assert set(blas_threads()) == set(before)  # a library loaded meanwhile (torch's) keeps its own
