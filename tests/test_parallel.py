@@ -383,3 +383,56 @@ def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings
     decisions = [earlier._decide(), fresh._decide()]
     assert handed[0] == handed[1] and handed[0] == {}, handed  # the search is over for both: 1% is within the noise
     assert decisions[0] == decisions[1]
+
+
+def test_knob_settings_handed_to_slots_count_against_tuner_num_trials(monkeypatch) -> None:
+    """In-process: a coordinator whose slots hold knob settings not yet claimed (no trial yet)
+    stops offering knob settings once those and the stored trials reach ``tuner_num_trials``;
+    four slots asking at once would otherwise start three trials beyond it."""
+    import threading
+    from types import SimpleNamespace
+
+    from optuna_ds.config import Metric
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import ExperimentRecord
+    from optuna_ds.domain import Phase
+    from optuna_ds.planner import Arm
+    from optuna_ds.planner import Decision
+    from optuna_ds.planner import Problem
+    from optuna_ds.planner import Proposal
+    from optuna_ds.planner import plan as real_plan
+    from optuna_ds.space import KnobSpace
+    from optuna_ds.space import knob_defaults
+    from optuna_ds.studies import _coordinator
+    from optuna_ds.studies._knob_search import KnobCandidates
+
+    space = KnobSpace(stage=1, tuned={"overlap_comm": [True, False], "reduce_bucket_size": [5e7, 5e8]}, fixed={})
+    study = optuna.create_study(study_name="t-z1", direction="maximize")
+    for knobs, value in (({}, 100.0), ({"overlap_comm": True, "reduce_bucket_size": 5e8}, 110.0)):
+        trial = study.ask()
+        ExperimentRecord(phase=Phase.KNOBS if knobs else Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=8, knobs=knobs),
+                         exp_name=f"z1_gas1_tmbspg8_{len(study.trials)}").write(trial.set_user_attr)
+        study.tell(trial, value)
+    ctx = SimpleNamespace(pool=None, stop=threading.Event(), metric=Metric.named("throughput"), fast=False, early_stopping=100,
+                          num_trials=2, tuner_type="gridsearch", memory_limit=None, observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
+    arm = Arm(stage=1, free=60e9, cap=64, buffers=1e9, knobs=tuple((k, tuple(v)) for k, v in sorted(space.tuned.items())),
+              knob_defaults=tuple(sorted(knob_defaults(space).items())))
+    knobs = KnobCandidates(ctx=ctx, spaces={1: space}, buffers=lambda stage, offload, knobs: 1e9)  # type: ignore[arg-type]
+    coordinator = _coordinator.Coordinator(problem=Problem(arms=(arm,), device_memory=80e9, sizes=(8,), gpus=1), knobs=knobs,
+                                           stages={1: SimpleNamespace(study=study)}, ctx=ctx, root=study)  # type: ignore[arg-type]
+    handed: list[dict] = []
+
+    def plan(*args: Any, knob_candidates: dict, **kwargs: Any) -> Decision:
+        handed.append(knob_candidates)
+        return real_plan(*args, knob_candidates=knob_candidates, **kwargs)
+
+    monkeypatch.setattr(_coordinator, "plan", plan)
+    coordinator._decide()
+    assert handed[-1], "one knob trial of two: the search goes on"
+    # A size at the default knobs in a slot is no knob trial; a knob setting is the second.
+    coordinator._handed.append(Proposal(config=Config(stage=1, micro_batch=16)))
+    coordinator._decide()
+    assert handed[-1]
+    coordinator._handed.append(Proposal(config=Config(stage=1, micro_batch=8, knobs={"overlap_comm": False, "reduce_bucket_size": 5e7})))
+    coordinator._decide()
+    assert handed[-1] == {}

@@ -30,3 +30,11 @@ def test_a_gain_within_the_noise_does_not_prolong_the_search(direction: str, val
     # A gain beyond the noise counts.
     larger = _study(values + [values[-1] * (1.02 if direction == "maximize" else 0.98)], direction)
     assert not TunerEarlyStopping(2, min_improvement=0.01).exhausted(larger)
+
+
+def test_trials_about_to_start_count_against_the_budget() -> None:
+    # Settings handed to slots are not trials yet: k slots asking at once would start k - 1
+    # trials beyond tuner_num_trials if only the stored ones counted.
+    study = _study([100.0, 101.0])
+    assert not TunerEarlyStopping(100, max_trials=3).exhausted(study)
+    assert TunerEarlyStopping(100, max_trials=3).exhausted(study, pending=1)

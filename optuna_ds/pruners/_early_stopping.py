@@ -42,11 +42,12 @@ class TunerEarlyStopping:
         interrupted = trial.state == TrialState.FAIL and (record.reason is None or not record.reason.judges_config)
         return (self._phase is None or record.phase is self._phase) and not record.repeat and not interrupted
 
-    def exhausted(self, study: optuna.Study) -> bool:
-        """Whether the search is over."""
+    def exhausted(self, study: optuna.Study, *, pending: int = 0) -> bool:
+        """Whether the search is over; ``pending`` trials of the counted phase are about to be
+        started (handed to slots, not yet in the storage): they count against ``max_trials``."""
         trials = study.get_trials(deepcopy=False)
         counted = [t for t in trials if self._counts(t) and t.state != TrialState.PRUNED]
-        if self._max_trials is not None and len(counted) >= self._max_trials:
+        if self._max_trials is not None and len(counted) + pending >= self._max_trials:
             return True
         maximize = study.direction == StudyDirection.MAXIMIZE
         best: float | None = None

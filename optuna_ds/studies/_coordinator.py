@@ -195,8 +195,8 @@ class Coordinator:
         running = {o.config for o in observations if o.status is Status.RUNNING}
         pending = [Observation(config=p.config, status=Status.RUNNING) for p in self._handed if p.config not in running]
         noise = _noise(observations)
-        candidates = (self._knobs(self._problem.arms, {s: e.study for s, e in self._stages.items()}, noise)
-                      if self._knobs is not None else None)
+        candidates = (self._knobs(self._problem.arms, {s: e.study for s, e in self._stages.items()}, noise,
+                                  [o.config for o in pending]) if self._knobs is not None else None)
         decision = plan(self._problem, observations + pending, free_slots=1, knob_candidates=candidates)
         self.decision = decision
         self._seen = frozenset(collections.Counter((o.config, o.status, o.score, o.repeat) for o in observations).items())

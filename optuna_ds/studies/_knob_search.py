@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import Knobs
 from optuna_ds.domain import Phase
@@ -52,8 +53,11 @@ class KnobCandidates:
         ctx = self._ctx
         return TunerEarlyStopping(ctx.early_stopping, max_trials=ctx.num_trials, phase=Phase.KNOBS, min_improvement=noise or 0.0)
 
-    def __call__(self, arms: Sequence[Arm], studies: Mapping[int, optuna.Study], noise: float | None) -> dict[tuple[int, str], list[KnobSetting]]:
-        """The settings of each arm whose stage's knob search is not over."""
+    def __call__(self, arms: Sequence[Arm], studies: Mapping[int, optuna.Study], noise: float | None,
+                 pending: Sequence[Config] = ()) -> dict[tuple[int, str], list[KnobSetting]]:
+        """The settings of each arm whose stage's knob search is not over; ``pending`` are the
+        configs this process handed to slots that are not trials yet: its knob settings count
+        against ``tuner_num_trials`` already, else k slots would overshoot it by k - 1."""
         if self._ctx.fast:
             return {}
         out: dict[tuple[int, str], list[KnobSetting]] = {}
@@ -66,7 +70,8 @@ class KnobCandidates:
             if not space.tuned:
                 continue
             trials = study.get_trials(deepcopy=False)
-            if self._budget(noise).exhausted(study):
+            handed = sum(1 for c in pending if c.stage == arm.stage and c.knobs.zero)
+            if self._budget(noise).exhausted(study, pending=handed):
                 continue
             mine = [t for t in trials if _knob_trial(t, space, arm.offload)]
             key = (arm.key, tuple((t.number, t.state) for t in mine))
