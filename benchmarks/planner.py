@@ -233,7 +233,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     return {"launches": launches, "knob_launches": knob_launches, "lever_launches": lever_launches,
             "checkpointing_launches": checkpointing_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
-            "noise": decision.noise if decision.noise_runs else None, "decision_s": decisions, "curve": curve,
+            "noise": decision.noise if decision.noise_runs else None, "noise_dof": decision.noise_runs, "decision_s": decisions, "curve": curve,
             "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran, "spans": spans}
 
 
@@ -273,6 +273,16 @@ def running_view(running: list[tuple[float, int, Observation]], now: float) -> l
     """The experiments under way as the planner sees them: running, for so many seconds."""
     return [(e, n, Observation(config=o.config, status=Status.RUNNING, seconds=now - (e - (o.seconds or 0.0))))
             for e, n, o in running]
+
+
+def _within_half_to_twice(dof: int) -> float:
+    """The chance that a standard deviation estimated with ``dof`` degrees of freedom lies within
+    0.5x-2x of the truth: ``dof * s**2 / sigma**2`` is chi-square with ``dof`` degrees."""
+    if dof <= 0:
+        return 0.0
+    from scipy.stats import chi2
+
+    return float(chi2.cdf(4.0 * dof, dof) - chi2.cdf(0.25 * dof, dof))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -612,7 +622,10 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     ratios = [r["noise"] / r["true_noise"] for _, _, r in rows if r["noise"] is not None]
     print(f"  noise reported within 0.5x-2x of the true noise: {sum(0.5 <= q <= 2.0 for q in ratios) / len(rows):.1%} of jobs "
           f"(measured on {len(ratios) / len(rows):.0%}; reported / true p10 {_percentile(ratios, 0.1) if ratios else 0:.2f} "
-          f"median {_percentile(ratios, 0.5) if ratios else 0:.2f} p90 {_percentile(ratios, 0.9) if ratios else 0:.2f})")
+          f"median {_percentile(ratios, 0.5) if ratios else 0:.2f} p90 {_percentile(ratios, 0.9) if ratios else 0:.2f}); "
+          f"the ceiling of the runs it rests on: {statistics.mean(_within_half_to_twice(r['noise_dof']) for _, _, r in rows):.1%} "
+          f"(an unbiased estimate from k repeat degrees of freedom, Gaussian noise; k median "
+          f"{_percentile([r['noise_dof'] for _, _, r in rows], 0.5):.0f}; 90% needs k >= 4)")
     # What no search could beat: the noise, not the planner, bounds the share within 1%.
     ceiling = statistics.mean(r["ceiling"] for _, _, r in rows)
     print(f"  ceiling within 1% (a genie that knows every curve's shape and which two arms to compare): "
