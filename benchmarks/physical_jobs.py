@@ -437,7 +437,7 @@ class PhysicalJob:
         """The knob spaces full mode tunes (DeepSpeed's autotuner's)."""
         return SPACES
 
-    def _settings(self, stage: int, fast: bool):
+    def _settings(self, stage: int, fast: bool, offloaded: bool = False):
         spaces = self.spaces()
         if fast or not spaces[stage]:
             yield ()
@@ -468,7 +468,7 @@ class PhysicalJob:
 
     def configs(self, *, fast: bool, stages=(0, 1, 2, 3), max_mbs=1024, offload=False) -> Iterator[Config]:
         for stage, oo, op in self._arms(stages, offload):
-            for knobs in self._settings(stage, fast):
+            for knobs in self._settings(stage, fast, offloaded=oo):
                 for m in range(1, self._fit_len(stage, oo, op, knobs, max_mbs) + 1):
                     yield Config(stage, m, 1, knobs, oo, op)
 
@@ -478,7 +478,7 @@ class PhysicalJob:
         out = {}
         for stage, oo, op in self._arms(stages, offload):
             best = None
-            for knobs in self._settings(stage, fast):
+            for knobs in self._settings(stage, fast, offloaded=oo):
                 k = self._fit_len(stage, oo, op, knobs, max_mbs)
                 if k == 0:
                     continue
@@ -671,8 +671,8 @@ class CheckpointJob(PhysicalJob):
     def _crashes(self, stage, oo, op, knobs, mbs):
         return super()._crashes(stage, oo, op, tuple(kv for kv in knobs if kv[0] != CKPT), mbs)
 
-    def _settings(self, stage: int, fast: bool):
-        for knobs in super()._settings(stage, fast):
+    def _settings(self, stage: int, fast: bool, offloaded: bool = False):
+        for knobs in super()._settings(stage, fast, offloaded):
             yield knobs
             if self.switch:
                 yield tuple(sorted((*knobs, (CKPT, True))))
@@ -711,10 +711,10 @@ class AutotpJob(PhysicalJob):
     sizes: tuple[int, ...] = (2, 4)
     listed: bool = True
 
-    def _settings(self, stage: int, fast: bool):
-        for knobs in super()._settings(stage, fast):
+    def _settings(self, stage: int, fast: bool, offloaded: bool = False):
+        for knobs in super()._settings(stage, fast, offloaded):
             yield knobs
-            if self.listed and stage <= 2:
+            if self.listed and stage <= 2 and not offloaded:
                 for t in self.sizes:
                     yield tuple(sorted((*knobs, (AUTOTP, t))))
 

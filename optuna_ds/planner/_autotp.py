@@ -11,10 +11,12 @@ links, against the ``1/t`` of the compute a rank keeps. Per sample, all ranks to
 ``t * (t - 1) / t`` times an all-reduce of ``16 L s h`` bytes against ``72 L s h^2`` FLOPs of
 compute: a share ``k (t - 1) / h`` of the step, ``k = (2/9) FLOPS / bandwidth``
 (:attr:`Priors.autotp_exchange`), so it shrinks with the hidden size and grows with the group.
-At a size both run it is only slower; what it buys is room: the sizes the config without it
-runs out of memory at, or a stage whose model states fit only so. The planner prices it as it
-prices activation checkpointing (:mod:`optuna_ds.planner._checkpointing`): tried beyond the
-memory edge, and only where the curve's rise there can beat its cost. Every function here is pure.
+At a size both run it is slower but for the gradients each rank reduces (1/t of them); what it
+buys is room: the sizes the config without it runs out of memory at, or a stage whose model
+states fit only so. The planner prices it as it prices activation checkpointing
+(:mod:`optuna_ds.planner._checkpointing`): tried beyond the memory edge, and only where the
+curve's rise there can beat its cost; every size shares one effect, so a run of one teaches
+what the others cost (:func:`autotp_shares`). Every function here is pure.
 """
 from __future__ import annotations
 
@@ -63,8 +65,9 @@ def autotp_effects(problem: Problem, priors: Priors) -> dict[tuple[str, Any], Ef
     """The prior of each AutoTP size on log throughput at a micro-batch size both run, and of
     :data:`EXCHANGE`, a group of two's: its all-reduces' share of the step, ``k (t - 1) / h``
     (:attr:`Priors.autotp_exchange`), known to within :attr:`Priors.autotp_exchange_sd` of
-    itself. At a size both run it never gains (it only adds communication), so its effect is a
-    cost with little weight above nothing; links slower than NVLink show in its first run."""
+    itself, with little weight above nothing: at a size both run it adds the all-reduces. What it
+    saves there (each rank reduces and steps 1/t of the parameters) is small beside them on a
+    node's links, and slower links show in its first run, which the model learns from."""
     h = hidden_size(problem)
     out: dict[tuple[str, Any], Effect] = {}
     for size in {2, *(setting.autotp for setting in problem.autotp)} if problem.autotp else ():
