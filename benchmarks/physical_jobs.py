@@ -91,6 +91,14 @@ def _levers(knobs, nodes: int) -> tuple[bool, bool, int]:
     return kn.get(QWZ) is True, kn.get(QGZ) is True and nodes > 1, hpz if nodes > 1 else 1
 
 
+AUTOTP = "tensor_parallel.autotp_size"  # DeepSpeed's AutoTP size, as optuna-ds names the knob
+
+
+def _autotp(knobs) -> int:
+    """The AutoTP size a setting runs with (1: off)."""
+    return int(dict(knobs).get(AUTOTP) or 1)
+
+
 def _seed(*parts) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "big")
 
@@ -202,6 +210,19 @@ class PhysicalJob:
         return float(np.exp(np.median(lr))), float(1.4826 * np.median(np.abs(lr - np.median(lr))))
 
     # ---------------------------------------------------------------- physics
+    def _act_tp_gb(self, tp: int) -> float:
+        """A sample's activations on a rank of an AutoTP group of ``tp`` (Korthikanti et al.
+        2022, tensor parallelism without sequence parallelism: s h (10 + 24/t + 5 a s / (h t))
+        a layer; a checkpointed layer's input and the logits are whole on every rank)."""
+        L, h, s, V = self.layers, self.hidden, self.seq, self.vocab
+        layer = s * h * (10 + 24 / tp + (0 if self.flash else 5 * (h / 64) * s / (h * tp)))
+        act = (2 * s * h * L + layer if self.checkpointing else layer * L) + 10 * s * V
+        return act * self.act_fudge / GB
+
+    def _data_ranks(self, knobs) -> int:
+        """The ranks that train on samples of their own: all but AutoTP's group mates."""
+        return self.num_gpus // _autotp(knobs)
+
     def _jitter(self) -> np.ndarray:
         if "jit" not in self._cache:
             self._cache["jit"] = np.random.default_rng(_seed(self.name, "frag")).random(4096)
@@ -212,7 +233,10 @@ class PhysicalJob:
         c = Config(stage, 1, gas, knobs, oo, op)
         ov, cg, rs = bool(c.knob("overlap_comm")), bool(c.knob("contiguous_gradients")), bool(c.knob("reduce_scatter"))
         rbs, abs_ = float(c.knob("reduce_bucket_size")), float(c.knob("allgather_bucket_size"))
-        psi, n, L, h, s = self.params_b * 1e9, self.num_gpus, self.layers, self.hidden, self.seq
+        # AutoTP (absent from every job's space but autotp_job's): each rank of a group of tp
+        # holds 1/tp of the weights, so ZeRO sees psi/tp parameters over n/tp data-parallel ranks.
+        tp = _autotp(knobs)
+        psi, n, L, h, s = self.params_b * 1e9 / tp, self.num_gpus // tp, self.layers, self.hidden, self.seq
         hbm = GPUS[self.gpu][2] * 1e12 * 0.7
         # ---- memory (bytes)
         largest = max(self.vocab * h, 4 * h * h)
@@ -230,15 +254,17 @@ class PhysicalJob:
             states += 2 * psi / hpz if hpz > 1 and not op else 0.0  # hpZ's secondary partition
         if stage >= 2 and not cg:
             states += 0.3 * 2 * psi / n  # unflattened gradient partitions fragment the heap
-        act = self.act_real_gb * GB * (1 + self.frag + 0.05 * self._jitter()[mbs % 4096]
-                                       + (0.12 if stage >= 2 and not cg else 0.0))
+        act_gb = self.act_real_gb if tp == 1 else self._act_tp_gb(tp)
+        act = act_gb * GB * (1 + self.frag + 0.05 * self._jitter()[mbs % 4096]
+                             + (0.12 if stage >= 2 and not cg else 0.0))
         mem = (self.context_gb * GB + states + mbs * act) / GB
         # ---- compute per micro-batch (s)
-        flops = s * (6 * psi + 12 * L * h * s) * (4 / 3 if self.checkpointing else 1)
+        flops = s * (6 * psi + 12 * L * h * s / tp) * (4 / 3 if self.checkpointing else 1)
         rate = GPUS[self.gpu][1] * 1e12 * self.mfu
         u = mem / self.device_gb
         pressure = 1 + self.pressure_k * np.clip((u - self.pressure_u0) / (1 - self.pressure_u0), 0, 1) ** 2
-        comp = flops / rate * (mbs + self.tokens_half / s) * pressure
+        # A rank of an AutoTP group multiplies matrices 1/tp as wide: they need more tokens to saturate.
+        comp = flops / rate * (mbs + self.tokens_half * math.sqrt(tp) / s) * pressure
         bwd = comp * (0.75 if self.checkpointing else 2 / 3)
         fwd = comp - bwd
         # ZeRO's backward hooks: a Python hook per gradient tensor and a copy into the IPG bucket
@@ -259,6 +285,14 @@ class PhysicalJob:
         rsf, arf = (n - 1) / n, 2 * (n - 1) / n
         zero = np.zeros_like(comp)
         mb_comm, step_comm, gathers = zero, 0.0, zero
+        if tp > 1:
+            # Two all-reduces a layer in the forward, two in the backward (three with the
+            # recompute), of the micro-batch's activations (fp16), over the group's NVLink or
+            # PCIe, on the critical path (DeepSpeed's tp_overlap_comm is off by default); the
+            # timers see them in fwd and bwd.
+            per = 2.0 * mbs * s * h
+            one = 2 * (tp - 1) / tp * per / (self.intra_gbps * 1e9 * per / (per + mh)) + self.lat_s
+            mb_comm = gathers = (4 + (2 if self.checkpointing else 0)) * L * one
         if stage == 0:
             step_comm = coll(arf, 2 * psi, min(2 * psi, 1e9))
         elif stage == 1:
@@ -377,7 +411,7 @@ class PhysicalJob:
             return Outcome("oom", 0.0, start + min(t, 60.0) + 3.0)
         if self._at(config, "crash"):
             return Outcome("crash", 0.0, start + min(t, 60.0) + (2.0 if self.crash_rule == "int32" else 30.0))
-        return Outcome("ok", config.mbs * config.gas * self.num_gpus / t, start + (self.warmup + self.steps) * t)
+        return Outcome("ok", config.mbs * config.gas * self._data_ranks(config.knobs) / t, start + (self.warmup + self.steps) * t)
 
     # ---------------------------------------------------------------- one run
     def step_times(self, config: Config, nonce: int) -> list[float]:
@@ -391,7 +425,7 @@ class PhysicalJob:
         averages them for autotuning (0.0 unless ok): ``SynchronizedWallClockTimer.Timer.mean``
         is ``trim_mean(records, 0.1)``, which drops round(10%) of the steps at each end."""
         st = self.step_times(config, nonce)
-        return config.mbs * config.gas * self.num_gpus / _trimmed(np.array([st]))[0] if st else 0.0
+        return config.mbs * config.gas * self._data_ranks(config.knobs) / _trimmed(np.array([st]))[0] if st else 0.0
 
     def peak_memory_gb(self, config: Config, nonce: int) -> float:
         """NVML's view: the true peak plus 0-3% allocator reserve, never above the device."""
@@ -403,7 +437,7 @@ class PhysicalJob:
         """The knob spaces full mode tunes (DeepSpeed's autotuner's)."""
         return SPACES
 
-    def _settings(self, stage: int, fast: bool):
+    def _settings(self, stage: int, fast: bool, offloaded: bool = False):
         spaces = self.spaces()
         if fast or not spaces[stage]:
             yield ()
@@ -434,7 +468,7 @@ class PhysicalJob:
 
     def configs(self, *, fast: bool, stages=(0, 1, 2, 3), max_mbs=1024, offload=False) -> Iterator[Config]:
         for stage, oo, op in self._arms(stages, offload):
-            for knobs in self._settings(stage, fast):
+            for knobs in self._settings(stage, fast, offloaded=oo):
                 for m in range(1, self._fit_len(stage, oo, op, knobs, max_mbs) + 1):
                     yield Config(stage, m, 1, knobs, oo, op)
 
@@ -444,13 +478,13 @@ class PhysicalJob:
         out = {}
         for stage, oo, op in self._arms(stages, offload):
             best = None
-            for knobs in self._settings(stage, fast):
+            for knobs in self._settings(stage, fast, offloaded=oo):
                 k = self._fit_len(stage, oo, op, knobs, max_mbs)
                 if k == 0:
                     continue
                 cur = self._cache[(stage, oo, op, knobs, 1)]
                 mbs = np.arange(1, k + 1)
-                thr = np.where(cur["crash"][:k], -1.0, mbs * self.num_gpus / cur["step"][:k])
+                thr = np.where(cur["crash"][:k], -1.0, mbs * self._data_ranks(knobs) / cur["step"][:k])
                 i = int(np.argmax(thr))
                 if thr[i] > 0 and (best is None or thr[i] > best[1]):
                     best = (Config(stage, i + 1, 1, knobs, oo, op), float(thr[i]))
@@ -637,8 +671,8 @@ class CheckpointJob(PhysicalJob):
     def _crashes(self, stage, oo, op, knobs, mbs):
         return super()._crashes(stage, oo, op, tuple(kv for kv in knobs if kv[0] != CKPT), mbs)
 
-    def _settings(self, stage: int, fast: bool):
-        for knobs in super()._settings(stage, fast):
+    def _settings(self, stage: int, fast: bool, offloaded: bool = False):
+        for knobs in super()._settings(stage, fast, offloaded):
             yield knobs
             if self.switch:
                 yield tuple(sorted((*knobs, (CKPT, True))))
@@ -668,6 +702,55 @@ def checkpoint_job(family: str, seed: int, *, switch: bool = True) -> Checkpoint
     return job if switch else dataclasses.replace(job, switch=False)  # the same physics, the space without it
 
 
+@dataclasses.dataclass(frozen=True)
+class AutotpJob(PhysicalJob):
+    """A job whose script runs AutoTP (a Hugging Face model, data the same within a group) and
+    whose config lists ``sizes``: at stages 0-2 without offload each size is a setting beside
+    AutoTP off (``PhysicalJob._curve`` has its physics); ``listed`` off: the space without it."""
+
+    sizes: tuple[int, ...] = (2, 4)
+    listed: bool = True
+
+    def _settings(self, stage: int, fast: bool, offloaded: bool = False):
+        for knobs in super()._settings(stage, fast, offloaded):
+            yield knobs
+            if self.listed and stage <= 2 and not offloaded:
+                for t in self.sizes:
+                    yield tuple(sorted((*knobs, (AUTOTP, t))))
+
+
+# The AutoTP families (`benchmarks/planner.py --autotp N`): models whose script runs AutoTP,
+# listing sizes 2 and 4 (8 on 8-GPU nodes): 3-20B on one node of 8 NVLink GPUs (A100, H100),
+# 7-30B on 2-4 such nodes over InfiniBand (5-25 GB/s a GPU: ZeRO-3 gathers across nodes, AutoTP's
+# all-reduces stay in a node), and 1.5-8B on one node of PCIe GPUs (L40S, RTX 4090, A10G: its
+# all-reduces cost ten times as much). Whether it pays is the job's.
+AUTOTP_FAMILIES = {"tp-nvlink": "one node of 8 NVLink GPUs", "tp-nodes": "2-4 nodes of 8 NVLink GPUs",
+                   "tp-pcie": "one node of 4-8 PCIe GPUs"}
+
+
+def autotp_job(family: str, seed: int, *, listed: bool = True) -> AutotpJob:
+    rng = random.Random(f"autotp-job-{family}-{seed}")
+    job = None
+    for _ in range(100):
+        nodes, inter = 1, {}
+        if family == "tp-nvlink":
+            gpu, gpn, psi = rng.choice(["A100-40", "A100-80", "H100-80"]), 8, _logu(rng, 3e9, 20e9)
+        elif family == "tp-nodes":
+            gpu, gpn, psi = rng.choice(["A100-40", "A100-80", "H100-80"]), 8, _logu(rng, 7e9, 30e9)
+            nodes, inter = rng.choice([2, 4]), {"inter_gbps": _logu(rng, 5, 25)}
+        else:
+            gpu, gpn, psi = rng.choice(["L40S-48", "RTX4090-24", "A10G-24"]), rng.choice([4, 8]), _logu(rng, 1.5e9, 8e9)
+        h = max(1024, round((psi * _logu(rng, 80, 140) / 12) ** (1 / 3) / 128) * 128)
+        drawn = _draw(rng, f"{family}-{seed}", gpu=gpu, gpus_per_node=gpn, nodes=nodes, layers=max(2, round(psi / (12 * h * h))),
+                      hidden=h, seq=rng.choice([1024, 2048, 4096]), vocab=32000, crash_rule="", host_gb=2048, **inter)
+        init = {f.name: getattr(drawn, f.name) for f in dataclasses.fields(PhysicalJob) if f.init}
+        job = AutotpJob(**init, sizes=(2, 4, 8) if gpn == 8 else (2, 4))
+        if job.optimum(fast=True, offload=True)[0] is not None:
+            break  # some config runs, with AutoTP listed (the same job without it is its twin)
+    assert job is not None
+    return job if listed else dataclasses.replace(job, listed=False)  # the same physics, the space without it
+
+
 def by_name(name: str) -> PhysicalJob:
     for j in PHYSICAL_JOBS:
         if j.name == name:
@@ -680,6 +763,10 @@ def by_name(name: str) -> PhysicalJob:
         if name.startswith(family + "-"):
             seed, _, off = name[len(family) + 1:].partition("-")
             return lever_job(family, int(seed), levers=off != "off")
+    for family in AUTOTP_FAMILIES:
+        if name.startswith(family + "-"):
+            seed, _, off = name[len(family) + 1:].partition("-")
+            return autotp_job(family, int(seed), listed=off != "off")
     if name.startswith("phys-") and name[5:].lstrip("-").isdigit():
         return physical_job(int(name[5:]))
     raise KeyError(name)

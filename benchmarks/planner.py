@@ -95,18 +95,28 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
     variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
         (3, "offload-opt-param", {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
     ]
+    # A job whose script runs AutoTP and whose config lists its sizes (physical_jobs.AutotpJob):
+    # at stages 0-2 without offload, each size's model states as optuna-ds estimates them.
+    sizes = tuple(surface.sizes) if getattr(surface, "listed", False) else ()
+
+    def estimate(stage: int, zero: dict, mp: int = 1):
+        # As optuna-ds estimates a split config: the states split, a sample's activations from 1/mp up.
+        return estimate_memory(stage=stage, num_params=int(surface.params_b * GB), trainable_params=None,
+                               activation_per_sample=surface.act_gb * GB / mp, device_memory=device, num_gpus=surface.num_gpus,
+                               mp_size=mp, precision="fp16", adam_type=True, zero=zero)
+
     for stage, label, zero in variants:
         if recorded is not None and (stage, bool(label), label == "offload-opt-param") not in recorded:
             continue
-        e = estimate_memory(stage=stage, num_params=int(surface.params_b * GB), trainable_params=None,
-                            activation_per_sample=surface.act_gb * GB, device_memory=device, num_gpus=surface.num_gpus,
-                            precision="fp16", adam_type=True, zero=zero)
+        e = estimate(stage, zero)
+        split = [(t, estimate(stage, zero, t)) for t in sizes] if stage <= 2 and not label else []
         arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=cap or MAX_MBS, buffers=e.buffers,
                   knobs=knob_space(stage, spaces=spaces) if full else (),
-                  knob_defaults=knob_defaults(stage, spaces=spaces, defaults=defaults) if full else ())
-        if e.fits:
+                  knob_defaults=knob_defaults(stage, spaces=spaces, defaults=defaults) if full else (),
+                  autotp=tuple((t, device - x.instantiation, cap or MAX_MBS) for t, x in split if x.states_fit))
+        if e.fits or any(x.fits for _, x in split):
             arms.append(arm)
-        if e.states_fit:
+        if e.states_fit or any(x.states_fit for _, x in split):
             states_fit.append(arm)
     # As optuna-ds does: where the profile's activation estimate leaves room nowhere, every
     # variant whose states fit.
@@ -114,7 +124,8 @@ def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
     checkpointing = (Knobs({physical_jobs.CKPT: True}),) if getattr(surface, "switch", False) else ()
     return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB, gpus=surface.num_gpus,
                    max_experiments=200 if full else 40, max_batch=cap, nodes=getattr(surface, "nodes", 1),
-                   params=surface.params_b * GB, checkpointing=checkpointing)
+                   params=surface.params_b * GB, checkpointing=checkpointing,
+                   autotp=tuple(Knobs({physical_jobs.AUTOTP: t}) for t in sizes), autotp_batch=tuple((t, cap, 1) for t in sizes))
 
 
 def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces.Config:
@@ -181,7 +192,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     observations: list[Observation] = []
     running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
-    nonce = knob_launches = lever_launches = checkpointing_launches = 0
+    nonce = knob_launches = lever_launches = checkpointing_launches = autotp_launches = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
     kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
     configs: list[surfaces.Config] = []  # each launch's config, in launch order
@@ -217,6 +228,7 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             launches += 1
             knob_launches += bool(p.knobs.zero)
             checkpointing_launches += bool(p.knobs.checkpointing)
+            autotp_launches += p.knobs.autotp > 1
             lever_launches += any(k in physical_jobs.LEVER_DEFAULTS and v != physical_jobs.LEVER_DEFAULTS[k] for k, v in p.knobs)
             oom += status is Status.OOM
             gpu_s += outcome.seconds * surface.num_gpus
@@ -231,13 +243,13 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
     ran = {o.config for o in observations if o.status is Status.OK}
     best_ran = max((surface.evaluate(config_of(c.stage, c.offload, c.micro_batch, c.knobs)).throughput for c in ran), default=0.0)
     return {"launches": launches, "knob_launches": knob_launches, "lever_launches": lever_launches,
-            "checkpointing_launches": checkpointing_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
+            "checkpointing_launches": checkpointing_launches, "autotp_launches": autotp_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "noise_dof": decision.noise_runs, "decision_s": decisions, "curve": curve,
             "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran, "spans": spans}
 
 
-KINDS = ("first run", "size", "knobs", "checkpointing", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
+KINDS = ("first run", "size", "knobs", "checkpointing", "autotp", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
 
 
 def launch_kind(p, before: list[Observation]) -> str:
@@ -259,6 +271,8 @@ def launch_kind(p, before: list[Observation]) -> str:
         return "fallback"
     if p.knobs.checkpointing:
         return "checkpointing"
+    if p.knobs.autotp > 1:
+        return "autotp"
     if p.knobs:
         return "knobs"
     return "size" if any(o.arm == p.arm for o in before) else "first run"
@@ -308,6 +322,9 @@ def main() -> None:
                              "the switch off, on, and on without the gate")
     parser.add_argument("--levers", type=int, default=0, metavar="N",
                         help="only the lever table: N jobs of each ZeRO++ family (physical_jobs.lever_job), full mode, levers on and off")
+    parser.add_argument("--autotp", type=int, default=0, metavar="N",
+                        help="only the AutoTP table: N jobs of each family (physical_jobs.autotp_job), fast mode, "
+                             "AutoTP unlisted, listed, and listed without the gate")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--versus", type=int, default=0, metavar="SLOTS",
                         help="also tune each job with SLOTS slots: the simulated wall time to the stop with them over "
@@ -343,6 +360,9 @@ def main() -> None:
         return
     if args.levers:
         _lever_table(args.levers, slots=args.slots, memory=args.memory, settings=settings, tuner=args.tuner)
+        return
+    if args.autotp:
+        _autotp_table(args.autotp, slots=args.slots, memory=args.memory, settings=settings)
         return
     names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
@@ -450,6 +470,37 @@ def _checkpointing_table(n: int, *, slots: int, memory: bool, settings: PlannerS
             print(f"{family:11} {label:13} {n:5d} {wins:8d}  {worth_text}  {statistics.mean(shares):25.4f} {min(shares):5.3f}"
                   f" {sum(x >= 0.99 for x in shares) / n:10.0%}  {statistics.mean(r['launches'] for r in runs):8.1f}"
                   f" {statistics.mean(r['checkpointing_launches'] for r in runs):8.1f}")
+
+
+def _autotp_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings) -> None:
+    """What AutoTP buys and costs: each job of the AutoTP families tuned in fast mode without it
+    (DeepSpeed's autotuner's space), with its sizes listed (the planner prices each), and listed
+    but without the gate (tried wherever memory binds, whatever the curve's rise: what the gate
+    saves); each choice's share of the larger space's optimum, its launches and those with
+    AutoTP, and how often the larger optimum splits its layers."""
+    from unittest import mock
+
+    import optuna_ds.planner._state as planner_state
+
+    print("family     autotp        jobs  it wins  larger/smaller optimum  share of the larger: mean  min  within 1%  "
+          "launches  with it")
+    for family in physical_jobs.AUTOTP_FAMILIES:
+        jobs = [physical_jobs.autotp_job(family, i) for i in range(n)]
+        optima = [job.optimum(fast=True, offload=True) for job in jobs]
+        plain = [physical_jobs.autotp_job(family, i, listed=False) for i in range(n)]
+        smaller = [job.optimum(fast=True, offload=True)[1] for job in plain]
+        wins = sum(bool(c is not None and c.knobs) for c, _ in optima)
+        worth = statistics.mean(a / b if b else float("inf") for (_, a), b in zip(optima, smaller))
+        worth_text = f"{worth:22.3f}" if math.isfinite(worth) else f"{'inf (some fit only so)':>22}"
+        for label in ("off", "listed", "listed, no gate"):
+            gate = mock.patch.object(planner_state, "may_pay", lambda *a, **k: True) if label == "listed, no gate" else mock.MagicMock()
+            with gate:
+                runs = [tune(job if label != "off" else plain[i], slots=slots, memory=memory, settings=settings)
+                        for i, job in enumerate(jobs)]
+            shares = [r["true"] / best for r, (_, best) in zip(runs, optima)]
+            print(f"{family:10} {label:15} {n:4d} {wins:8d}  {worth_text}  {statistics.mean(shares):25.4f} {min(shares):5.3f}"
+                  f" {sum(x >= 0.99 for x in shares) / n:10.0%}  {statistics.mean(r['launches'] for r in runs):8.1f}"
+                  f" {statistics.mean(r['autotp_launches'] for r in runs):8.1f}")
 
 
 def deepspeed_figures(names: list[str], *, fast: bool, path: Path = search.DS_CACHE) -> dict[str, dict]:

@@ -37,6 +37,11 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
                 Trainer's ValueError), "configures": the script calls deepspeed.checkpointing.configure with the
                 config (its log lines; cpu_checkpointing true keeps "section_kept" more)}. On, the backward
                 recomputes the forward: the step takes a forward longer, as the timers show it.
+    autotp      AutoTP's physics, for a config whose tensor_parallel.autotp_size t > 1: {"factor": its throughput at a
+                size both run, as a share (default 0.9), "kept": the share of a sample's memory a rank keeps
+                (oom_above grows by 1/kept; default 1/t), "fails": the script cannot run it (its data differ
+                within a group: DeepSpeed's assertion)}. The metrics file counts each sample once per rank of its
+                group, as DeepSpeed 0.19.8's engine does (its train_batch_size counts every rank): t times the samples.
 
 A config without autotuning enabled is a training run: it prints and exits with
 ``FAKE_DS_TRAIN_EXIT`` (default 0). Every launch is appended to ``FAKE_DS_LOG`` (JSON lines) with its start and end times
@@ -221,6 +226,13 @@ def checkpointing(surface: dict[str, Any], launch: Launch) -> tuple[bool, float]
     return on, kept
 
 
+def autotp_size(launch: Launch) -> int:
+    """The AutoTP size of the launch's config (1: off)."""
+    section = launch.config.get("tensor_parallel") or {}
+    size = section.get("autotp_size") if isinstance(section, dict) else None
+    return size if isinstance(size, int) and size > 1 else 1
+
+
 def report(launch: Launch, *, throughput: float, steps: Sequence[float] = (), flops_per_gpu: float, seconds: float = 0.0,
            recompute: bool = False) -> None:
     """What DeepSpeed's engine does in autotuning mode once the model runs: it logs its global
@@ -322,12 +334,20 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
     if recompute and physics.get("unsupported"):
         print("Traceback (most recent call last):\nValueError: GPT2LMHeadModel does not support gradient checkpointing.", file=sys.stderr)
         return 1
+    tp, split = autotp_size(launch), surface.get("autotp") or {}
+    if tp > 1 and split.get("fails"):
+        print('Traceback (most recent call last):\n  File "/site-packages/deepspeed/runtime/engine.py", line 991, in '
+              'check_dataloader_inputs_same_across_ranks\nAssertionError: Data inconsistency within the TP group. Please check '
+              'the Dataloader implementation to ensure consistency.', file=sys.stderr)
+        return 1
     oom_above = surface.get("oom_above", {}).get(str(launch.stage))
     for knob, rooms in surface.get("knob_room", {}).items():
         if oom_above is not None:
             oom_above += int({_key(json.loads(v)): n for v, n in rooms.items()}.get(_key(zero.get(knob)), 0))
     if oom_above is not None and kept < 1.0:
         oom_above = int(oom_above / kept)
+    if oom_above is not None and tp > 1:
+        oom_above = int(oom_above / float(split.get("kept", 1.0 / tp)))
     if oom_above is not None and mbs > oom_above:
         print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
         if "stderr_text" in surface:
@@ -338,7 +358,7 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
         return 1
     if mbs in surface.get("no_metrics_at", []):
         return 0
-    true = surface_throughput(surface, launch) / (1.0 + _FWD if recompute else 1.0)
+    true = surface_throughput(surface, launch) / (1.0 + _FWD if recompute else 1.0) * (float(split.get("factor", 0.9)) if tp > 1 else 1.0)
     noise = float(surface.get("noise", 0.0))
     # The measured step: one draw per experiment name, so that repeats differ.
     measured = true * (1.0 + noise * random.Random(launch.name).gauss(0.0, 1.0)) if noise else true
@@ -348,7 +368,9 @@ def _answer(surface: dict[str, Any], launch: Launch) -> int:
     # The other steps jitter around this run's draw: the run-to-run noise is the run's (its
     # placement, its neighbours), shared by its steps; a step adds half as much of its own.
     steps = jittered(measured, noise / 2, count=int(launch.autotuning.get("end_profile_step", 5)), seed=f"{launch.name}/steps")
-    report(launch, throughput=measured, steps=steps, flops_per_gpu=measured * 1e9, seconds=seconds, recompute=recompute)
+    # DeepSpeed's count: each sample once per rank of its AutoTP group.
+    report(launch, throughput=measured * tp, steps=[x * tp for x in steps], flops_per_gpu=measured * 1e9, seconds=seconds,
+           recompute=recompute)
     return 0
 
 
@@ -362,6 +384,7 @@ def main() -> int:
     entry: dict[str, Any] = {
         "start": time.time(), "include": launch.include, "master_port": launch.options.master_port, "stage": launch.stage,
         "mbs": launch.mbs, "gas": launch.gas, "args": launch.args, "pid": os.getpid(), "argv": launch.argv, "node": os.environ.get("FAKE_DS_NODE"),
+        "autotp": autotp_size(launch) if not launch.profile else 1, "train_batch_size": launch.config.get("train_batch_size"),
     }
     print(f"[INFO] fake deepspeed launching {launch.script} pid {os.getpid()}", flush=True)
     # A harmless warning that mentions "Error": it must not fail the run.

@@ -413,3 +413,41 @@ def test_checkpointing_reaches_the_script_and_deepspeeds_checkpointing(project: 
     failed = runner.run(offloaded, slot=Slot({"localhost": [0]}), timeout=300)
     assert failed.reason is FailureReason.CHECKPOINTING, (failed.reason, failed.detail, failed.stderr_tail)
     assert "inside DeepSpeed's checkpointing" in failed.detail
+
+
+def test_a_listed_autotp_size_reaches_deepspeeds_engine_and_a_model_it_cannot_split_is_its_own_reason(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AutoTP listed: on two CPU ranks DeepSpeed 0.19.8's ``initialize`` tries to split
+    examples/train.py's MLP itself and cannot name its policy (no Hugging Face plan, no
+    ``partition_config``): the run fails with the reason ``autotp``, never blamed on the stage or
+    the size. One launch that ends in ``initialize``. (With a ``partition_config`` the same MLP
+    runs split; that run, 2-3 times as long here, is not repeated in the suite: the builder's
+    ``train_batch_size`` and the throughput it corrects are tested in-process.)"""
+    from optuna_ds.config import parse_user_config
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import FailureReason
+    from optuna_ds.domain import Phase
+    from optuna_ds.launcher import CommandBuilder
+    from optuna_ds.launcher import ExperimentRunner
+    from optuna_ds.launcher import Slot
+    from optuna_ds.space import build_knob_space
+    from optuna_ds.studies import ExperimentBuilder
+
+    raw = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+           "tensor_parallel": {"autotp_size": [1, 2]}, "autotuning": {"enabled": True, "start_profile_step": 2, "end_profile_step": 3}}
+    args = ("--deepspeed_config", "ds_config.json", "--hidden", "64", "--layers", "2", "--steps", "12")
+    user = parse_user_config(raw, path="ds_config.json", script_args=list(args))
+    experiment = ExperimentBuilder(user=user, results_dir=str(project / "results"), total_gpus=2).build(
+        Config(stage=0, micro_batch=2, knobs={"tensor_parallel.autotp_size": 2}), phase=Phase.MICRO_BATCH,
+        space=build_knob_space(0, {}, fast=True))
+    # DeepSpeed's count of the batch: every rank's (its assertion, 0.19.8), 2 samples a step.
+    assert experiment.ds_config["tensor_parallel"] == {"autotp_size": 2} and experiment.ds_config["train_batch_size"] == 4
+    commands = CommandBuilder(deepspeed_bin=(os.path.join(os.path.dirname(sys.executable), "deepspeed"),), script=str(project / "train.py"),
+                              script_args=args, arg_mappings={})
+    runner = ExperimentRunner(commands=commands, master_port=29694, metric_key="throughput", exps_dir=str(project / "exps"))
+    monkeypatch.chdir(project)
+    for key, value in (("LOCAL_SIZE", "2"), ("OPTUNA_DS_LOCK_DIR", str(project / "locks")), ("OMP_NUM_THREADS", "1")):
+        monkeypatch.setenv(key, value)
+    result = runner.run(experiment, slot=Slot({"localhost": [0, 1]}), timeout=300)
+    assert result.reason is FailureReason.AUTOTP, (result.reason, result.detail, result.stderr_tail)
+    assert "Not able to determine model policy automatically" in result.detail

@@ -253,3 +253,26 @@ def test_checkpointing_trades_a_forward_for_activations_where_the_script_takes_t
     long = [checkpoint_job("ckpt-long", i) for i in range(10)]
     assert any(checkpoint_job("ckpt-long", i, switch=False).optimum(fast=True, offload=True)[0] is None
                and j.optimum(fast=True, offload=True)[0] is not None for i, j in enumerate(long))
+
+
+def test_autotp_splits_the_states_and_activations_for_all_reduces_where_the_script_runs_it():
+    """The AutoTP families (issue 37): a rank of a group of t holds 1/t of the model states and
+    of a sample's split activations, its group trains on one batch (its throughput counts the
+    group's samples once), and its per-layer all-reduces run over the node's links, ten times
+    as slow on PCIe; at stages 0-2 without offload, where listed."""
+    from physical_jobs import AUTOTP, autotp_job
+
+    job, pcie = autotp_job("tp-nvlink", 0), autotp_job("tp-pcie", 0)
+    plain, split = Config(0, 1, 1, ()), Config(0, 1, 1, ((AUTOTP, 2),))
+    psi = job.params_b * 1e9
+    assert job.memory_gb(plain) - job.memory_gb(split) > 0.9 * 10 * psi / 1e9  # half of stage 0's 20 bytes a parameter
+    assert job._data_ranks(split.knobs) == job.num_gpus // 2
+
+    def exchange(j, m: int = 4) -> float:  # the all-reduces' share of a split step's micro-batch time
+        c = j._key_curve(2, False, False, ((AUTOTP, 2),), 1, m)
+        return float(c["comm"][m - 1] / c["step"][m - 1])
+
+    assert pcie.intra_gbps < 30 < job.intra_gbps and exchange(pcie) > exchange(job)
+    assert ((AUTOTP, 2),) in set(job._settings(1, True)) and ((AUTOTP, 2),) not in set(job._settings(1, True, offloaded=True))
+    assert ((AUTOTP, 2),) not in set(job._settings(3, True))
+    assert list(autotp_job("tp-nvlink", 0, listed=False)._settings(0, True)) == [()]

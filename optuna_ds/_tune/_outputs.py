@@ -114,7 +114,7 @@ def write_outputs(
 ) -> TuneOutcome:
     results_dir = plan.results_dir
     files = ResultsFiles(results_dir)
-    advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // user.autotuning.mp_size))
+    advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // (user.autotuning.mp_size * user.own_autotp_size)))
     config = optimal_config(result)
     scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if scale_lr and isinstance(advice, LearningRateAdvice) and config else None
     summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice, budget=budget)

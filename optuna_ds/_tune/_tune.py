@@ -125,7 +125,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
     exps_dir = os.path.abspath(options.exps_dir or a.exps_dir)
     overwrite = a.overwrite if options.overwrite is None else options.overwrite
     resources = discover_resources(options.launcher_options)
-    check_gpus(user, total_gpus=resources.total_gpus)
+    check_gpus(user, total_gpus=resources.total_gpus, gpus_per_node=resources.gpus_per_node)
     check_ports(first=options.launcher_options.base_port, slots=len(resources.slots()))
     check_with_deepspeed(user)
     check_tuner_type(a.tuner_type, fast=a.fast)
@@ -198,6 +198,7 @@ def check_budget_options(options: TuneOptions) -> None:
 
 def _budget(options: TuneOptions, user: UserConfig, *, dp: int) -> Budget:
     """The real training in samples: ``--train-steps`` at the user's own global batch size."""
-    batch = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * max(1, dp // user.autotuning.mp_size)
+    batch = user.own_train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * max(
+        1, dp // (user.autotuning.mp_size * user.own_autotp_size))
     samples = options.train_samples if options.train_steps is None else options.train_steps * batch
     return Budget(cost_per_gpu_hour=options.cost_per_gpu_hour, train_samples=samples, train_steps=options.train_steps)

@@ -134,7 +134,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
         resources = discover_resources(launcher_options)
         if resources.multi_node and resources.nodes_per_experiment == 1:
             resources = resources.restricted_to(local_host_names())
-        check_gpus(user, total_gpus=resources.total_gpus)
+        check_gpus(user, total_gpus=resources.total_gpus, gpus_per_node=resources.gpus_per_node)
         check_ports(first=launcher_options.base_port, slots=len(resources.slots()))
         runner = experiment_runner(plan, user, resources, deepspeed_bin, launcher_options)
         observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")

@@ -13,6 +13,7 @@ from typing import Any
 from optuna_ds._errors import ConfigError
 from optuna_ds.config._integers import with_integer_sizes
 from optuna_ds.config._user_config import UserConfig
+from optuna_ds.domain import AUTOTP_SECTION
 from optuna_ds.domain import CHECKPOINTING_SECTION
 from optuna_ds.domain import GAS_KEY
 from optuna_ds.domain import MBS_KEY
@@ -156,6 +157,13 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
     mine = user.raw.get(CHECKPOINTING_SECTION)
     listed = {k: v for k, v in mine.items() if isinstance(v, list) and v} if isinstance(mine, dict) else {}
     checkpointing = [({k: v}, f" with {CHECKPOINTING_SECTION}.{k} = {v!r}") for k, vs in listed.items() for v in vs[1:]]
+    # The tensor_parallel section's AutoTP sizes: each listed one through DeepSpeed's model too.
+    tp = base.get(AUTOTP_SECTION)
+    sizes = tp.get("autotp_size") if isinstance(tp, dict) else None
+    autotp: list[tuple[dict[str, Any], str]] = []
+    if isinstance(sizes, list) and sizes:
+        base[AUTOTP_SECTION] = {**tp, "autotp_size": sizes[0]}
+        autotp = [({**tp, "autotp_size": v}, f" with {AUTOTP_SECTION}.autotp_size = {v!r}") for v in sizes[1:]]
     for stage in user.stages:
         at = f" at ZeRO stage {stage}" if len(user.stages) > 1 else ""
         for change, value in variants:
@@ -163,6 +171,9 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
             yield with_integer_sizes(config), at, value
         for change, value in checkpointing:
             config = {**base, ZERO_KEY: {**_setting(zero, first), "stage": stage}, CHECKPOINTING_SECTION: {**section, **change}}
+            yield with_integer_sizes(config), at, value
+        for tp_section, value in autotp:
+            config = {**base, ZERO_KEY: {**_setting(zero, first), "stage": stage}, AUTOTP_SECTION: tp_section}
             yield with_integer_sizes(config), at, value
 
 
@@ -228,7 +239,8 @@ def _describe(error: Any, config: dict[str, Any]) -> str:
 
 
 # The sections DeepSpeed's models parse, where a key such as "enabled" could be anyone's.
-_SECTIONS = {"DeepSpeedZeroConfig": (ZERO_KEY,), "DeepSpeedFP16Config": ("fp16",), "DeepSpeedBF16Config": ("bf16", "bfloat16")}
+_SECTIONS = {"DeepSpeedZeroConfig": (ZERO_KEY,), "DeepSpeedFP16Config": ("fp16",), "DeepSpeedBF16Config": ("bf16", "bfloat16"),
+             "TPTrainingConfig": (AUTOTP_SECTION,)}
 
 
 def _section_of(loc: tuple[str, ...], config: dict[str, Any], title: str) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 from optuna_ds._errors import ConfigError
 from optuna_ds.config._autotuning import AutotuningConfig, parse_autotuning_config
 from optuna_ds.config._script_args import find_arg, find_config_path, switch_state
+from optuna_ds.domain import AUTOTP_SECTION
 from optuna_ds.domain import CHECKPOINTING_SECTION
 from optuna_ds.domain import CHECKPOINTING_SWITCH
 from optuna_ds.domain import GAS_KEY
@@ -172,6 +173,32 @@ def _check_checkpointing_section(raw: dict[str, Any]) -> None:
             raise ConfigError(f"{name} must be true, false or a list of them, got {value!r}")
 
 
+_AUTOTP_KEY = "autotp_size"
+
+
+def _check_autotp_section(raw: dict[str, Any], *, mp_size: int) -> None:
+    """Types of the ``tensor_parallel`` section's ``autotp_size``: a size (0 or 1: off), or a list
+    of sizes to tune; DeepSpeed's own model checks the rest of the section (and every listed
+    size) in :func:`~optuna_ds.config.check_with_deepspeed`. A list beside ``autotuning.mp_size``
+    is refused: AutoTP builds its own tensor-parallel groups, ``mp_size`` says the script's
+    model parallelism does."""
+    section = raw.get(AUTOTP_SECTION)
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise ConfigError(f'{AUTOTP_SECTION} must be an object such as {{"{_AUTOTP_KEY}": [1, 2]}}, got {section!r}')
+    value = section.get(_AUTOTP_KEY)
+    name = f"{AUTOTP_SECTION}.{_AUTOTP_KEY}"
+    if isinstance(value, list):
+        if not value or not all(type(v) is int and v >= 1 for v in value):
+            raise ConfigError(f"{name} must be a list of positive integers (sizes to tune, 1 for off), got {value!r}")
+        if mp_size > 1 and any(v > 1 for v in value):
+            raise ConfigError(f"{name} is tuned beside autotuning.mp_size ({mp_size}): AutoTP builds its own tensor-parallel "
+                              "groups; tune it with mp_size 1")
+    elif value is not None and not (type(value) is int and value >= 0):
+        raise ConfigError(f"{name} must be a non-negative integer (0 or 1: off) or a list of sizes to tune, got {value!r}")
+
+
 def _parse_stages(config: dict[str, Any]) -> tuple[list[int], bool]:
     """Return the stages to explore and whether the user asked for "all" of them."""
     zero = config.get(ZERO_KEY)
@@ -225,6 +252,28 @@ class UserConfig:
     def checkpointing_section(self) -> dict[str, Any] | None:
         section = self.raw.get(CHECKPOINTING_SECTION)
         return copy.deepcopy(section) if isinstance(section, dict) else None
+
+    def autotp_section(self) -> dict[str, Any] | None:
+        section = self.raw.get(AUTOTP_SECTION)
+        return copy.deepcopy(section) if isinstance(section, dict) else None
+
+    @property
+    def own_autotp_size(self) -> int:
+        """The AutoTP size the user's own config runs with (a number in ``tensor_parallel``; 1: off)."""
+        value = (self.autotp_section() or {}).get(_AUTOTP_KEY)
+        return value if type(value) is int and value > 1 else 1
+
+    @property
+    def own_train_batch_size(self) -> int | None:
+        """The samples a step of the user's own config trains on, where it says: its
+        ``train_batch_size`` as DeepSpeed counts it (every rank) over its own AutoTP size."""
+        return None if self.train_batch_size is None else max(1, self.train_batch_size // self.own_autotp_size)
+
+    def autotp_sizes(self) -> list[int]:
+        """Every AutoTP size above 1 a config of the tuning may run: the listed ones, or the
+        user's own."""
+        value = (self.autotp_section() or {}).get(_AUTOTP_KEY)
+        return sorted({v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int) and v > 1})
 
     @property
     def optimizer_type(self) -> str | None:
@@ -284,6 +333,7 @@ def parse_user_config(
             mappings[key] = flag
     stages, all_stages = _parse_stages(raw)
     _check_checkpointing_section(raw)
+    _check_autotp_section(raw, mp_size=autotuning.mp_size)
 
     mbs = _int_or_auto(raw, MBS_KEY, allow_list=True)
     from_args = _from_script(script_args, mappings, MBS_KEY)
@@ -329,13 +379,22 @@ def parse_user_config(
     )
 
 
-def check_gpus(user: UserConfig, *, total_gpus: int) -> None:
+def check_gpus(user: UserConfig, *, total_gpus: int, gpus_per_node: int | None = None) -> None:
     """What the config says about the GPUs of one experiment, checked once they are known:
-    ``mp_size`` and each ZeRO++ ``zero_hpz_partition_size`` must divide them, and a fixed micro-batch, accumulation and global batch must
-    agree, as DeepSpeed's engine requires (they would otherwise be silently reinterpreted)."""
+    ``mp_size`` and each ZeRO++ ``zero_hpz_partition_size`` must divide them, each AutoTP size
+    them and the GPUs of a node (``gpus_per_node``; DeepSpeed's mesh asserts the first, a
+    tensor-parallel group that spans nodes runs its per-layer all-reduces over the slowest link),
+    and a fixed micro-batch, accumulation and global batch must agree, as DeepSpeed's engine
+    requires (they would otherwise be silently reinterpreted)."""
     mp = user.autotuning.mp_size
     if mp > total_gpus or total_gpus % mp:
         raise ConfigError(f"autotuning.mp_size ({mp}) must divide the {total_gpus} GPU(s) of one experiment")
+    per_node = gpus_per_node or total_gpus
+    for tp in user.autotp_sizes():
+        if total_gpus % tp or per_node % tp:
+            where = f"the {total_gpus} GPU(s) of one experiment" + (f" and the {per_node} of a node" if per_node != total_gpus else "")
+            raise ConfigError(f"{AUTOTP_SECTION}.{_AUTOTP_KEY} {tp} must divide {where}: AutoTP splits each layer over "
+                              "that many ranks of a node")
     hpz = user.zero_section().get(HPZ_KEY)
     for size in hpz if isinstance(hpz, list) else [hpz]:
         # DeepSpeed splits the ranks into groups of min(size, ranks), asserting they divide them.

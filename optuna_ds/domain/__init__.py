@@ -8,6 +8,8 @@ runs it and returns an :class:`ExperimentResult`; its trial stores an :class:`Ex
 (the claim, then the outcome); the planner, the summary and the report read the record back.
 """
 
+from optuna_ds.domain._config import AUTOTP_KNOB
+from optuna_ds.domain._config import AUTOTP_SECTION
 from optuna_ds.domain._config import CHECKPOINTING_SECTION
 from optuna_ds.domain._config import CHECKPOINTING_SWITCH
 from optuna_ds.domain._config import GAS_KEY
@@ -37,6 +39,8 @@ from optuna_ds.domain._root import RootRecord
 from optuna_ds.domain._root import StageRecord
 
 __all__ = [
+    "AUTOTP_KNOB",
+    "AUTOTP_SECTION",
     "CHECKPOINTING_SECTION",
     "CHECKPOINTING_SWITCH",
     "ChoiceRecord",

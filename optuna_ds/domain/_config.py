@@ -20,6 +20,10 @@ ZERO_KEY = "zero_optimization"
 # ``activation_checkpointing.<key>``).
 CHECKPOINTING_SWITCH = "gradient_checkpointing"
 CHECKPOINTING_SECTION = "activation_checkpointing"
+# AutoTP, a dimension of its own: DeepSpeed's ``tensor_parallel.autotp_size``, the ranks each
+# layer is split over (1: off).
+AUTOTP_SECTION = "tensor_parallel"
+AUTOTP_KNOB = "tensor_parallel.autotp_size"
 
 
 def is_checkpointing(knob: str) -> bool:
@@ -78,9 +82,20 @@ class Knobs(tuple[tuple[str, Any], ...]):
         return Knobs(kv for kv in self if is_checkpointing(kv[0]))
 
     @property
+    def autotp(self) -> int:
+        """The AutoTP size they set (1: none, AutoTP off)."""
+        return max(1, int(dict(self).get(AUTOTP_KNOB) or 1))
+
+    @property
+    def room(self) -> Knobs:
+        """The settings among them that change what a sample or the model states take of a GPU
+        (activation checkpointing, AutoTP): what the planner's memory model reads."""
+        return Knobs(kv for kv in self if is_checkpointing(kv[0]) or kv[0] == AUTOTP_KNOB)
+
+    @property
     def zero(self) -> Knobs:
         """The ZeRO knobs among them: the rest."""
-        return Knobs(kv for kv in self if not is_checkpointing(kv[0]))
+        return Knobs(kv for kv in self if not is_checkpointing(kv[0]) and kv[0] != AUTOTP_KNOB)
 
 
 KnobsLike = Knobs | Mapping[str, Any] | Iterable[tuple[str, Any]]

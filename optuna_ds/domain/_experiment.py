@@ -21,6 +21,7 @@ class FailureReason(str, enum.Enum):
     SCRIPT = "script"  # failed whatever the config (the script's arguments, imports, files): stops the tuning, runs again on resume
     UNSUPPORTED = "unsupported"  # a setting this accelerator cannot run (an op DeepSpeed has no kernel for here): the setting's, not the stage's or the size's
     CHECKPOINTING = "checkpointing"  # the script or its model cannot checkpoint activations as set: the setting's, not the stage's or the size's
+    AUTOTP = "autotp"  # AutoTP cannot shard the script's model, or its data differ within a tensor-parallel group: the setting's
 
     @property
     def judges_config(self) -> bool:

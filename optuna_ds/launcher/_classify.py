@@ -13,6 +13,7 @@ from optuna_ds._files import read_file
 from optuna_ds._files import read_tail_bytes
 from optuna_ds._text import clean_text
 from optuna_ds.domain import FailureReason
+from optuna_ds.launcher._autotp import autotp_failure
 from optuna_ds.launcher._checkpointing import checkpointing_failure
 
 # Explicit out-of-memory signatures of torch and the accelerators DeepSpeed supports. The word
@@ -164,6 +165,7 @@ def classify(
     stderr_tail: str,
     metrics_problem: str = "",
     switches: Sequence[str] = (),
+    autotp: bool = False,
 ) -> tuple[FailureReason | None, str]:
     """Decide an experiment's outcome from structured signals: timeout, the metrics file,
     out-of-memory signatures, the exit status. Returns the failure reason (``None`` for
@@ -175,7 +177,8 @@ def classify(
     port was in use is :attr:`FailureReason.PORT`, the node's. A checkpointing setting the
     script, its model or DeepSpeed's checkpointing refuses (the script's parser refusing one of
     the ``switches`` the run turned on among them) is :attr:`FailureReason.CHECKPOINTING`: the
-    setting's, never the stage's or the size's, nor a failure of every config.
+    setting's, never the stage's or the size's, nor a failure of every config. So is a run with
+    ``autotp`` whose model or data AutoTP cannot split: :attr:`FailureReason.AUTOTP`.
     """
     if (returncode != 0 or timed_out) and (cause := unsupported(stderr_tail)):
         # Before the timeout: DeepSpeed's ranks can hang once they raised it (0.19.8's ZeRO++
@@ -183,6 +186,8 @@ def classify(
         return FailureReason.UNSUPPORTED, f"not supported here: {cause}" + (" (its ranks then hung until the trial timeout)" if timed_out else "")
     if returncode not in (0, None) and (cause := checkpointing_failure(stderr_tail, switches=switches)):
         return FailureReason.CHECKPOINTING, f"checkpointing cannot run as set: {cause[:300]}"
+    if autotp and returncode not in (0, None) and (cause := autotp_failure(stderr_tail)):
+        return FailureReason.AUTOTP, f"AutoTP cannot run here: {cause[:300]}"
     if timed_out:
         return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
     if returncode in (0, None) and metrics is not None:
@@ -202,6 +207,8 @@ def classify(
         return FailureReason.OOM, "a process was killed by SIGKILL, most likely by the kernel's OOM killer"
     if returncode != 0 and (cause := checkpointing_failure(stderr_tail, crashed=True)):
         return FailureReason.CHECKPOINTING, f"checkpointing cannot run as set: {cause[:300]}"
+    if autotp and returncode != 0 and (cause := autotp_failure(stderr_tail, crashed=True)):
+        return FailureReason.AUTOTP, f"AutoTP cannot run here: {cause[:300]}"
     if returncode != 0 and (cause := script_failure(stderr_tail)):
         return FailureReason.SCRIPT, f"exit status {returncode}: {cause[:300]}"
     if returncode != 0:

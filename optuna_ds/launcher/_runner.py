@@ -47,6 +47,8 @@ from optuna_ds.launcher._slots import default_lock_dir
 from optuna_ds.launcher._tracking import MARK_VAR
 from optuna_ds.launcher._tracking import end_marked
 from optuna_ds.launcher._tracking import new_mark
+from optuna_ds.space import autotp_size
+from optuna_ds.space import samples_per_second
 
 _KILL_GRACE = 10.0
 _STOP_POLL_SECONDS = 0.1  # how soon a waiting slot sees the tuning stopped
@@ -355,11 +357,13 @@ class ExperimentRunner:
                 metrics = read_metrics(files.model_info, "num_params")
             else:
                 metrics = read_metrics(files.metrics, self._metric_key)
+                metrics = samples_per_second(metrics, experiment.ds_config) if metrics is not None else None
         except BadMetrics as e:
             metrics, problem = None, str(e)
         reason, detail = classify(
             returncode=returncode, timed_out=timed_out, metrics=metrics, stdout_tail=stdout_tail, stderr_tail=stderr_tail,
             metrics_problem=problem, switches=[flag for flag, on in experiment.switches.items() if on],
+            autotp=autotp_size(experiment.ds_config) > 1,
         )
         if unlocked:
             detail = f"{detail}; the op build lock it left as it was ended removed ({', '.join(unlocked)})"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -7,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from optuna_ds.planner._autotp import kept_range as autotp_kept
 from optuna_ds.planner._checkpointing import kept_range
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Knobs
@@ -36,9 +38,11 @@ class FeasibilityModel:
     reports it, a measurement of the line itself: two runs of different sizes pin it, so the
     memory edge is known before any run has hit it. Runs with non-default knobs (other buckets)
     teach only their own config: within one arm and knob setting, memory grows with the size, so
-    sizes above an OOM run out too and sizes below a run fit. An activation-checkpointing setting
-    keeps a share of ``per_sample`` (:meth:`kept`): a grid over its prior range
-    (:func:`~optuna_ds.planner._checkpointing.kept_range`) weighed by the setting's own runs.
+    sizes above an OOM run out too and sizes below a run fit. An activation-checkpointing or
+    AutoTP setting keeps a share of ``per_sample`` (:meth:`kept`): a grid over its prior range
+    (:func:`~optuna_ds.planner._checkpointing.kept_range` times
+    :func:`~optuna_ds.planner._autotp.kept_range`) weighed by the setting's own runs; AutoTP's
+    smaller model states are its arm's (:meth:`~optuna_ds.planner._problem.Arm.sharded`).
     """
 
     def __init__(self, problem: Problem, observations: Sequence[Observation], *, priors: Priors = Priors()) -> None:
@@ -47,7 +51,7 @@ class FeasibilityModel:
         self._priors = priors
         self._kept_cache: dict[Knobs, tuple[np.ndarray, np.ndarray]] = {}
         d = problem.device_memory
-        widest = max((a.free for a in problem.arms), default=d)
+        widest = max((free for a in problem.arms for free in (a.free, *(f for _, f, _ in a.autotp))), default=d)
         wide = np.exp(np.linspace(np.log(max(widest, 1.0) / 16384), np.log(max(widest, 1.0)), _A_POINTS))
         if problem.per_sample:
             # The engine's figure is an estimate (real peaks seen from 0.6x to 2.5x of it), and
@@ -118,13 +122,16 @@ class FeasibilityModel:
     def p_oom(self, arm: Arm, sizes: np.ndarray, knobs: tuple[Any, ...] = ()) -> np.ndarray:
         """The probability that each size runs out of memory at ``arm`` with ``knobs``; an arm
         whose ``buffers`` differ from the problem's (a knob setting's) has its offsets moved
-        by as much; a checkpointing setting keeps a share of each sample's activations
-        (:meth:`kept`), over which the probability is averaged."""
+        by as much; a checkpointing or AutoTP setting keeps a share of each sample's activations
+        (:meth:`kept`), over which the probability is averaged (``arm`` is then the arm as the
+        setting sees it: AutoTP's room)."""
         sizes = np.asarray(sizes, dtype=float)
-        setting = Knobs(knobs).checkpointing
+        setting = Knobs(knobs).room
         if setting:
             grid, weights = self.kept(setting)
-            p = np.asarray(weights @ np.stack([self._p_line(arm, sizes * r) for r in grid]))
+            moved = self._moved(setting)
+            p = np.asarray(sum((self._p_given(dataclasses.replace(arm, free=arm.free - moved[j]), sizes * r) * weights[i, j][None, :]).sum(axis=1)
+                               for i, r in enumerate(grid) for j in range(len(moved))))
         else:
             p = self._p_line(arm, sizes)
         key = (arm.key, knobs)
@@ -144,28 +151,54 @@ class FeasibilityModel:
         above = np.searchsorted(offsets, threshold, side="right")
         return np.asarray(tails[np.arange(len(self.a))[None, :], above].sum(axis=1))
 
+    def _p_given(self, arm: Arm, sizes: np.ndarray) -> np.ndarray:
+        """``(sizes, A)``: the probability that each size runs out of memory given each figure of
+        a sample's memory (the offsets' posterior weight above its threshold, of theirs)."""
+        offsets, tails = self._tails(arm)
+        threshold = arm.free - arm.buffers - sizes[:, None] * self.a[None, :]
+        above = np.searchsorted(offsets, threshold, side="right")
+        return np.asarray(tails[np.arange(len(self.a))[None, :], above] / np.maximum(tails[:, 0], 1e-300)[None, :])
+
+    def _moved(self, setting: Knobs) -> np.ndarray:
+        """What a setting's model states may differ from the analytic estimate by: nothing for
+        checkpointing (it splits no state); for AutoTP, whose arm may never have run whole to
+        pin its offset, its own deviation on the arms' grid."""
+        return self._delta if setting.autotp > 1 else np.zeros(1)
+
     def kept(self, setting: Knobs) -> tuple[np.ndarray, np.ndarray]:
-        """The share of a sample's activations a checkpointing ``setting`` keeps: a grid over its
-        prior range (log-uniform) and the weights its runs give it (each of any arm, its run or
-        out-of-memory a constraint believed up to a contradiction, its peak memory where
-        reported a measurement)."""
+        """The share of a sample's activations a checkpointing or AutoTP ``setting`` keeps: a
+        grid over its prior range (log-uniform), and the joint weights ``(grid, moved, A)`` its
+        runs give each share, each offset of its own (:meth:`_moved`) and each figure of a
+        sample's memory (each run of any arm, or its out-of-memory, a constraint believed up to a
+        contradiction, its peak memory where reported a measurement): where no run without the
+        setting pinned a sample's memory or the arm's offset (its model states fit only split),
+        the setting's own runs do."""
         cached = self._kept_cache.get(setting)
         if cached is not None:
             return cached
         low, high = kept_range(setting, self._priors)
+        if setting.autotp > 1:
+            tp_low, tp_high = autotp_kept(setting.autotp, self._priors)
+            low, high = low * tp_low, high * tp_high
         grid = np.exp(np.linspace(math.log(low), math.log(high), _KEPT_POINTS)) if high > low else np.array([low])
-        log_w = np.zeros(len(grid))
+        moved = self._moved(setting)
+        prior_moved = self._prior_delta if len(moved) > 1 else np.ones(1)
+        log_w = (np.log(np.maximum(self._w.sum(axis=1), 1e-300))[None, None, :] + np.log(prior_moved)[None, :, None]
+                 + np.zeros((len(grid), len(moved), len(self.a))))
         d, floor = self._problem.device_memory, self._priors.contradiction
         for o in self._observations:
             arm = self._problem.arm(o.arm)
             if arm is None or o.knobs != setting or o.status not in (Status.OK, Status.OOM):
                 continue
-            p = self._p_line(arm, o.mbs * grid)
-            log_w += np.log(np.maximum(1.0 - p if o.status is Status.OK else p, floor))
-            if o.status is Status.OK and o.memory and o.memory < self._priors.saturated * d:
-                need = d - arm.free + self._offset(arm) + o.mbs * grid * self.per_sample
-                z = (need - o.memory) / (self._priors.memory_sd * d)
-                log_w += np.log(np.maximum(np.exp(-0.5 * z * z), floor))
+            arm = arm.sharded(setting.autotp)
+            for j, shift in enumerate(moved):
+                at = dataclasses.replace(arm, free=arm.free - shift)
+                p = self._p_given(at, o.mbs * grid)  # (grid, A)
+                log_w[:, j, :] += np.log(np.maximum(1.0 - p if o.status is Status.OK else p, floor))
+                if o.status is Status.OK and o.memory and o.memory < self._priors.saturated * d:
+                    need = d - at.free + self._offset(arm) + o.mbs * grid[:, None] * self.a[None, :]
+                    z = (need - o.memory) / (self._priors.memory_sd * d)
+                    log_w[:, j, :] += np.log(np.maximum(np.exp(-0.5 * z * z), floor))
         w = np.exp(log_w - log_w.max())
         cached = self._kept_cache[setting] = (grid, w / w.sum())
         return cached
@@ -175,7 +208,7 @@ class FeasibilityModel:
         if not setting:
             return 1.0
         grid, weights = self.kept(setting)
-        return float(weights @ grid)
+        return float(weights.sum(axis=(1, 2)) @ grid)
 
     def _tails(self, arm: Arm) -> tuple[np.ndarray, np.ndarray]:
         """The arm's offsets (shared plus its own, less its buffers) sorted, ``(K,)``, and for each

@@ -232,10 +232,10 @@ class FirstLaunch:
         if state.ok or state.running or slot.taken or not rows:
             return None
         if not (p_run >= 0.5).any():
-            # No size is likely to fit without checkpointing: a setting that likely fits with it
-            # is as much a first launch (a sample's activations beyond the device, say); its
-            # chance to run is its chance to fit.
-            more, p_more = _checkpointing(slot, slot.model.noise)
+            # No size is likely to fit without checkpointing or AutoTP: a setting that likely fits
+            # with one is as much a first launch (a sample's activations beyond the device, model
+            # states that fit only split); its chance to run is its chance to fit.
+            more, p_more = _room(slot, slot.model.noise)
             likely = [i for i, p in enumerate(p_more) if p >= 0.5]
             rows, p_run = rows + [more[i] for i in likely], np.concatenate([p_run, p_more[likely]])
             fits = np.concatenate([fits, p_more[likely]])
@@ -281,13 +281,13 @@ class MostValue:
         incumbent = measured[int(np.argmax(model.mean(measured)))]
         best = _best_value((model, measured_only), state, slot.rows, slot.p_run, incumbent)
         if best is None:
-            # Knob and checkpointing settings once the sizes are settled: a knob setting is tried
-            # at an arm's best sizes, checkpointing beyond its memory edge, which the size search
-            # finds first (and the curve's rise there, which checkpointing must beat); their gain
-            # is measured against the best config there is.
+            # Knob, checkpointing and AutoTP settings once the sizes are settled: a knob setting is
+            # tried at an arm's best sizes, checkpointing and AutoTP beyond its memory edge, which
+            # the size search finds first (and the curve's rise there, which they must beat);
+            # their gain is measured against the best config there is.
             knob_rows, knob_p = state.knob_rows(model)
             fresh = [i for i, (a, m, k) in enumerate(knob_rows) if slot.problem.config(a, m, k) not in taken]
-            rows, p_run = _checkpointing(slot, model.noise)
+            rows, p_run = _room(slot, model.noise)
             best = _best_value((model, measured_only), state, [knob_rows[i] for i in fresh] + rows,
                                np.concatenate([knob_p[fresh], p_run]), incumbent)
         again = _replicate(model, state, slot.ranked) if not taken and not state.running else None
@@ -299,32 +299,34 @@ class MostValue:
         return Proposal(config=slot.problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
 
 
-class OnlyWithCheckpointing:
-    """Did nothing run, nothing is running and no size is left to try? A checkpointing setting,
-    at the lowest stage and the size likeliest to run fast: where one sample's activations fit
-    nowhere, it is what may make any size fit."""
+class OnlyWithRoom:
+    """Did nothing run, nothing is running and no size is left to try? A checkpointing or AutoTP
+    setting, at the lowest stage and the size likeliest to run fast: where one sample's
+    activations fit nowhere, or the model states fit only split, it is what may make any size fit."""
 
     def propose(self, slot: Slot) -> Proposal | None:
         if slot.state.ok or slot.state.running or slot.taken or slot.rows:
             return None
-        rows, p_run = _checkpointing(slot, slot.model.noise)
+        rows, p_run = _room(slot, slot.model.noise)
         likely = [i for i, p in enumerate(p_run) if p >= 0.5] or list(range(len(rows)))
         if not likely:
             return None
         lowest = min(rows[i][0].key for i in likely)
         first = [i for i in likely if rows[i][0].key == lowest]
-        return _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "nothing fits without checkpointing",
-                         fits=p_run[first])
+        proposal = _best_run(slot.problem, [rows[i] for i in first], p_run[first], slot.model, "",
+                             fits=p_run[first])
+        without = "AutoTP" if proposal.knobs.autotp > 1 else "checkpointing"
+        return dataclasses.replace(proposal, why=f"nothing fits without {without}")
 
 
-def _checkpointing(slot: Slot, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
-    """The state's checkpointing rows (:meth:`State.checkpointing_rows`) not taken in this batch."""
-    rows, p_run = slot.state.checkpointing_rows(noise)
+def _room(slot: Slot, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
+    """The state's settings that buy room (:meth:`State.room_rows`) not taken in this batch."""
+    rows, p_run = slot.state.room_rows(noise)
     keep = [i for i, (a, m, k) in enumerate(rows) if slot.problem.config(a, m, k) not in slot.taken]
     return [rows[i] for i in keep], (p_run[keep] if keep else np.zeros(0))
 
 
-POLICY = (ListedStages(), ListedSizes(), FirstLaunch(), WhilePending(), OnlyWithCheckpointing(), MostValue())
+POLICY = (ListedStages(), ListedSizes(), FirstLaunch(), WhilePending(), OnlyWithRoom(), MostValue())
 """The planner's policy for one slot, in order: the first step that proposes something fills it;
 where none does, the slot and the rest of the batch stay empty."""
 

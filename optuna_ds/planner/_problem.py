@@ -22,7 +22,9 @@ class Arm:
     tuned knob with its values; none in fast mode) and ``knob_defaults`` what a config that
     leaves the knobs out runs with: a setting is scored by how it departs from those. ``kept``
     is the share of a sample's activation memory a config of it holds (below 1 with activation
-    checkpointing: the memory model's estimate for the setting).
+    checkpointing or AutoTP: the memory model's estimate for the setting). ``autotp`` holds, for
+    each AutoTP size the arm may run, ``(size, free, cap)``: the room its smaller model states
+    leave and the largest size its batch bounds allow (:meth:`sharded`).
     """
 
     stage: int
@@ -33,6 +35,7 @@ class Arm:
     knobs: tuple[tuple[str, tuple[Any, ...]], ...] = dataclasses.field(default=(), compare=False)
     knob_defaults: Knobs = dataclasses.field(default=Knobs(), compare=False)
     kept: float = dataclasses.field(default=1.0, compare=False)
+    autotp: tuple[tuple[int, float, int], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def key(self) -> tuple[int, str]:
@@ -41,6 +44,17 @@ class Arm:
     @property
     def label(self) -> str:
         return f"z{self.stage}" + (f" {self.offload}" if self.offload else "")
+
+    @property
+    def autotp_sizes(self) -> tuple[int, ...]:
+        return tuple(size for size, _, _ in self.autotp)
+
+    def sharded(self, size: int) -> Arm:
+        """The arm as a config of it with AutoTP ``size`` sees it: its room and its cap."""
+        for t, free, cap in self.autotp:
+            if t == size:
+                return dataclasses.replace(self, free=free, cap=cap)
+        return self
 
     def departures(self, knobs: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
         """The values of ``knobs`` that differ from what a default config of this arm runs
@@ -83,6 +97,12 @@ class Problem:
     # The activation-checkpointing settings to try at every arm, each the knobs it departs from
     # the defaults by (:mod:`optuna_ds.planner._checkpointing`); none: no such dimension.
     checkpointing: tuple[Knobs, ...] = ()
+    # The AutoTP settings to try at the arms that can run them (``Arm.autotp``), and each size's
+    # bounds on ``mbs * gas`` of one data-parallel rank, ``(size, max_batch, min_batch)``: its
+    # ranks share a batch, so fewer ranks take the global one (:mod:`optuna_ds.planner._autotp`).
+    autotp: tuple[Knobs, ...] = ()
+    autotp_batch: tuple[tuple[int, int | None, int], ...] = ()
+    hidden: int = 0  # the model's hidden size, where the user's model_info gives it (0: unknown)
 
     def arm(self, key: tuple[int, str]) -> Arm | None:
         return next((a for a in self.arms if a.key == key), None)
@@ -90,7 +110,12 @@ class Problem:
     def config(self, arm: Arm | tuple[int, str], mbs: int, knobs: KnobsLike = ()) -> Config:
         """The config of ``arm`` at size ``mbs``, with the accumulation the batch bounds give it."""
         stage, offload = arm.key if isinstance(arm, Arm) else arm
-        accumulation = accumulation_for(mbs, max_batch=self.max_batch, min_batch=self.min_batch, default=self.accumulation)
+        knobs = Knobs(knobs)
+        max_batch, min_batch = self.max_batch, self.min_batch
+        for size, high, low in self.autotp_batch:
+            if size == knobs.autotp:
+                max_batch, min_batch = high, low
+        accumulation = accumulation_for(mbs, max_batch=max_batch, min_batch=min_batch, default=self.accumulation)
         return Config(stage=stage, offload=offload, micro_batch=mbs, accumulation=accumulation, knobs=knobs)
 
 

@@ -129,6 +129,24 @@ class Priors:
             growth credibly below this share of a forward (twice the spread of the ratio over
             the runs without it included) says the script never checkpoints; one that ignores
             the switch grows by nothing but the noise.
+        autotp_exchange:
+            AutoTP's all-reduces' share of a step is this over the hidden size, times the group
+            less one (:mod:`optuna_ds.planner._autotp`): ``(2/9) FLOPS / bandwidth``, a layer's
+            four all-reduces of ``s h`` activations against its ``72 s h^2`` FLOPs a sample. An
+            H100 at ~400 TFLOPS achieved over NVLink at ~350 GB/s per GPU gives about 250 (6% of
+            the step at ``h`` 4096, ``t`` 2); PCIe at ~25 GB/s, ten times that.
+        autotp_exchange_sd:
+            Its cost is known to within this share of itself before a run: NVLink's figure, as
+            AutoTP is made for a node's fast links; a node whose links are slower (PCIe) shows it
+            in its first run with AutoTP, which the model learns from like any run.
+        autotp_unsplit:
+            The range of the share of a sample's activations AutoTP leaves whole on every rank of
+            its group: a transformer layer splits 24 of its ~34 bytes per token and hidden unit
+            over the group and keeps the rest (the residual stream, the norms' inputs, dropout
+            masks: Korthikanti et al. 2022), with the embeddings, and the logits unless the head
+            is vocabulary-parallel (a large vocabulary's logits dominate a small model's); a
+            model that checkpoints its layers keeps each one's whole input and splits only the
+            layer it recomputes: nearly all of it.
     """
 
     broken: float = 0.5
@@ -168,6 +186,9 @@ class Priors:
     section_cost: float = 0.03
     section_cost_sd: float = 0.03
     recompute_growth: float = 0.25
+    autotp_exchange: float = 250.0
+    autotp_exchange_sd: float = 0.5
+    autotp_unsplit: tuple[float, float] = (0.15, 0.95)
 
 
 @dataclasses.dataclass(frozen=True)

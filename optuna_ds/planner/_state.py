@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from optuna_ds.domain import KnobsLike
+from optuna_ds.planner._autotp import autotp_effects
+from optuna_ds.planner._autotp import usable as autotp_usable
 from optuna_ds.planner._checkpointing import checkpointing_effects
 from optuna_ds.planner._checkpointing import cost
 from optuna_ds.planner._checkpointing import may_pay
@@ -126,7 +128,7 @@ class State:
         self.seconds_ok = _median(ok_seconds, 1.0)
         fail_seconds = [o.seconds for o in self.finished if o.status is not Status.OK and o.seconds]
         self.seconds_failed = _median(fail_seconds, 0.6 * self.seconds_ok)
-        self._checkpointing_rows: dict[float, tuple[list[tuple[Arm, int, Knobs]], np.ndarray]] = {}
+        self._room_rows: dict[float, tuple[list[tuple[Arm, int, Knobs]], np.ndarray]] = {}
 
     def arm(self, key: tuple[int, str], knobs: KnobsLike = ()) -> Arm:
         """The arm of ``key`` as the models see a config of it with ``knobs``: a setting whose
@@ -135,9 +137,10 @@ class State:
         buffers = self._buffers.get((key, Knobs(knobs))) if knobs else None
         if buffers is not None:
             arm = dataclasses.replace(arm, buffers=buffers)
-        # A checkpointing setting keeps a share of each sample's activations.
-        setting = Knobs(knobs).checkpointing
-        return dataclasses.replace(arm, kept=self.memory.kept_share(setting)) if setting else arm
+        # A checkpointing or AutoTP setting keeps a share of each sample's activations; AutoTP's
+        # model states are smaller.
+        setting = Knobs(knobs).room
+        return dataclasses.replace(arm.sharded(setting.autotp), kept=self.memory.kept_share(setting)) if setting else arm
 
     @functools.cached_property
     def arms(self) -> tuple[Arm, ...]:
@@ -150,10 +153,12 @@ class State:
 
     @functools.cached_property
     def levers(self) -> dict[tuple[str, Any], tuple[float, float]]:
-        """The prior of each lever value in the stage-3 knob spaces (:mod:`optuna_ds.planner._levers`)
-        and of each checkpointing value (:mod:`optuna_ds.planner._checkpointing`)."""
+        """The prior of each lever value in the stage-3 knob spaces (:mod:`optuna_ds.planner._levers`),
+        of each checkpointing value (:mod:`optuna_ds.planner._checkpointing`) and of each AutoTP
+        size (:mod:`optuna_ds.planner._autotp`)."""
         return {**lever_effects(self.problem, self.finished, self.settings.priors),
-                **checkpointing_effects(self.problem, self.finished, self.settings.priors)}
+                **checkpointing_effects(self.problem, self.finished, self.settings.priors),
+                **autotp_effects(self.problem, self.settings.priors)}
 
     def sizes(self, arm: Arm) -> list[int]:
         return _candidate_sizes(self.problem, arm, self.settings.growth)
@@ -190,8 +195,10 @@ class State:
             keep = (fits if self.problem.sizes else p) > 1.0 - self.settings.hopeless_oom
             # The model is not the machine: an arm whose states fit is tried once; and while
             # nothing has run anywhere, each arm's smallest size is tried before the search gives up
-            # (the profile's activation figure can be off by more than its belief allows).
-            if not keep.any() and (not any(o.arm == arm.key for o in self.finished) or (not self.ok and sizes[0] == self.sizes(arm)[0])):
+            # (the profile's activation figure can be off by more than its belief allows). An arm
+            # whose states fit only with AutoTP runs only with it.
+            if not keep.any() and arm.free > 0 and (not any(o.arm == arm.key for o in self.finished)
+                                                    or (not self.ok and sizes[0] == self.sizes(arm)[0])):
                 keep[0] = True
             rows += [(arm, int(m), Knobs()) for m in sizes[keep]]
             p_run.append(p[keep])
@@ -236,44 +243,47 @@ class State:
                         p_run.append(float(p) * p_knobs)
         return rows, np.array(p_run)
 
-    def checkpointing_rows(self, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
-        """Untried checkpointing settings with their chance to run: at each arm explored, at
-        the sizes its config without them likely runs out of memory at (what checkpointing buys
-        is room, and it costs a forward at a size both run), where the setting may fit; none
-        where it cannot pay (:func:`~optuna_ds.planner._checkpointing.may_pay`: the curve's rise
-        beyond its best measured size, ``noise`` widening it, against the setting's cost) and
-        none of a setting the script ignored or that failed for a reason of its own. The same
-        for every slot of a decision."""
-        cached = self._checkpointing_rows.get(noise)
+    def room_rows(self, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
+        """Untried settings that buy room (activation checkpointing, AutoTP) with their chance to
+        run: at each arm explored, at the sizes its config without them likely runs out of
+        memory at or is not allowed (what they buy is room, and they cost a forward, or
+        AutoTP's all-reduces, at a size both run), where the setting may fit; none where it
+        cannot pay (:func:`~optuna_ds.planner._checkpointing.may_pay`: the curve's rise beyond
+        its best measured size, ``noise`` widening it, against the setting's cost), none of a
+        setting the script ignored or that failed for a reason of its own, and AutoTP only at the
+        arms that run it. The same for every slot of a decision."""
+        cached = self._room_rows.get(noise)
         if cached is not None:
             return cached
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
-        settings = usable(self.problem, self.finished, self.settings.priors)
+        settings = (*usable(self.problem, self.finished, self.settings.priors), *autotp_usable(self.problem, self.finished))
         priors = self.settings.priors
         for arm in self.arms if settings else ():
             runs: dict[int, list[float]] = {}
             for o in self.ok:
                 if o.arm == arm.key and not o.knobs:
                     runs.setdefault(o.mbs, []).append(float(o.score))  # type: ignore[arg-type]
-            sizes = np.array(self.sizes(arm), dtype=float)
-            room = sizes[(self.memory.p_oom(arm, sizes) >= 0.5) & (sizes > max(runs, default=0))]
-            if not len(room):
-                continue  # activations do not bound the micro-batch here
             climb = rise({m: statistics.fmean(v) for m, v in runs.items()}, noise)
-            crash = _p_crash(arm, room, self.finished, priors)
             for setting in settings:
+                if setting.autotp > 1 and setting.autotp not in arm.autotp_sizes:
+                    continue
                 at = self.arm(arm.key, setting)
+                sizes = np.array(self.sizes(at), dtype=float)
+                room = sizes[((self.memory.p_oom(arm, sizes) >= 0.5) | (sizes > arm.cap)) & (sizes > max(runs, default=0))]
+                if not len(room):
+                    continue  # activations and model states do not bound the micro-batch here
                 fits = 1.0 - self.memory.p_oom(at, room, setting)
                 reach = float(room[fits >= 0.5].max()) if (fits >= 0.5).any() else 0.0
                 if not may_pay(climb, reach=reach, price=cost(setting, self.levers), min_gain=self.settings.min_gain):
                     continue
+                crash = _p_crash(arm, room, self.finished, priors)
                 p = fits * (1.0 - crash) * (1.0 - _p_knob_crash(at, setting, self.finished, priors))
                 keep = np.array([q > 1.0 - self.settings.hopeless_oom and self.problem.config(arm, int(m), setting) not in self.tried
                                  for m, q in zip(room, p)], dtype=bool)
                 rows += [(at, int(m), setting) for m in room[keep]]
                 p_run.append(p[keep])
-        cached = self._checkpointing_rows[noise] = (rows, np.concatenate(p_run) if p_run else np.zeros(0))
+        cached = self._room_rows[noise] = (rows, np.concatenate(p_run) if p_run else np.zeros(0))
         return cached
 
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from optuna_ds.planner._autotp import EXCHANGE
+from optuna_ds.planner._autotp import autotp_shares
 from optuna_ds.planner._memory import FeasibilityModel
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Knobs
@@ -167,21 +169,24 @@ def _scale_prior(base: float, priors: Priors) -> tuple[np.ndarray, np.ndarray]:
     return np.array(means + [priors.offload_step[0], 0.5 * priors.offload_step[0]]), cov
 
 
-def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, float]]
+def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, float]], shares: Mapping[tuple[str, Any], float]
                    ) -> tuple[list[tuple[str, Any]], list[tuple[int, str, Any]]]:
     """The knob values that differ from what a default config runs with, in the arms' knob
     spaces and in the runs: each value's effect shared by the stages (``(knob, value)``), and
-    each stage's own deviation (``(stage, knob, value)``). Ordered by ``repr``: one knob's values
-    may mix types (``5e8``, ``"auto"``)."""
+    each stage's own deviation (``(stage, knob, value)``); a value of ``shares`` (an AutoTP size)
+    is a multiple of one effect, :data:`~optuna_ds.planner._autotp.EXCHANGE`. Ordered by
+    ``repr``: one knob's values may mix types (``5e8``, ``"auto"``)."""
     shared: set[tuple[str, Any]] = set()
     own: set[tuple[int, str, Any]] = set()
 
     settings = [(arm, tuple((knob, value) for value in values)) for arm in problem.arms for knob, values in arm.knobs]
     settings += [(arm, setting) for arm in problem.arms for setting in problem.checkpointing]
+    settings += [(arm, setting) for arm in problem.arms for setting in problem.autotp if setting.autotp in arm.autotp_sizes]
     for arm, knobs in settings + [(arm, knobs) for arm, _, knobs, _ in points]:
         for knob, value in arm.departures(knobs):
-            shared.add((knob, value))
-            own.add((arm.stage, knob, value))
+            feature = EXCHANGE if (knob, value) in shares else (knob, value)
+            shared.add(feature)
+            own.add((arm.stage, *feature))
     return sorted(shared, key=repr), sorted(own, key=repr)
 
 
@@ -204,7 +209,8 @@ class ThroughputModel:
                  levers: Mapping[tuple[str, Any], tuple[float, float]] | None = None) -> None:
         self._memory = memory
         self._beliefs = priors
-        self._shared, self._own = _knob_features(problem, points)
+        self._shares = autotp_shares(problem, priors)
+        self._shared, self._own = _knob_features(problem, points, self._shares)
         self._feature_index = {f: i for i, f in enumerate(self._shared)}
         self._own_index = {f: i for i, f in enumerate(self._own)}
         self.n = len(points)
@@ -303,12 +309,14 @@ class ThroughputModel:
             if arm.offload == _OFFLOADS[1]:
                 x[i, _STAGES + 1] = 1.0
             for k, v in arm.departures(knobs):  # a value a default config runs with has no effect
-                j = self._feature_index.get((k, v))
+                weight = self._shares.get((k, v), 1.0)
+                feature = EXCHANGE if (k, v) in self._shares else (k, v)
+                j = self._feature_index.get(feature)
                 if j is not None:
-                    x[i, self._n0 + j] = 1.0
-                j = self._own_index.get((arm.stage, k, v))
+                    x[i, self._n0 + j] = weight
+                j = self._own_index.get((arm.stage, *feature))
                 if j is not None:
-                    x[i, shared + j] = 1.0
+                    x[i, shared + j] = weight
         return x
 
     def _shape(self, rows: Sequence[tuple[Arm, int]]) -> np.ndarray:
@@ -319,11 +327,12 @@ class ThroughputModel:
 
     def _pressure(self, rows: Sequence[tuple[Any, ...]], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shares, fills = np.empty(len(rows)), np.empty(len(rows))
-        # By key, buffers and activations kept: arms compare by key alone, and a knob setting's
-        # has buffers of its own, a checkpointing setting its share of the activations.
-        groups: dict[tuple[tuple[int, str], float, float], list[int]] = {}
+        # By key, buffers, activations kept and room: arms compare by key alone, and a knob
+        # setting's has buffers of its own, a checkpointing setting its share of the activations,
+        # an AutoTP one both and the room of its smaller model states.
+        groups: dict[tuple[tuple[int, str], float, float, float], list[int]] = {}
         for i, r in enumerate(rows):
-            groups.setdefault((r[0].key, r[0].buffers, r[0].kept), []).append(i)
+            groups.setdefault((r[0].key, r[0].buffers, r[0].kept, r[0].free), []).append(i)
         for idx in groups.values():
             arm = rows[idx[0]][0]
             shares[idx], fills[idx] = self._memory.share(arm, sizes[idx]), self._memory.fill(arm, sizes[idx])

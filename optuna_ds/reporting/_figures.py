@@ -17,6 +17,7 @@ from optuna_ds.config import Metric
 from optuna_ds.config import format_number
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import GAS_KEY
+from optuna_ds.domain import Knobs
 from optuna_ds.domain import MBS_KEY
 from optuna_ds.domain import Phase
 from optuna_ds.domain import RootRecord
@@ -108,9 +109,12 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
     for stage in sorted({r.stage for r in rows}):
         color = _STAGE_COLORS.get(stage, "#333")
         ok = sorted((r for r in rows if r.stage == stage and r.status == "complete" and r.mbs), key=lambda r: r.mbs)  # type: ignore[arg-type,return-value]
-        # Activation checkpointing runs a curve of its own, beyond the stage's memory edge.
+        # Activation checkpointing and each AutoTP size run a curve of their own, beyond the
+        # stage's memory edge.
         checkpointed = [r for r in ok if r.phase != "knobs" and any(is_checkpointing(k) for k in r.knobs)]
-        curve = [r for r in ok if r.phase != "knobs" and r not in checkpointed]
+        split = {t: [r for r in ok if r.phase != "knobs" and Knobs(r.knobs).autotp == t]
+                 for t in sorted({Knobs(r.knobs).autotp for r in ok} - {1})}
+        curve = [r for r in ok if r.phase != "knobs" and r not in checkpointed and Knobs(r.knobs).autotp == 1]
         knobs = [r for r in ok if r.phase == "knobs"]
         group = _stage_name(stage)
         fig.add_trace(go.Scatter(
@@ -124,6 +128,12 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
                 legendgroup=group, line={"color": color, "dash": "dot", "width": 1},
                 marker={"symbol": f"{_STAGE_SYMBOL.get(stage, 'circle')}-open", "size": 9, "color": color, "line": {"width": 2}},
                 text=[_safe(r.name) for r in checkpointed], hovertemplate=hover))
+        for t, runs in split.items():
+            fig.add_trace(go.Scatter(
+                x=[r.mbs for r in runs], y=[r.value for r in runs], mode="lines+markers", name=f"{group} AutoTP {t}",
+                legendgroup=group, line={"color": color, "dash": "dashdot", "width": 1},
+                marker={"symbol": "triangle-up-open", "size": 9, "color": color, "line": {"width": 2}},
+                text=[_safe(r.name) for r in runs], hovertemplate=hover))
         if knobs:
             fig.add_trace(go.Scatter(
                 x=[r.mbs for r in knobs], y=[r.value for r in knobs], mode="markers", name=f"{group} knobs", legendgroup=group,

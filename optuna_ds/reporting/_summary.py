@@ -82,8 +82,9 @@ def optimum_line(result: TuningResult) -> str:
     what = "Optimum" if best.chosen else "Best so far (the planner has not chosen yet)"
     setting = best.config.knobs.checkpointing
     checkpointing = f", {result.checkpointing.named(setting)}" if setting and result.checkpointing is not None else ""
+    autotp = f", AutoTP {best.config.knobs.autotp}" if best.config.knobs.autotp > 1 else ""
     line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.config.micro_batch}, gradient accumulation "
-            f"{best.config.accumulation}{checkpointing}): {best.figure(metric)}")
+            f"{best.config.accumulation}{checkpointing}{autotp}): {best.figure(metric)}")
     factor = speedup(result)
     if factor is not None:
         base = result.baseline
@@ -291,11 +292,11 @@ def learning_rate_advice(result: TuningResult, user: UserConfig, *,
     if best is None or best.train_batch_size is None:
         return None
     new = best.train_batch_size
-    if not (user.train_batch_size or user.baseline_micro_batch_size or user.micro_batch_sizes):
+    if not (user.own_train_batch_size or user.baseline_micro_batch_size or user.micro_batch_sizes):
         rule = f"sqrt({new}/B) (an Adam-type optimizer)" if user.adam_type_optimizer else f"{new}/B ({user.optimizer_type})"
         return (f"The best global batch size is {new}; your config gives no batch size to compare it with, so no learning "
                 f"rate is scaled: from the global batch size B you train at, scale it by {rule}.")
-    original = user.train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * data_parallel_size
+    original = user.own_train_batch_size or user.min_micro_batch_size * user.gradient_accumulation_steps * data_parallel_size
     if new == original:
         return None
     ratio = new / original
@@ -443,9 +444,9 @@ def knob_line(result: TuningResult) -> str:
     best, metric, noise = result.best, result.metric, result.noise
     if best is None or not (settings := departures(best.config).zero):
         return ""
-    # Checkpointing has its own line: the configs compared share the optimum's.
+    # Checkpointing and AutoTP have their own lines: the configs compared share the optimum's.
     plain = [m for m in result.measured if m.config.arm == best.config.arm and not departures(m.config).zero
-             and m.config.knobs.checkpointing == best.config.knobs.checkpointing]
+             and m.config.knobs.room == best.config.knobs.room]
     mbs = best.config.micro_batch
     same = [m for m in plain if m.config.micro_batch == mbs]
     other = metric.best(same or plain, key=lambda m: m.value)
@@ -496,6 +497,38 @@ def checkpointing_line(result: TuningResult) -> str:
                f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
     return (f"Checkpointing: the optimum uses {outcome.named(setting)} (micro-batch {best.config.micro_batch}): "
             f"{format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
+            f"{_runs(len(other.runs))}){verdict}.")
+
+
+def autotp_line(result: TuningResult) -> str:
+    """What AutoTP came to, where it was a dimension: the size the optimum splits its layers over
+    and its worth against the best config without it (any stage: what it buys may be a lower
+    stage or a larger micro-batch), or why the optimum goes without: it failed for the script's
+    reason (said once), it ran and lost, or it could not pay."""
+    outcome, best, metric, noise = result.autotp, result.best, result.metric, result.noise
+    if outcome is None or best is None:
+        return ""
+    size = best.config.knobs.autotp
+    if outcome.failed and size == 1:
+        name, why = outcome.failed[0]
+        return f"AutoTP: {name} failed for a reason of the script ({why}); no size tried again."
+    others = [m for m in result.measured if (m.config.knobs.autotp > 1) != (size > 1)]
+    other = metric.best(others, key=lambda m: m.value)
+    if size == 1:
+        if other is None:
+            return ("AutoTP: not launched: it pays only where the model states or activations bound the micro-batch and the "
+                    "throughput curve still rises beyond that size by more than its per-layer all-reduces cost, which the "
+                    "runs did not show here.")
+        return (f"AutoTP: the best config with it, {other.name} ({metric.with_unit(other.value)}, {_runs(len(other.runs))}), "
+                f"is {format_number(other.value / best.value, 3)}x the optimum without it.")
+    split = (f"AutoTP: the optimum splits each layer over {size} GPUs (tensor_parallel.autotp_size {size}; "
+             f"micro-batch {best.config.micro_batch} for each group of {size})")
+    if other is None:
+        return f"{split}; no config ran without it."
+    factor = best.value / other.value if metric.maximize else other.value / best.value
+    verdict = ("" if noise.value is None else
+               f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
+    return (f"{split}: {format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
             f"{_runs(len(other.runs))}){verdict}.")
 
 
@@ -555,6 +588,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
         lines.append(knobs)
     if checkpointing := checkpointing_line(result):
         lines.append(checkpointing)
+    if autotp := autotp_line(result):
+        lines.append(autotp)
     if step := step_line(result):
         lines.append(step)
     if note := optuna_best_note(result):

@@ -6,6 +6,7 @@ from typing import Any
 
 from optuna_ds.config import UserConfig
 from optuna_ds.config import with_integer_sizes
+from optuna_ds.domain import AUTOTP_SECTION
 from optuna_ds.domain import CHECKPOINTING_SECTION
 from optuna_ds.domain import GAS_KEY
 from optuna_ds.domain import MBS_KEY
@@ -15,8 +16,10 @@ from optuna_ds.domain import Config
 from optuna_ds.domain import Experiment
 from optuna_ds.domain import Phase
 from optuna_ds.launcher import ExperimentFiles
+from optuna_ds.space import AUTOTP_STAGES
 from optuna_ds.space import CheckpointingSpace
 from optuna_ds.space import KnobSpace
+from optuna_ds.space import build_autotp_space
 from optuna_ds.space import build_checkpointing_space
 
 PROFILE_NAME = "profile_model_info"
@@ -40,6 +43,12 @@ class ExperimentBuilder:
     The user's config is the base, so optimizer, fp16/bf16, scheduler and offload sections
     reach every experiment; tuning lists are replaced by the tuned or fixed values, and
     ``train_batch_size`` is made consistent with micro-batch, accumulation and GPUs.
+
+    The global batch is the samples one optimizer step trains on, ``mbs x gas x`` the
+    data-parallel ranks: the GPUs less model parallelism (``mp_size``) and AutoTP, whose ranks of
+    a group share one batch. ``train_batch_size`` in a config is DeepSpeed's own count, which
+    with AutoTP is not that (:mod:`optuna_ds.space._autotp`): it parses the config before its
+    tensor-parallel groups exist and counts every rank.
     """
 
     def __init__(self, *, user: UserConfig, results_dir: str, total_gpus: int) -> None:
@@ -47,27 +56,42 @@ class ExperimentBuilder:
         self._results_dir = results_dir
         self._total_gpus = total_gpus
         self.checkpointing = checkpointing_space(user)
+        self.autotp = build_autotp_space(user.autotp_section())
 
     @property
     def data_parallel_size(self) -> int:
-        return max(1, self._total_gpus // self._user.autotuning.mp_size)
+        """The data-parallel ranks of a config with the user's own AutoTP size."""
+        return self.data_parallel(self.autotp.fixed_size)
 
-    def max_batch_per_gpu(self) -> int | None:
+    def data_parallel(self, autotp: int) -> int:
+        """The data-parallel ranks of a config whose AutoTP size is ``autotp``."""
+        return max(1, self._total_gpus // (self._user.autotuning.mp_size * max(1, autotp)))
+
+    def max_batch_per_gpu(self, autotp: int | None = None) -> int | None:
         """The bound on ``mbs * gas`` that ``max_train_batch_size`` (or the user's own
-        ``train_batch_size``) puts on one data-parallel rank."""
-        bound = self._user.autotuning.max_train_batch_size or self._user.train_batch_size
+        ``train_batch_size``) puts on one data-parallel rank of a config whose AutoTP size is
+        ``autotp`` (``None``: the user's own)."""
+        bound = self._user.autotuning.max_train_batch_size or self._user.own_train_batch_size
         if bound is None:
             return None
-        return max(1, bound // self.data_parallel_size)
+        return max(1, bound // self.data_parallel(self.autotp.fixed_size if autotp is None else autotp))
 
-    def min_batch_per_gpu(self) -> int:
+    def min_batch_per_gpu(self, autotp: int | None = None) -> int:
         """The floor on ``mbs * gas`` that ``min_train_batch_size`` puts on one data-parallel rank."""
-        return -(-self._user.autotuning.min_train_batch_size // self.data_parallel_size)
+        return -(-self._user.autotuning.min_train_batch_size // self.data_parallel(self.autotp.fixed_size if autotp is None else autotp))
+
+    def batch_bounds(self) -> tuple[tuple[int, int | None, int], ...]:
+        """For each AutoTP size the tuning tries, the bounds on ``mbs * gas`` of one data-parallel
+        rank: ``(size, max, min)``."""
+        return tuple((size, self.max_batch_per_gpu(size), self.min_batch_per_gpu(size)) for size in self.autotp.sizes)
 
     def train_batch_size(self, mbs: int, gas: int) -> int:
-        return mbs * gas * self.data_parallel_size
+        """DeepSpeed's ``train_batch_size`` of a config: ``mbs x gas x`` the ranks less ``mp_size``
+        (with AutoTP, the ranks of a group each counted, as DeepSpeed counts them)."""
+        return mbs * gas * self.data_parallel(1)
 
-    def _base(self, *, stage: int, mbs: int, gas: int, zero: dict[str, Any], checkpointing: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _base(self, *, stage: int, mbs: int, gas: int, zero: dict[str, Any], knobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        knobs = knobs or {}
         config = copy.deepcopy(self._user.raw)
         config[MBS_KEY] = mbs
         config[GAS_KEY] = gas
@@ -75,11 +99,17 @@ class ExperimentBuilder:
             config[TBS_KEY] = self.train_batch_size(mbs, gas)
         config[ZERO_KEY] = {"stage": stage, **zero}
         # The user's section with its lists replaced: the tuned values, else DeepSpeed's defaults.
-        section = self.checkpointing.section(checkpointing or {})
+        section = self.checkpointing.section({k: v for k, v in knobs.items() if k.startswith(CHECKPOINTING_SECTION + ".")})
         if section is None:
             config.pop(CHECKPOINTING_SECTION, None)
         else:
             config[CHECKPOINTING_SECTION] = section
+        # AutoTP at the stages it is made for; the user's own section, a size fixed, everywhere.
+        tp = self.autotp.section(knobs if stage in AUTOTP_STAGES else {})
+        if tp:
+            config[AUTOTP_SECTION] = tp
+        else:
+            config.pop(AUTOTP_SECTION, None)
         config.pop("autotuning", None)
         return with_integer_sizes(config)
 
@@ -94,7 +124,7 @@ class ExperimentBuilder:
         result_dir = self.result_dir(name)
         files = ExperimentFiles(result_dir)
         ds_config = self._base(stage=config.stage, mbs=config.micro_batch, gas=config.accumulation,
-                               zero=space.zero_section(config.knobs.zero.as_dict()), checkpointing=config.knobs.checkpointing.as_dict())
+                               zero=space.zero_section(config.knobs.zero.as_dict()), knobs=config.knobs.room.as_dict())
         a = self._user.autotuning
         ds_config["autotuning"] = {
             "enabled": True,
@@ -108,10 +138,12 @@ class ExperimentBuilder:
     def build_profile(self) -> Experiment:
         """The model-info profile run: DeepSpeed's minimum-memory config (stage 3, micro-batch 1)
         with the user's offload sections kept, so a model that only fits offloaded can still
-        be profiled."""
+        be profiled; without AutoTP."""
         result_dir = os.path.join(self._results_dir, PROFILE_NAME)
         offload = {k: v for k, v in self._user.zero_section().items() if k in ("offload_optimizer", "offload_param")}
         config = self._base(stage=3, mbs=1, gas=1, zero=offload)
+        # The whole model's figures: the memory estimates split them by each AutoTP size.
+        config.pop(AUTOTP_SECTION, None)
         config["memory_breakdown"] = False
         config["autotuning"] = {
             "enabled": True,

@@ -29,6 +29,8 @@ from optuna_ds.planner import Priors
 from optuna_ds.planner import checkpointing_ignored
 from optuna_ds.planner import measured_noise
 from optuna_ds.space import KnobSpace
+from optuna_ds.space import build_autotp_space
+from optuna_ds.space import distinct_batch
 from optuna_ds.space import knob_defaults
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import load_stage_study
@@ -107,8 +109,8 @@ class Optimum:
 
     @property
     def train_batch_size(self) -> int | None:
-        value = self.ds_config.get("train_batch_size")
-        return value if isinstance(value, int) else None
+        """The samples one optimizer step trains on (with AutoTP, not the config's own count)."""
+        return distinct_batch(self.ds_config)
 
     def scatters(self, noise: Noise) -> bool:
         """Whether its runs disagree by more than the measured noise explains."""
@@ -241,7 +243,8 @@ def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str
     last_failure = ""
     if failed:
         record = ExperimentRecord.from_trial(failed[-1])
-        why = failure_text(record)
+        # A setting's own failure has its line (Checkpointing:, AutoTP:), which says why once.
+        why = failure_text(record) if record.reason not in (FailureReason.CHECKPOINTING, FailureReason.AUTOTP) else ""
         last_failure = f"{record.exp_name}: {record.reason.value if record.reason else 'failed'}" + (f": {why}" if why else "")
     return StageResult(
         stage=stage,
@@ -432,6 +435,29 @@ def checkpointing_outcome(trials: Sequence[FrozenTrial], user: UserConfig) -> Ch
 
 
 @dataclasses.dataclass(frozen=True)
+class AutotpOutcome:
+    """What a tuning found of AutoTP, where it was a dimension: the sizes tried, its launches
+    and the runs that failed for a reason of its own (the experiment, and why: said once, as no
+    size is tried again)."""
+
+    sizes: tuple[int, ...] = ()
+    runs: int = 0
+    failed: tuple[tuple[str, str], ...] = ()
+
+
+def autotp_outcome(trials: Sequence[FrozenTrial], user: UserConfig) -> AutotpOutcome | None:
+    """The tuning's AutoTP outcome from its trials; ``None`` where it was no dimension."""
+    space = build_autotp_space(user.autotp_section())
+    if not space.sizes:
+        return None
+    metric = user.autotuning.tuned_metric
+    observations = [o for t in launched(trials) if (o := observation_of(t, metric=metric, dead={})) is not None]
+    failed = [(r.exp_name or "", failure_text(r)) for t in launched(trials) if t.state == TrialState.FAIL
+              and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.AUTOTP]
+    return AutotpOutcome(sizes=space.sizes, runs=sum(1 for o in observations if o.knobs.autotp > 1), failed=tuple(failed[:1]))
+
+
+@dataclasses.dataclass(frozen=True)
 class TuningResult:
     """Every stage's outcome and the one optimum: what the summary, the report, the dashboard
     notes and the optimal files show."""
@@ -451,6 +477,7 @@ class TuningResult:
     # The experiments an interrupt cut short (stage, trial, name): Optuna's FAIL, no failure.
     interrupted: tuple[tuple[int, int, str], ...] = ()
     checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
+    autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
 
     @property
     def num_experiments(self) -> int:
@@ -503,6 +530,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in launched(ts)
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
         checkpointing=checkpointing_outcome(every, user),
+        autotp=autotp_outcome(every, user),
     )
 
 

@@ -16,6 +16,7 @@ from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
 from optuna_ds._optuna_compat import study_id
 from optuna_ds.config import UserConfig
+from optuna_ds.domain import AUTOTP_KNOB
 from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
@@ -32,6 +33,7 @@ from optuna_ds.launcher import telling_line
 from optuna_ds.planner import Arm
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
+from optuna_ds.space import AUTOTP_STAGES
 from optuna_ds.space import OFFLOAD_VARIANTS
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import MemoryEstimate
@@ -253,16 +255,21 @@ class Tuning:
             return _TIMEOUT_WITHOUT_PROFILE
         return max(_MIN_TIMEOUT, _TIMEOUT_PER_PROFILE * float(profile))
 
-    def _estimate(self, stage: int, info: dict[str, Any], zero: dict[str, Any]) -> MemoryEstimate:
+    def _estimate(self, stage: int, info: dict[str, Any], zero: dict[str, Any], *, autotp: int | None = None) -> MemoryEstimate:
+        """The memory estimate of ``stage`` with ``zero``, AutoTP ``autotp`` (``None``: the user's
+        own size): AutoTP splits the model states as model parallelism does, over fewer
+        data-parallel ranks; of a sample's activations, the profile's (the whole model's), a
+        tried size keeps from ``1/autotp`` up: whether one fits is the planner's to learn."""
         a = self._user.autotuning
+        activation = info.get("activation_mem_per_gpu")
         return estimate_memory(
             stage=stage,
             num_params=int(info["num_params"]),
             trainable_params=info.get("trainable_num_params"),
-            activation_per_sample=info.get("activation_mem_per_gpu"),
+            activation_per_sample=activation / autotp if activation and autotp else activation,
             device_memory=self._device_memory,
             num_gpus=self._resources.total_gpus,
-            mp_size=a.mp_size,
+            mp_size=a.mp_size * (self._builder.autotp.fixed_size if autotp is None else autotp),
             precision=self._user.precision,
             adam_type=self._user.adam_type_optimizer,
             zero=zero,
@@ -271,10 +278,11 @@ class Tuning:
     def _estimates(self, info: dict[str, Any]) -> dict[int, MemoryEstimate]:
         return {stage: self._estimate(stage, info, self._user.zero_section()) for stage in self._user.stages}
 
-    def _mbs_cap(self) -> int:
-        """The largest micro-batch size the config allows; what memory allows is the planner's."""
+    def _mbs_cap(self, autotp: int | None = None) -> int:
+        """The largest micro-batch size the config allows (with AutoTP ``autotp``: fewer
+        data-parallel ranks take the global batch); what memory allows is the planner's."""
         cap = self._user.autotuning.max_train_micro_batch_size_per_gpu
-        bound = self._builder.max_batch_per_gpu()
+        bound = self._builder.max_batch_per_gpu(autotp)
         return max(1, min(cap, bound) if bound else cap)
 
     def _context(self, observer: TuningObserver) -> StageContext:
@@ -300,13 +308,15 @@ class Tuning:
         """The params of ``stage``'s study, one distribution each for the whole study: every size
         and accumulation the tuning may run, every offload variant the stage may take."""
         a = self._user.autotuning
-        bound = self._builder.max_batch_per_gpu() or 1
+        bounds = [(self._builder.max_batch_per_gpu() or 1, self._builder.min_batch_per_gpu()),
+                  *((high or 1, low) for _, high, low in self._builder.batch_bounds())]
         mbs_high = max([a.max_train_micro_batch_size_per_gpu, self._user.min_micro_batch_size, *(self._user.micro_batch_sizes or [])])
-        gas_high = max(self._user.gradient_accumulation_steps, bound, self._builder.min_batch_per_gpu())
+        gas_high = max(self._user.gradient_accumulation_steps, *(n for pair in bounds for n in pair))
         offloads = [""] + ([label for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
                            if stage >= 1 and not user_offloads(self._user.zero_section()) else [])
+        sizes = self._builder.autotp.sizes if stage in AUTOTP_STAGES else ()
         return stage_distributions(mbs_high=mbs_high, gas_high=gas_high, offloads=offloads, space=space,
-                                   checkpointing=self._builder.checkpointing.tuned)
+                                   checkpointing={**self._builder.checkpointing.tuned, **({AUTOTP_KNOB: list(sizes)} if sizes else {})})
 
     def _record_stage(self, stage: int, record: StageRecord) -> None:
         RootRecord(stages={stage: record}).write(self._root.set_user_attr)
@@ -364,7 +374,11 @@ class Tuning:
             if stage >= 1 and not user_offloads(zero):
                 variants += [(stage, label, self._estimate(stage, info, {**zero, **offload_sections(label)}))
                              for label in OFFLOAD_VARIANTS if stage == 3 or "param" not in label]
-        chosen = [v for v in variants if v[2].fits] or [v for v in variants if v[2].states_fit]
+        # AutoTP at the stages it is made for, without offload: the model states of each size.
+        split = {(stage, ""): [(t, self._estimate(stage, info, zero, autotp=t)) for t in self._builder.autotp.sizes]
+                 for stage in self._user.stages if stage in AUTOTP_STAGES}
+        chosen = ([v for v in variants if v[2].fits or any(e.fits for _, e in split.get(v[:2], ()))]
+                  or [v for v in variants if v[2].states_fit or any(e.states_fit for _, e in split.get(v[:2], ()))])
         for stage in self._user.stages:
             if any(s == stage for s, _, _ in chosen):
                 continue
@@ -378,7 +392,9 @@ class Tuning:
             self._skip(stage, reason, e, self._log)
         return [Arm(stage=stage, offload=label, free=e.device_memory - e.instantiation, cap=self._mbs_cap(), buffers=e.buffers,
                     knobs=tuple((k, tuple(v)) for k, v in sorted(spaces[stage].with_offload(label).tuned.items())),
-                    knob_defaults=Knobs(knob_defaults(spaces[stage].with_offload(label))))
+                    knob_defaults=Knobs(knob_defaults(spaces[stage].with_offload(label))),
+                    autotp=tuple((t, x.device_memory - x.instantiation, self._mbs_cap(t))
+                                 for t, x in split.get((stage, label), ()) if x.states_fit))
                 for stage, label, e in chosen]
 
     def _problem(self, info: dict[str, Any], arms: list[Arm]) -> Problem:
@@ -395,11 +411,14 @@ class Tuning:
             max_batch=self._builder.max_batch_per_gpu(),
             min_batch=self._builder.min_batch_per_gpu(),
             accumulation=self._user.gradient_accumulation_steps,
-            gpus=max(1, self._resources.total_gpus // a.mp_size),
+            gpus=self._builder.data_parallel_size,
             knob_sizes=a.num_tuning_micro_batch_sizes,
             nodes=self._resources.nodes_per_experiment,
             params=float(info.get("num_params") or 0.0),
             checkpointing=tuple(self._builder.checkpointing.settings()),
+            autotp=tuple(self._builder.autotp.settings()),
+            autotp_batch=self._builder.batch_bounds(),
+            hidden=int(info.get("hidden_size") or 0),
             # The knob search's trials come on top of the micro-batch search's.
             max_experiments=_MAX_EXPERIMENTS + (0 if a.fast else a.tuner_num_trials),
         )
