@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -164,7 +165,9 @@ def _identity(surface: surfaces.Surface) -> str:
     """What a job's figures follow from, per generator: a dataclass job's fields; a blind job's
     name and its generator's source (benchmarks/blind_jobs.py, a plain class)."""
     if dataclasses.is_dataclass(surface):
-        return repr(surface)
+        # Floats to 12 digits: a drawn job's derived figures (exp, log, pow) differ in the last
+        # bits between machines' maths libraries, which made 31 of 200 current entries stale.
+        return re.sub(r"-?\d+\.\d+(?:e[-+]?\d+)?", lambda m: f"{float(m.group()):.12g}", repr(surface))
     return surface.name + Path(sys.modules[type(surface).__module__].__file__ or "").read_text()
 
 
