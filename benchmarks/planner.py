@@ -44,15 +44,18 @@ from optuna.study import StudyDirection  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from optuna_ds.planner import Arm  # noqa: E402
+from optuna_ds.planner import Decision  # noqa: E402
 from optuna_ds.planner import KnobSetting  # noqa: E402
 from optuna_ds.planner import Observation  # noqa: E402
 from optuna_ds.planner import PlannerSettings  # noqa: E402
 from optuna_ds.planner import Priors  # noqa: E402
 from optuna_ds.planner import Problem  # noqa: E402
+from optuna_ds.planner import Proposal  # noqa: E402
 from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
 from optuna_ds import samplers  # noqa: E402
 from optuna_ds.config import AutotuningConfig  # noqa: E402
+from optuna_ds.domain import Config  # noqa: E402
 from optuna_ds.domain import Knobs  # noqa: E402
 from optuna_ds.space import estimate_memory  # noqa: E402
 
@@ -183,58 +186,111 @@ def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) 
     return surface.memory_gb(config) * GB * (1.0 + rng.uniform(0.0, 0.02))
 
 
-def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: bool = False,
+def tune(surface: surfaces.Surface, *, slots: int, processes: int = 0, trace: bool = False, memory: bool = False,
          settings: PlannerSettings = PlannerSettings(), full: bool = False, tuner: str = "gridsearch") -> dict:
     """The planner's tuning of ``surface`` with ``slots`` experiments at once; with ``memory``,
-    each run reports its peak memory, as runs on NVIDIA GPUs do; with ``full``, the knobs too."""
+    each run reports its peak memory, as runs on NVIDIA GPUs do; with ``full``, the knobs too.
+
+    With ``processes``, that many optuna-ds processes of ``slots`` slots each, sharing one storage
+    as ``tune`` and its workers do (optuna_ds/studies/_coordinator.py): each free slot asks the
+    planner for one experiment (``free_slots=1``), seeing every process's experiments under way
+    and its own process's proposals not yet claimed. Processes with a slot free at one instant
+    decide at once, none seeing the others' proposals of that instant; of two claims of one
+    experiment the first (in process order) runs and the other stands down, its slot deciding
+    again once the claim is in the storage. A slot with nothing to start decides again when an
+    experiment ends anywhere (a Coordinator polls within seconds). Without ``processes``, one
+    decision fills every free slot (``free_slots``)."""
     problem = problem_of(surface, full=full)
     noise = None
     observations: list[Observation] = []
-    running: list[tuple[float, int, Observation]] = []  # (end time, tie, observation when done)
+    running: list[tuple[float, int, Observation, int]] = []  # (end time, tie, observation when done, process)
     now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
-    nonce = knob_launches = lever_launches = checkpointing_launches = autotp_launches = 0
+    nonce = knob_launches = lever_launches = checkpointing_launches = autotp_launches = stood_down = 0
     curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
+    held: list[tuple[float, float]] = []  # (simulated seconds, true throughput of the choice then)
     kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
     configs: list[surfaces.Config] = []  # each launch's config, in launch order
     spans: list[tuple[float, float]] = []  # each launch's (start, end), simulated seconds
-    while True:
+    owners: list[int] = []  # each launch's process
+    claimed: set[tuple[Config, int]] = set()  # (config, repeat) of every experiment launched
+
+    def decide(seen: list[Observation], free: int) -> Decision:
+        nonlocal noise
         t0 = time.perf_counter()
         candidates = knob_candidates(surface, problem, observations, noise, tuner) if full else None
-        decision = plan(problem, observations + [r[2] for r in running_view(running, now)], free_slots=slots - len(running),
-                        settings=settings, knob_candidates=candidates)
+        decision = plan(problem, seen, free_slots=free, settings=settings, knob_candidates=candidates)
         noise = decision.noise
         decisions.append(time.perf_counter() - t0)
         if decision.choice is not None:
             c = decision.choice
             curve.append((launches, surface.evaluate(config_of(c.stage, c.offload, c.mbs, c.knobs)).throughput))
-        for p in decision.proposals:
-            config = config_of(p.stage, p.offload, p.mbs, p.knobs)
-            outcome = surface.evaluate(config)
-            nonce += 1
-            status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
-            score = surface.measure(config, nonce) if status is Status.OK else None
-            peak = peak_memory(surface, config, nonce) if memory and status is Status.OK else None
-            # DeepSpeed's step timers, where the job simulates them (physical_jobs): what a lever can save.
-            timers = tuple(surface.timers_ms(config).items()) if status is Status.OK and hasattr(surface, "timers_ms") else ()
-            done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak, repeat=p.repeat,
-                               timers=timers)
-            if trace:
-                print(f"  {now / 60:6.1f} min {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
-                      f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise})")
-            kinds.append((launch_kind(p, observations + [r[2] for r in running]), status.value))
-            configs.append(config)
-            heapq.heappush(running, (now + outcome.seconds, nonce, done))
-            spans.append((now, now + outcome.seconds))
-            launches += 1
-            knob_launches += bool(p.knobs.zero)
-            checkpointing_launches += bool(p.knobs.checkpointing)
-            autotp_launches += p.knobs.autotp > 1
-            lever_launches += any(k in physical_jobs.LEVER_DEFAULTS and v != physical_jobs.LEVER_DEFAULTS[k] for k, v in p.knobs)
-            oom += status is Status.OOM
-            gpu_s += outcome.seconds * surface.num_gpus
+            held.append((now, curve[-1][1]))
+        return decision
+
+    def launch(p: Proposal, process: int, decision: Decision) -> None:
+        nonlocal nonce, launches, knob_launches, checkpointing_launches, autotp_launches, lever_launches, oom, gpu_s
+        assert (p.config, p.repeat) not in claimed, f"{p.config} (repeat {p.repeat}) launched twice"
+        claimed.add((p.config, p.repeat))
+        config = config_of(p.stage, p.offload, p.mbs, p.knobs)
+        outcome = surface.evaluate(config)
+        nonce += 1
+        status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
+        score = surface.measure(config, nonce) if status is Status.OK else None
+        peak = peak_memory(surface, config, nonce) if memory and status is Status.OK else None
+        # DeepSpeed's step timers, where the job simulates them (physical_jobs): what a lever can save.
+        timers = tuple(surface.timers_ms(config).items()) if status is Status.OK and hasattr(surface, "timers_ms") else ()
+        done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak, repeat=p.repeat,
+                           timers=timers)
+        if trace:
+            print(f"  {now / 60:6.1f} min {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
+                  f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise}){f'  [process {process}]' if processes > 1 else ''}")
+        kinds.append((launch_kind(p, observations + [r[2] for r in running]), status.value))
+        configs.append(config)
+        owners.append(process)
+        heapq.heappush(running, (now + outcome.seconds, nonce, done, process))
+        spans.append((now, now + outcome.seconds))
+        launches += 1
+        knob_launches += bool(p.knobs.zero)
+        checkpointing_launches += bool(p.knobs.checkpointing)
+        autotp_launches += p.knobs.autotp > 1
+        lever_launches += any(k in physical_jobs.LEVER_DEFAULTS and v != physical_jobs.LEVER_DEFAULTS[k] for k, v in p.knobs)
+        oom += status is Status.OOM
+        gpu_s += outcome.seconds * surface.num_gpus
+
+    while True:
+        if not processes:
+            decision = decide(observations + running_view(running, now), slots - len(running))
+            for p in decision.proposals:
+                launch(p, 0, decision)
+        else:
+            while True:
+                # The storage as every process reads it at this instant; each decides for its own free slots.
+                stored = observations + running_view(running, now)
+                asked: list[tuple[int, Proposal, Decision]] = []
+                # The planner is a pure function: processes that hold the same proposals decide alike (computed once).
+                alike: dict[tuple[tuple[Config, int], ...], Decision] = {}
+                for process in range(processes):
+                    handed: list[Observation] = []
+                    for _ in range(slots - sum(r[3] == process for r in running)):
+                        key = tuple((o.config, o.repeat) for o in handed)
+                        decision = alike[key] if key in alike else alike.setdefault(key, decide(stored + handed, 1))
+                        if not decision.proposals:
+                            break
+                        p = decision.proposals[0]
+                        handed.append(Observation(config=p.config, status=Status.RUNNING, repeat=p.repeat, seconds=0.0))
+                        asked.append((process, p, decision))
+                lost = 0
+                for process, p, decision in asked:
+                    if (p.config, p.repeat) in claimed:
+                        lost += 1  # another process claimed it first: this one stands down
+                    else:
+                        launch(p, process, decision)
+                stood_down += lost
+                if not lost:
+                    break
         if not running:
             break
-        end, _, done = heapq.heappop(running)
+        end, _, done, _ = heapq.heappop(running)
         now = end
         observations.append(done)
     choice = decision.choice
@@ -246,7 +302,8 @@ def tune(surface: surfaces.Surface, *, slots: int, trace: bool = False, memory: 
             "checkpointing_launches": checkpointing_launches, "autotp_launches": autotp_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
             "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
             "noise": decision.noise if decision.noise_runs else None, "noise_dof": decision.noise_runs, "decision_s": decisions, "curve": curve,
-            "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran, "spans": spans}
+            "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran, "spans": spans,
+            "owners": owners, "stood_down": stood_down, "held": held}
 
 
 KINDS = ("first run", "size", "knobs", "checkpointing", "autotp", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
@@ -283,10 +340,10 @@ def _knobs(knobs: tuple) -> str:
                     for k, v in knobs)
 
 
-def running_view(running: list[tuple[float, int, Observation]], now: float) -> list[tuple[float, int, Observation]]:
+def running_view(running: list[tuple[float, int, Observation, int]], now: float) -> list[Observation]:
     """The experiments under way as the planner sees them: running, for so many seconds."""
-    return [(e, n, Observation(config=o.config, status=Status.RUNNING, seconds=now - (e - (o.seconds or 0.0))))
-            for e, n, o in running]
+    return [Observation(config=o.config, status=Status.RUNNING, repeat=o.repeat, seconds=now - (e - (o.seconds or 0.0)))
+            for e, _, o, _ in running]
 
 
 def _within_half_to_twice(dof: int) -> float:
@@ -326,9 +383,13 @@ def main() -> None:
                         help="only the AutoTP table: N jobs of each family (physical_jobs.autotp_job), fast mode, "
                              "AutoTP unlisted, listed, and listed without the gate")
     parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--processes", type=int, default=0, metavar="N",
+                        help="N optuna-ds processes of --slots slots each on one storage, as tune and its workers: each "
+                             "free slot asks the planner for one experiment; processes free at one instant decide at once "
+                             "and a config two of them claim runs once (see tune())")
     parser.add_argument("--versus", type=int, default=0, metavar="SLOTS",
-                        help="also tune each job with SLOTS slots: the simulated wall time to the stop with them over "
-                             "--slots' (the speed-up), and their share of the optimum")
+                        help="also tune each job with SLOTS slots in one process: the simulated wall time to the stop with "
+                             "them over --slots' (the speed-up), and their share of the optimum")
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true")
@@ -379,7 +440,8 @@ def main() -> None:
         best, optimum = surfaces.optimum_of(arms)
         if not optimum:
             continue
-        r = tune(surface, slots=args.slots, trace=args.trace, memory=args.memory, settings=settings, full=args.full, tuner=args.tuner)
+        r = tune(surface, slots=args.slots, processes=args.processes, trace=args.trace, memory=args.memory, settings=settings,
+                 full=args.full, tuner=args.tuner)
         r["optimum"] = optimum
         r["true_noise"] = surface.noise
         gap = surfaces.closest_arm_gap(arms)
@@ -388,8 +450,10 @@ def main() -> None:
             r["ceiling_ds"] = {k: surfaces.within_1pc_ceiling(gap, surface.noise, int(k * ds[name]["launches"])) for k in (0.35, 0.5, 1.0)}
         share = r["true"] / optimum
         if args.versus:
-            other = tune(surface, slots=args.versus, memory=args.memory, settings=settings, full=args.full, tuner=args.tuner)
-            r["versus"] = {"wall_s": other["wall_s"], "share": other["true"] / optimum, "launches": other["launches"]}
+            other = tune(surface, slots=args.versus, processes=1 if args.processes else 0, memory=args.memory, settings=settings,
+                         full=args.full, tuner=args.tuner)
+            r["versus"] = {"wall_s": other["wall_s"], "share": other["true"] / optimum, "launches": other["launches"],
+                           "spans": other["spans"]}
         rows.append((name, share, r))
         if args.verbose or share < 0.99:
             print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
@@ -413,7 +477,7 @@ def main() -> None:
         if group:
             _summary(label, group, ds, args.slots)
             if args.versus:
-                _speedup(group, slots=args.slots, versus=args.versus)
+                _speedup(group, slots=args.slots, versus=args.versus, processes=args.processes)
 
 
 def _lever_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings, tuner: str) -> None:
@@ -637,16 +701,25 @@ def _budget_curve(rows: list[tuple[str, float, dict]], ds: dict) -> None:
                   f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}")
 
 
-def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int) -> None:
-    """The simulated wall time to the stop with ``versus`` slots over that with ``slots``: of the
-    group's total (its mean per job) and the median of the jobs' own; the quality of each beside it."""
+def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int, processes: int = 0) -> None:
+    """The simulated wall time to the stop with ``versus`` slots over that with ``slots`` (in
+    ``processes`` processes): of the group's total (its mean per job) and the median of the jobs'
+    own; the quality of each beside it; the mean busy slots of each (experiment-seconds over the
+    wall), and with processes the claims that stood down (no experiment runs twice: tune asserts it)."""
     theirs = [r["versus"] for _, _, r in rows]
     ratios = [t["wall_s"] / r["wall_s"] for (_, _, r), t in zip(rows, theirs) if r["wall_s"] > 0]
     shares = [t["share"] for t in theirs]
-    print(f"  wall with {versus} slot(s) / with {slots}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for _, _, r in rows):.2f}x "
+    width = f"{processes} x {slots}" if processes > 1 else str(slots)
+
+    def busy(runs: list[dict]) -> float:
+        return sum(sum(e - b for b, e in r["spans"]) for r in runs) / sum(r["wall_s"] for r in runs)
+
+    print(f"  wall with {versus} slot(s) / with {width}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for _, _, r in rows):.2f}x "
           f"(median per job {statistics.median(ratios):.2f}x); with {versus}: mean {statistics.mean(shares):.4f} "
           f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
-          f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job")
+          f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job; mean busy slots {busy([r for _, _, r in rows]):.1f} "
+          f"of {slots * max(processes, 1)}, {busy(theirs):.1f} of {versus}"
+          + (f"; claims stood down {statistics.mean(r['stood_down'] for _, _, r in rows):.1f}/job" if processes > 1 else ""))
 
 
 def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int) -> None:

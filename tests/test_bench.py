@@ -145,6 +145,22 @@ def test_the_planner_curve_prices_a_budget_of_deepspeeds_launches_and_the_audit_
     assert r["best_ran"] >= r["true"] > 0 and len(r["configs"]) == r["launches"] - 1
 
 
+def test_processes_on_one_storage_launch_no_experiment_twice_and_one_process_is_the_batch() -> None:
+    """The planner benchmark's processes decide as tune and its workers do, a free slot at a time:
+    one process of 4 slots runs the tuning one decision for 4 slots runs; processes that decide
+    at one instant propose alike, so their claims collide, and each experiment still runs once."""
+    import planner
+
+    job = surfaces.by_name("phys-0")
+    batch, one = planner.tune(job, slots=4, memory=True), planner.tune(job, slots=4, processes=1, memory=True)
+    assert [str(c) for c in one["configs"]] == [str(c) for c in batch["configs"]] and one["wall_s"] == batch["wall_s"]
+    many = planner.tune(job, slots=2, processes=3, memory=True)
+    launched = [(o.config, o.repeat) for o in many["observations"]]
+    assert len(launched) == len(set(launched)) == many["launches"] - 1
+    assert many["stood_down"] > 0 and len(set(many["owners"])) > 1
+    assert many["held"] and many["held"][-1][0] <= many["wall_s"]
+
+
 def test_blind_jobs_bring_their_own_knob_space(tmp_path: Path) -> None:
     import blind_jobs
     import planner

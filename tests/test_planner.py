@@ -315,6 +315,37 @@ def test_noise_is_measured_from_repeated_configs_never_from_misfit_and_straggler
     assert measured_noise([[100.0, 101.0], [50.0, 50.4], [70.0, 69.5]])[0] < 0.012
 
 
+def test_a_model_conditioned_on_more_runs_is_the_model_fitted_to_them_all() -> None:
+    """A batch conditions the model on each experiment it holds, keeping what it computed of
+    the runs before: it must predict what a fit from scratch predicts -- a straggler among the
+    runs before or after, knob settings, and a repeat (which changes the noise) alike."""
+    problem, surface = _job(noise=0.02, seed=1)
+    z = {a.stage: a for a in problem.arms}
+    rng = random.Random(4)
+    runs = [(z[s], m, (), float(surface(s, m, ""))) for s, m in ((0, 8), (0, 16), (0, 24), (1, 24), (2, 20), (3, 28), (1, 12))]
+    knobbed = [(z[1], 24, (("reduce_bucket_size", 5e8),), 84.0), (z[2], 24, (("reduce_bucket_size", "auto"),), 83.0)]
+    memory = FeasibilityModel(problem, [])
+    rows = [(z[s], m, ()) for s in range(4) for m in (4, 8, 16, 24, 30)] + [(a, m, k) for a, m, k, _ in knobbed]
+    for case in range(12):
+        points = list(runs) + (knobbed if case % 3 == 0 else [])
+        rng.shuffle(points)
+        if case % 2:
+            a, m, k, v = points[case % len(points)]
+            points[case % len(points)] = (a, m, k, 0.7 * v)  # a straggler
+        if case % 4 == 3:
+            points.append(points[0])  # a repeat
+        split = rng.randint(0, len(points) - 1)
+        fitted = ThroughputModel(problem, memory, points)
+        conditioned = ThroughputModel(problem, memory, points[:split])
+        for i in range(split, len(points), 2):
+            conditioned = conditioned.conditioned(points[i:i + 2])
+        assert conditioned.noise == fitted.noise and (conditioned.straggler == fitted.straggler).all()
+        np.testing.assert_allclose(conditioned.mean(rows), fitted.mean(rows), atol=1e-9)
+        np.testing.assert_allclose(conditioned.predict(rows)[2], fitted.predict(rows)[2], atol=1e-9)
+        np.testing.assert_allclose(conditioned.knowledge_gradient(rows, rows[2]), fitted.knowledge_gradient(rows, rows[2]), atol=1e-9)
+    assert any(ThroughputModel(problem, memory, p).straggler.any() for p in ([*runs[:-1], (*runs[-1][:3], 0.7 * runs[-1][3])],))
+
+
 def test_the_priors_are_the_callers_by_argument() -> None:
     """``PlannerSettings.priors`` reaches the models: the same runs 20% apart are a straggler
     under the default belief and a noise near 10% where stragglers are believed rare."""

@@ -136,8 +136,7 @@ def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, sl
 
     pending = list({o.config for o in state.running} | taken)
     measured += pending
-    fantasy = state.points() + believed(at(pending))
-    model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors, levers=state.levers)
+    model = model.conditioned(believed(at(pending)))
     bound = gain * rate
     added: list[Proposal] = []
 
@@ -147,8 +146,7 @@ def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, sl
         added.append(Proposal(config=problem.config(a, m, k), why=f"{_WHY}: {why}"))
         bound[j] = -np.inf
         measured.append(problem.config(a, m, k))
-        fantasy.extend(believed([rows[j]]))
-        model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors, levers=state.levers)
+        model = model.conditioned(believed([rows[j]]))
 
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p.stage, p.offload) for p in proposals}
     for arm in state.arms:

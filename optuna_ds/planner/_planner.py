@@ -120,12 +120,11 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     if launched >= problem.max_experiments:
         return decision((), not state.running, f"{problem.max_experiments} experiments")
     proposals = [p for step in OPENING if (p := step.propose(state, model, choice)) is not None]
-    fantasy = list(state.points()) + _fantasies(model, [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running])
+    step_model = model.conditioned(_fantasies(model, [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in state.running]))
     while len(proposals) < free_slots and launched + len(proposals) < problem.max_experiments:
         if proposals:
-            fantasy += _fantasies(model, [(state.arm((proposals[-1].stage, proposals[-1].offload), proposals[-1].knobs),
-                                           proposals[-1].mbs, proposals[-1].knobs)])
-        step_model = ThroughputModel(problem, state.memory, fantasy, priors=settings.priors, levers=state.levers) if len(fantasy) > len(state.ok) else model
+            step_model = step_model.conditioned(_fantasies(model, [(state.arm((proposals[-1].stage, proposals[-1].offload), proposals[-1].knobs),
+                                                                    proposals[-1].mbs, proposals[-1].knobs)]))
         taken = {p.config for p in proposals}
         nxt = _next(state, step_model, taken, ranked, model)
         if nxt is None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 from collections.abc import Iterable
@@ -249,6 +250,42 @@ class ThroughputModel:
         self._arms = np.array([_arm_code(a) for a, _, _, _ in points], dtype=int)
         self._unit = _kernel(self._log_m, self._arms, self._log_m, self._arms, priors)
         self._r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(_COMBO_H), 0))
+        self._problem, self._levers, self._points, self._y_sum = problem, levers, list(points), float(y.sum())
+        self._fit_runs()
+
+    def conditioned(self, points: Sequence[tuple[Arm, int, Knobs, float]]) -> ThroughputModel:
+        """The model of this one's runs and ``points``, as ``ThroughputModel`` fits them: a batch
+        conditions on each experiment it holds before it takes the next. The features of this
+        model's runs (their shapes under every component, design, residual correlation) are
+        kept, as are the noise and the knob features where ``points`` repeat no config and set
+        no knob value no arm or run set; where they do, the model is fitted from scratch."""
+        points = list(points)
+        if not points:
+            return self
+        every = self._points + points
+        keys = [(a.key, m, k) for a, m, k, _ in every]
+        if len(set(keys)) < len(keys) or _knob_features(self._problem, every, self._shares) != (self._shared, self._own):
+            return ThroughputModel(self._problem, self._memory, every, priors=self._beliefs, levers=self._levers)
+        model = copy.copy(self)
+        y = np.log(np.array([p[3] for p in points], dtype=float))
+        model._points, model._y_sum, model.n = every, self._y_sum + float(y.sum()), len(every)
+        # The stages' prior mean is the mean of the runs: every earlier residual moves with it.
+        shift = model._y_sum / model.n - (self._y_sum / self.n if self.n else 0.0)
+        model._mu0 = self._mu0.copy()
+        model._mu0[:_STAGES] += shift
+        z = self._design([(a, kn) for a, _, kn, _ in points])
+        log_m = np.log(np.array([m for _, m, _, _ in points], dtype=float))
+        arms = np.array([_arm_code(a) for a, _, _, _ in points], dtype=int)
+        cross = _kernel(self._log_m, self._arms, log_m, arms, self._beliefs)
+        model._unit = np.block([[self._unit, cross], [cross.T, _kernel(log_m, arms, log_m, arms, self._beliefs)]])
+        r_new = y[None, :] - self._shape([(a, m) for a, m, _, _ in points]) - (z @ model._mu0)[None, :]
+        model._r = np.concatenate([self._r - shift, r_new], axis=1)
+        model._x, model._log_m, model._arms = np.concatenate([self._x, z]), np.concatenate([self._log_m, log_m]), np.concatenate([self._arms, arms])
+        model._fit_runs()
+        return model
+
+    def _fit_runs(self) -> None:
+        """The fit to the runs, stragglers apart."""
         self.straggler = np.zeros(self.n, dtype=bool)
         self._fit()
         if self.n > 2:
@@ -258,7 +295,7 @@ class ThroughputModel:
             _, _, alpha, kinv = self._fits[s]
             diagonal = np.diag(kinv)
             z = alpha[:, g] / np.sqrt(diagonal)
-            self.straggler = z < -priors.straggler_z
+            self.straggler = z < -self._beliefs.straggler_z
             if self.straggler.any():
                 self._fit()
 
@@ -347,11 +384,12 @@ class ThroughputModel:
         return float(self._w.sum(axis=1) @ np.array([f[0] for f in self._fits]))
 
     def _cross(self, rows: Sequence[tuple[Arm, int, Knobs]]) -> tuple[np.ndarray, np.ndarray]:
-        """The rows' unit residual correlation with the points ``(rows, n)`` and their own
-        ``(rows, rows)``; the structural part depends on the knob scale (``z @ s0 @ x.T``)."""
+        """The rows' unit residual correlation with the points ``(rows, n)`` and with the last
+        row ``(rows,)``; the structural part depends on the knob scale (``z @ s0 @ x.T``)."""
         log_m = np.log(np.array([m for _, m, _ in rows], dtype=float))
         arms = np.array([_arm_code(a) for a, _, _ in rows], dtype=int)
-        return _kernel(log_m, arms, self._log_m, self._arms, self._beliefs), _kernel(log_m, arms, log_m, arms, self._beliefs)
+        return (_kernel(log_m, arms, self._log_m, self._arms, self._beliefs),
+                _kernel(log_m, arms, log_m[-1:], arms[-1:], self._beliefs)[:, 0])
 
     def _structural(self, z: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per fit, the rows' structural prior covariance with the points ``(rows, n)``, their
@@ -397,7 +435,7 @@ class ThroughputModel:
         of the row, of ``chosen`` and their covariance ``(K, rows)``, and the noise ``(K,)``."""
         every = list(rows) + [chosen]
         z = self._design([(a, kn) for a, _, kn in every])
-        unit, own = self._cross(every)
+        unit, last = self._cross(every)
         w, means, _ = self.predict(every)
         var_r: list[np.ndarray] = []
         var_c: list[np.ndarray] = []
@@ -406,7 +444,7 @@ class ThroughputModel:
                                                                                        self._active):
             if not len(active):
                 continue
-            var, covariance = prior_var + amplitude**2, with_last[:-1] + amplitude**2 * own[:-1, -1]
+            var, covariance = prior_var + amplitude**2, with_last[:-1] + amplitude**2 * last[:-1]
             if self.n:
                 cross = structural + amplitude**2 * unit
                 explained = cross @ kinv  # (rows + 1, n)
