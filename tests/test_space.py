@@ -137,7 +137,21 @@ def test_memory_estimate_frozen_params_offload_and_misfit() -> None:
     peft = estimate_memory(stage=0, trainable_params=10_000_000, **base)
     assert peft.fits and peft.gradients == pytest.approx(4e7)
     offload = estimate_memory(stage=3, trainable_params=None, zero={"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}, **base)
-    assert offload.params == 0 and offload.optimizer == 0 and offload.fits
+    assert offload.params == 0 and offload.optimizer == 0 and offload.gradients == 0 and offload.fits
+
+
+def test_offloaded_optimizer_takes_the_gradients_off_the_gpu() -> None:
+    # A 12.7B-parameter model on one 24 GB GPU: with parameters and optimizer offloaded at ZeRO-3
+    # nothing of the model states stays (DeepSpeed's estimator: the largest layer), so the arm is
+    # offered; its fp16 gradients (25 GB) are on the host with the optimizer.
+    base = dict(num_params=12_700_000_000, trainable_params=None, activation_per_sample=1e8, device_memory=24e9,
+                num_gpus=1, precision="fp16")
+    both = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    assert estimate_memory(stage=3, zero=both, **base).fits
+    # The optimizer alone: the 16-bit parameters stay, as DeepSpeed's estimator counts them (2 bytes each).
+    z2 = estimate_memory(stage=2, zero={"offload_optimizer": {"device": "cpu"}}, **dict(base, num_params=10**9))
+    assert z2.instantiation == pytest.approx(2e9)
+    assert not estimate_memory(stage=3, zero={"offload_optimizer": {"device": "cpu"}}, **base).fits
 
 
 def test_offload_variants_and_knob_defaults() -> None:

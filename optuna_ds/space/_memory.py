@@ -89,7 +89,10 @@ def estimate_memory(
     if stage >= 3:
         params /= dp
     if stage >= 1 and _offloaded(zero, "offload_optimizer"):
-        optimizer = 0.0
+        # The optimizer on the host takes the gradients there too, bucket by bucket (the buckets
+        # are ``buffers``): DeepSpeed's own estimators count only the 16-bit parameters on the GPU
+        # with ``cpu_offload`` (``estimate_zero2/3_model_states_mem_needs``).
+        optimizer = gradients = 0.0
     if stage >= 3 and _offloaded(zero, "offload_param"):
         params = 0.0
     buffers = 0.0
