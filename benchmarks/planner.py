@@ -399,7 +399,7 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) "
-                             "or of its priors (priors.knob_cause, ...) for a what-if")
+                             "or of its priors (priors.knob_cause, priors.pressure_losses=0.1,0.3, ...) for a what-if")
     parser.add_argument("--audit", action="store_true",
                         help="where the launches go: per job and group, by kind and outcome; whether a config within 1%% ran "
                              "and was chosen; the costliest and worst jobs")
@@ -412,9 +412,14 @@ def main() -> None:
         name, _, value = item.partition("=")
         group, _, field = name.rpartition(".")
         owner: PlannerSettings | Priors | None = {"": settings, "priors": settings.priors}.get(group)
-        if owner is None or not isinstance(getattr(owner, field, None), (int, float)):
-            parser.error(f"--set: optuna_ds.planner.PlannerSettings has no number {name}")
-        changed = dataclasses.replace(owner, **{field: type(getattr(owner, field))(value)})
+        current = getattr(owner, field, None)
+        if owner is None or not isinstance(current, (int, float, tuple)):
+            parser.error(f"--set: optuna_ds.planner.PlannerSettings has no number or tuple of numbers {name}")
+        try:
+            new = _setting(current, value)
+        except (TypeError, ValueError):
+            parser.error(f"--set {name}: not {'numbers' if isinstance(current, tuple) else 'a number'}: {value}")
+        changed = dataclasses.replace(owner, **{field: new})
         settings = changed if isinstance(changed, PlannerSettings) else dataclasses.replace(settings, priors=changed)
     if args.checkpointing:
         _checkpointing_table(args.checkpointing, slots=args.slots, memory=args.memory, settings=settings)
@@ -618,6 +623,18 @@ def _replay_summary(rows: list[tuple[str, float, dict]], ds: dict, mode: str) ->
               f"within noise on {sum(ok for _, _, ok, _, _ in theirs) / len(theirs):.0%}, mean {statistics.mean(s for *_, s, _ in theirs):.4f}; "
               f"launches {sum(o for *_, o in theirs) / sum(n for _, n, _, _, _ in theirs):.2f}x of DeepSpeed's", end="")
     print()
+
+
+def _setting(current: object, value: str) -> object:
+    """``value`` as the type of the setting it replaces; a tuple comma-separated, each value of
+    the type of the one it replaces (``pressure_onset=0.6,0.98,13``), floats where the length
+    changes (``pressure_losses=0.1,0.3``)."""
+    if not isinstance(current, tuple):
+        return type(current)(value)
+    parts = value.split(",")
+    if not all(isinstance(v, (int, float)) for v in current):
+        raise TypeError(value)
+    return tuple(type(v)(x) for v, x in zip(current, parts)) if len(parts) == len(current) else tuple(float(x) for x in parts)
 
 
 def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:

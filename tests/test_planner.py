@@ -97,6 +97,26 @@ def test_memory_pressure_puts_the_optimum_below_the_edge_and_the_planner_finds_i
     assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.99 * best
 
 
+def test_the_pressure_prior_is_a_setting_the_model_takes() -> None:
+    # Runs that slow down toward the memory edge: the default prior explains them by a slowdown
+    # under pressure and estimates the edge near its truth; a prior that all but rules a slowdown
+    # out, passed as a setting, leaves the fall to the smooth residual, which flattens beyond the
+    # runs: it estimates the edge higher, further from the truth.
+    problem, surface = _job(half=2.0, pressure_from=0.6, loss=0.5)
+    z0 = problem.arms[0]
+    sizes = (4, 8, 12, 16, 20, 24, 28)
+    seen = [Observation(config=problem.config(z0, m), status=Status.OK, score=_true(surface, 0, m), seconds=60.0) for m in sizes]
+
+    def at_edge(priors: Priors) -> float:
+        model = ThroughputModel(problem, FeasibilityModel(problem, seen, priors=priors), [(z0, o.mbs, (), o.score) for o in seen],
+                                priors=priors)
+        return float(model.mean([(z0, 29, ())])[0])
+
+    truth = math.log(_true(surface, 0, 29))
+    default, ruled_out = at_edge(Priors()), at_edge(Priors(pressure_none=0.999999, pressure_losses=(0.01,)))
+    assert abs(default - truth) < 0.05 < ruled_out - truth
+
+
 def test_the_planner_is_a_function_of_the_observations() -> None:
     problem, surface = _job(noise=0.02, seed=3)
     observations, _ = _drive(problem, surface)

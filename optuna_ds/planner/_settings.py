@@ -139,6 +139,23 @@ class Priors:
             Its cost is known to within this share of itself before a run: NVLink's figure, as
             AutoTP is made for a node's fast links; a node whose links are slower (PCIe) shows it
             in its first run with AutoTP, which the model learns from like any run.
+        pressure_none:
+            The prior weight of no slowdown under memory pressure: a curve that rises to its
+            memory edge. The rest believes in a monotone slowdown of the memory share in use, shared
+            by every arm and learned from all of their runs: a loss growing linearly from an
+            onset to a full device (allocator retries, smaller fused kernels, cuDNN falling back
+            to slower algorithms for want of workspace) -- of the device, the same zone at every
+            stage, or of the arm's own room for activations, a zone that moves with its edge.
+            Curved families (a loss growing as the square or the fourth power of the share
+            beyond the onset), narrower onsets and each run's measured peak in place of the
+            fitted share were tried and did no better on any benchmark: the runs near the edge
+            show no slowdown beyond their noise to tell the shapes apart.
+        pressure_onset:
+            The onsets, as ``numpy.linspace`` arguments, in shares of the memory: 3% apart, as
+            the optimum often sits where the loss starts (a step's error there costs about
+            ``loss / (1 - onset)`` of it).
+        pressure_losses:
+            The losses at a full device (or room).
         autotp_unsplit:
             The range of the share of a sample's activations AutoTP leaves whole on every rank of
             its group: a transformer layer splits 24 of its ~34 bytes per token and hidden unit
@@ -189,6 +206,9 @@ class Priors:
     autotp_exchange: float = 250.0
     autotp_exchange_sd: float = 0.5
     autotp_unsplit: tuple[float, float] = (0.15, 0.95)
+    pressure_none: float = 0.4
+    pressure_onset: tuple[float, float, int] = (0.5, 0.98, 17)
+    pressure_losses: tuple[float, ...] = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7)
 
 
 @dataclasses.dataclass(frozen=True)

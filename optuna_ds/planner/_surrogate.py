@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from typing import Any
+from typing import NamedTuple
 from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -18,15 +20,10 @@ from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._settings import Priors
 
 # The shape of a throughput curve over the micro-batch size m: ``m / (m + h)`` (a fixed cost
-# per step amortised over the batch: h is the size at half efficiency), times a loss growing
-# linearly from ``theta`` of the device memory in use to ``loss`` when it is full (allocator
-# retries, smaller fused kernels). Every arm shares the shape; each has its own scale.
-# The optimum often sits where the loss starts, so theta steps by 3% of the device (an error of
-# a step there costs about loss / (1 - theta) times it); h, smooth in its effect, steps by 65%.
+# per step amortised over the batch: h is the size at half efficiency), times a slowdown under
+# memory pressure (``Priors.pressure_*``). Every arm shares the shape; each has its own scale.
+# h, smooth in its effect, steps by 65%.
 _H = np.geomspace(0.25, 512.0, 16)
-_THETA = np.linspace(0.5, 0.98, 17)
-_LOSS = np.array([0.05, 0.1, 0.2, 0.35, 0.5, 0.7])
-_NO_PRESSURE_PRIOR = 0.4
 # A knob setting's effect on log throughput, as a share of the step: the knobs size and overlap
 # the collectives (buckets, reduce-scatter, overlap with the backward pass) and the gradient
 # copies, so their effect follows the communication's share of a step -- a few percent either
@@ -110,41 +107,41 @@ def measured_noise(groups: Iterable[Sequence[float]], *, priors: Priors = Priors
     return float(np.exp(w @ np.log(_NOISE_GRID))), dof
 
 
-def _combos() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    h: list[float] = []
-    theta: list[float] = []
-    loss: list[float] = []
-    fill: list[bool] = []
-    prior: list[float] = []
+class _Grid(NamedTuple):
+    """The shape's components: each one's h, pressure onset, loss at a full device, whether the
+    pressure is of the arm's own room (else of the device), and its log prior."""
+
+    h: np.ndarray
+    theta: np.ndarray
+    loss: np.ndarray
+    fill: np.ndarray
+    logp: np.ndarray
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(onset: tuple[float, float, int], losses: tuple[float, ...], none: float) -> _Grid:
+    """The components for the pressure priors (:class:`Priors`): every h without pressure
+    (weight ``none``), and with each onset and loss, by either share (the rest, evenly)."""
+    thetas = np.linspace(*onset)
+    rows: list[tuple[float, float, float, bool, float]] = []
     for hv in _H:
-        h.append(hv)
-        theta.append(1.0)
-        loss.append(0.0)
-        fill.append(False)
-        prior.append(_NO_PRESSURE_PRIOR)
-        for by_fill in (False, True):
-            for t in _THETA:
-                for lv in _LOSS:
-                    h.append(hv)
-                    theta.append(t)
-                    loss.append(lv)
-                    fill.append(by_fill)
-                    prior.append((1 - _NO_PRESSURE_PRIOR) / (2 * len(_THETA) * len(_LOSS)))
-    p = np.array(prior)
-    return np.array(h), np.array(theta), np.array(loss), np.array(fill), np.log(p / p.sum())
+        rows.append((hv, 1.0, 0.0, False, none))
+        rows += [(hv, t, lv, by_fill, (1 - none) / (2 * len(thetas) * len(losses)))
+                 for by_fill in (False, True) for t in thetas for lv in losses]
+    h, theta, loss, fill, prior = (np.array(c) for c in zip(*rows))
+    return _Grid(h, theta, loss, fill.astype(bool), np.log(prior / prior.sum()))
 
 
-# The loss grows with the share of the device in use (the same zone at every stage), or with
-# the share of the arm's own room for activations (a zone that moves with the memory edge).
-_COMBO_H, _COMBO_THETA, _COMBO_LOSS, _COMBO_FILL, _COMBO_LOGP = _combos()
+def grid_of(priors: Priors) -> _Grid:
+    return _grid(priors.pressure_onset, priors.pressure_losses, priors.pressure_none)
 
 
-def shape(sizes: np.ndarray, shares: np.ndarray, fills: np.ndarray, combos: np.ndarray | slice = slice(None)) -> np.ndarray:
-    """``(combos, points)``: the log of the curve's shape under each combination of h, theta
-    and loss."""
+def shape(sizes: np.ndarray, shares: np.ndarray, fills: np.ndarray, grid: _Grid, combos: np.ndarray | slice = slice(None)) -> np.ndarray:
+    """``(combos, points)``: the log of the curve's shape under each combination of h, pressure
+    onset and loss: the loss grows linearly from the onset to a full device (or room)."""
     m = np.asarray(sizes, dtype=float)[None, :]
-    s = np.where(_COMBO_FILL[combos, None], np.asarray(fills, dtype=float)[None, :], np.asarray(shares, dtype=float)[None, :])
-    h, theta, loss = _COMBO_H[combos, None], _COMBO_THETA[combos, None], _COMBO_LOSS[combos, None]
+    s = np.where(grid.fill[combos, None], np.asarray(fills, dtype=float)[None, :], np.asarray(shares, dtype=float)[None, :])
+    h, theta, loss = grid.h[combos, None], grid.theta[combos, None], grid.loss[combos, None]
     over = np.clip((s - theta) / np.maximum(1.0 - theta, 1e-9), 0.0, None)
     return np.asarray(np.log(m / (m + h)) + np.log(np.maximum(1.0 - loss * over, 0.05)))
 
@@ -210,6 +207,7 @@ class ThroughputModel:
                  levers: Mapping[tuple[str, Any], tuple[float, float]] | None = None) -> None:
         self._memory = memory
         self._beliefs = priors
+        self._grid = grid_of(priors)
         self._shares = autotp_shares(problem, priors)
         self._shared, self._own = _knob_features(problem, points, self._shares)
         self._feature_index = {f: i for i, f in enumerate(self._shared)}
@@ -249,7 +247,7 @@ class ThroughputModel:
         self._log_m = np.log(np.array([m for _, m, _, _ in points], dtype=float))
         self._arms = np.array([_arm_code(a) for a, _, _, _ in points], dtype=int)
         self._unit = _kernel(self._log_m, self._arms, self._log_m, self._arms, priors)
-        self._r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(_COMBO_H), 0))
+        self._r = (y[None, :] - f - (x @ self._mu0)[None, :]) if self.n else np.zeros((len(self._grid.h), 0))
         self._problem, self._levers, self._points, self._y_sum = problem, levers, list(points), float(y.sum())
         self._fit_runs()
 
@@ -322,10 +320,10 @@ class ThroughputModel:
                         quad = np.einsum("ng,gn->g", alpha, r)
                         logdet = 2.0 * np.log(np.diag(chol)).sum()
                     else:
-                        kinv, alpha, quad, logdet = np.zeros((0, 0)), np.zeros((0, len(_COMBO_H))), np.zeros(len(_COMBO_H)), 0.0
+                        kinv, alpha, quad, logdet = np.zeros((0, 0)), np.zeros((0, len(self._grid.h))), np.zeros(len(self._grid.h)), 0.0
                     solved[amplitude] = (kinv, alpha, quad, logdet)
                 kinv, alpha, quad, logdet = solved[amplitude]
-                logs.append(-0.5 * quad - 0.5 * logdet + _COMBO_LOGP + math.log(prior * knob_prior))
+                logs.append(-0.5 * quad - 0.5 * logdet + self._grid.logp + math.log(prior * knob_prior))
                 self._fits.append((float(amplitude), s0, alpha, kinv))
         log_w = np.stack(logs)  # (S, G)
         w = np.exp(log_w - log_w.max())
@@ -358,9 +356,9 @@ class ThroughputModel:
 
     def _shape(self, rows: Sequence[tuple[Arm, int]]) -> np.ndarray:
         if not rows:
-            return np.zeros((len(_COMBO_H), 0))
+            return np.zeros((len(self._grid.h), 0))
         sizes = np.array([m for _, m in rows], dtype=float)
-        return shape(sizes, *self._pressure(rows, sizes))
+        return shape(sizes, *self._pressure(rows, sizes), self._grid)
 
     def _pressure(self, rows: Sequence[tuple[Any, ...]], sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shares, fills = np.empty(len(rows)), np.empty(len(rows))
@@ -417,7 +415,7 @@ class ThroughputModel:
                                                                                       self._active):
             if not len(active):
                 continue
-            f = shape(sizes, shares, fills, active)
+            f = shape(sizes, shares, fills, self._grid, active)
             base = f + (z @ self._mu0)[None, :]
             var = prior_var + amplitude**2
             if self.n:
