@@ -402,7 +402,8 @@ def main() -> None:
                              "or of its priors (priors.knob_cause, priors.pressure_losses=0.1,0.3, ...) for a what-if")
     parser.add_argument("--audit", action="store_true",
                         help="where the launches go: per job and group, by kind and outcome; whether a config within 1%% ran "
-                             "and was chosen; the costliest and worst jobs")
+                             "and was chosen; the costliest and worst jobs; with --full, the regret split between the arm "
+                             "chosen and the knobs and size within it, and the jobs whose best arm wins only with its knobs")
     parser.add_argument("--curve", action="store_true",
                         help="the share of the optimum after each number of launches, and per generator within each budget of "
                              "DeepSpeed's launches of the job (BUDGETS); with --set min_gain=0: never stopping")
@@ -448,6 +449,9 @@ def main() -> None:
         r = tune(surface, slots=args.slots, processes=args.processes, trace=args.trace, memory=args.memory, settings=settings,
                  full=args.full, tuner=args.tuner)
         r["optimum"] = optimum
+        if args.audit and args.full:
+            r["arm_optima"], r["default_optima"] = arms, surface.arm_optima(fast=True, offload=True)
+            r["num_gpus"] = surface.num_gpus
         r["true_noise"] = surface.noise
         gap = surfaces.closest_arm_gap(arms)
         r["ceiling"] = surfaces.within_1pc_ceiling(gap, surface.noise, r["launches"])
@@ -663,6 +667,8 @@ def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:
         chose = sum(r["true"] >= 0.99 * r["optimum"] for r in group) / len(group)
         print(f"  within 1%: a config that ran on {ran:.1%} of jobs, the one chosen on {chose:.1%}")
 
+    _full_regret(rows)
+
     def breakdown(r: dict) -> str:
         counts = {}
         for kind, status in r["kinds"]:
@@ -679,6 +685,47 @@ def _audit(rows: list[tuple[str, float, dict]], ds: dict) -> None:
         print(f"{label}: worst chosen")
         for n, s, r in sorted(group, key=lambda x: x[1])[:5]:
             print(f"  {n}: share {s:.3f}, {r['launches']} launches (DeepSpeed {ds.get(n, {}).get('launches', '?')}): {breakdown(r)}")
+
+
+def _arm_key(config: surfaces.Config) -> tuple[int, bool, bool]:
+    return config.stage, config.offload_optimizer, config.offload_param
+
+
+def _full_regret(rows: list[tuple[str, float, dict]]) -> None:
+    """Full mode (``--full --audit``): where the regret (one less the mean share) goes, per
+    group: the chosen arm's (stage, offload) best config with its best knobs below the optimum
+    (the arm), and the choice below its arm's best (its knobs and size); the part of jobs on one
+    GPU apart (the partitioning arms are not explored there). Then the jobs whose optimum's arm
+    wins only with its knobs (at the default knobs another arm is faster): on how many that arm
+    ran, ran a knob setting, was chosen, and what the knob settings cost in launches."""
+    groups = {"random": "random-", "physical": "phys-", "blind": "blind-", "blind4": "blind4-"}
+    hand = {j.name for j in physical_jobs.PHYSICAL_JOBS}
+    for label, prefix in groups.items():
+        group = [r for n, _, r in rows if n.startswith(prefix) and n not in hand and "arm_optima" in r]
+        if not group:
+            continue
+        regret = arm = one_gpu = 0.0
+        only, ran, tried, chosen, knob_runs = 0, 0, 0, 0, []
+        for r in group:
+            best = max(r["arm_optima"], key=lambda k: r["arm_optima"][k][1])
+            mine = r["arm_optima"].get(_arm_key(r["chosen"]), (None, 0.0))[1] if r["chosen"] else 0.0
+            regret += 1.0 - r["true"] / r["optimum"]
+            arm += 1.0 - mine / r["optimum"]
+            one_gpu += (1.0 - r["true"] / r["optimum"]) if r["num_gpus"] == 1 else 0.0
+            if max(r["default_optima"], key=lambda k: r["default_optima"][k][1]) != best:
+                only += 1
+                at = [o for o in r["observations"] if (o.stage, bool(o.offload), o.offload == "offload-opt-param") == best]
+                ran += bool(at)
+                tried += any(o.knobs.zero for o in at)
+                chosen += bool(r["chosen"]) and _arm_key(r["chosen"]) == best
+                knob_runs.append(sum(bool(o.knobs.zero) for o in at))
+        n = len(group)
+        print(f"{label} full-mode regret {regret / n:.4f}: the arm {arm / n:.4f}, within the arm (knobs, size) {(regret - arm) / n:.4f}; "
+              f"jobs on one GPU {one_gpu / n:.4f}; knob launches {statistics.mean(r['knob_launches'] for r in group):.1f} "
+              f"of {statistics.mean(r['launches'] for r in group):.1f}")
+        if only:
+            print(f"  {only} jobs whose optimum's arm wins only with its knobs: it ran on {ran}, with a knob setting on {tried} "
+                  f"({statistics.mean(knob_runs):.1f} knob runs), chosen on {chosen}")
 
 
 def _curve(runs: list[dict]) -> None:

@@ -145,6 +145,22 @@ def test_the_planner_curve_prices_a_budget_of_deepspeeds_launches_and_the_audit_
     assert r["best_ran"] >= r["true"] > 0 and len(r["configs"]) == r["launches"] - 1
 
 
+def test_the_full_mode_audit_splits_the_regret_between_the_arm_and_its_knobs(monkeypatch, capsys) -> None:
+    """``--full --audit`` says how much of the regret is the arm chosen and how much the knobs
+    and size within it, and what became of the arm that wins only with its knobs."""
+    import planner
+
+    monkeypatch.setattr(sys, "argv", ["planner.py", "--random", "0", "--full", "--audit", "--jobs", "random-2", "random-6"])
+    planner.main()
+    out = capsys.readouterr().out
+    m = re.search(r"^random full-mode regret (\d\.\d{4}): the arm (\d\.\d{4}), within the arm \(knobs, size\) (-?\d\.\d{4}); "
+                  r"jobs on one GPU \d\.\d{4}; knob launches [\d.]+ of [\d.]+$", out, re.M)
+    assert m, out
+    assert abs(float(m[1]) - float(m[2]) - float(m[3])) < 2e-4
+    assert re.search(r"^  1 jobs whose optimum's arm wins only with its knobs: it ran on [01], with a knob setting on [01] "
+                     r"\([\d.]+ knob runs\), chosen on [01]$", out, re.M), out
+
+
 def test_processes_on_one_storage_launch_no_experiment_twice_and_one_process_is_the_batch() -> None:
     """The planner benchmark's processes decide as tune and its workers do, a free slot at a time:
     one process of 4 slots runs the tuning one decision for 4 slots runs; processes that decide
