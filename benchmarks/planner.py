@@ -187,7 +187,7 @@ def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) 
 
 
 def tune(surface: surfaces.Surface, *, slots: int, processes: int = 0, trace: bool = False, memory: bool = False,
-         settings: PlannerSettings = PlannerSettings(), full: bool = False, tuner: str = "gridsearch") -> dict:
+         settings: PlannerSettings = PlannerSettings(), full: bool = False, tuner: str = AUTOTUNING.tuner_type) -> dict:
     """The planner's tuning of ``surface`` with ``slots`` experiments at once; with ``memory``,
     each run reports its peak memory, as runs on NVIDIA GPUs do; with ``full``, the knobs too.
 
