@@ -769,7 +769,9 @@ def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int, pr
     """The simulated wall time to the stop with ``versus`` slots over that with ``slots`` (in
     ``processes`` processes): of the group's total (its mean per job) and the median of the jobs'
     own; the quality of each beside it; the mean busy slots of each (experiment-seconds over the
-    wall), and with processes the claims that stood down (no experiment runs twice: tune asserts it)."""
+    wall); the rounds of each (the wall in runs of the job's median length: a speed-up of k needs
+    a k-th of the rounds), and with processes the claims that stood down (no experiment runs
+    twice: tune asserts it)."""
     theirs = [r["versus"] for _, _, r in rows]
     ratios = [t["wall_s"] / r["wall_s"] for (_, _, r), t in zip(rows, theirs) if r["wall_s"] > 0]
     shares = [t["share"] for t in theirs]
@@ -778,11 +780,16 @@ def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int, pr
     def busy(runs: list[dict]) -> float:
         return sum(sum(e - b for b, e in r["spans"]) for r in runs) / sum(r["wall_s"] for r in runs)
 
+    def rounds(runs: list[dict]) -> float:
+        # The wall in runs of the job's usual length: the rounds a tuning waits for, which slots cut.
+        return statistics.mean(r["wall_s"] / statistics.median(e - b for b, e in r["spans"]) for r in runs if r["spans"])
+
     print(f"  wall with {versus} slot(s) / with {width}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for _, _, r in rows):.2f}x "
           f"(median per job {statistics.median(ratios):.2f}x); with {versus}: mean {statistics.mean(shares):.4f} "
           f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
           f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job; mean busy slots {busy([r for _, _, r in rows]):.1f} "
-          f"of {slots * max(processes, 1)}, {busy(theirs):.1f} of {versus}"
+          f"of {slots * max(processes, 1)}, {busy(theirs):.1f} of {versus}; rounds {rounds([r for _, _, r in rows]):.1f} "
+          f"against {rounds(theirs):.1f}"
           + (f"; claims stood down {statistics.mean(r['stood_down'] for _, _, r in rows):.1f}/job" if processes > 1 else ""))
 
 
