@@ -23,7 +23,7 @@ def test_hf_trainer_example_is_tuned_with_auto_values(tmp_path: Path) -> None:
     shutil.copy(EXAMPLES / "hf" / "run_clm.py", tmp_path / "run_clm.py")
     config = json.loads((EXAMPLES / "hf" / "ds_config.json").read_text())
     config["zero_optimization"] = {"stage": 1}
-    config["autotuning"].update({"max_train_micro_batch_size_per_gpu": 4, "start_profile_step": 1, "end_profile_step": 2})
+    config["autotuning"].update({"max_train_micro_batch_size_per_gpu": 2, "start_profile_step": 1, "end_profile_step": 2})
     (tmp_path / "ds_config.json").write_text(json.dumps(config))
     args = ["tune", "--num_gpus", "1", "--master_port", "29680", "run_clm.py", "--deepspeed", "ds_config.json",
             "--output_dir", "out", "--per_device_train_batch_size", "2", "--max_steps", "8", "--report_to", "none",
@@ -39,7 +39,7 @@ def test_hf_trainer_example_is_tuned_with_auto_values(tmp_path: Path) -> None:
     # bracketed, so 1 may run too).
     first = min(trials, key=lambda t: t.number)
     assert first.user_attrs["micro_batch_size"] == 2
-    assert {t.user_attrs["micro_batch_size"] for t in trials} <= {1, 2, 3, 4}
+    assert {t.user_attrs["micro_batch_size"] for t in trials} <= {1, 2}
     for t in trials:
         mbs, gas = t.user_attrs["micro_batch_size"], t.user_attrs["gradient_accumulation_steps"]
         cmd = t.user_attrs["cmd"]
