@@ -132,7 +132,8 @@ def _grid(onset: tuple[float, float, int], losses: tuple[float, ...], none: floa
     return _Grid(h, theta, loss, fill.astype(bool), np.log(prior / prior.sum()))
 
 
-def grid_of(priors: Priors) -> _Grid:
+def _grid_of(priors: Priors) -> _Grid:
+    """The grid of ``priors``: built once per distinct pressure prior, shared by every model."""
     return _grid(priors.pressure_onset, priors.pressure_losses, priors.pressure_none)
 
 
@@ -207,7 +208,7 @@ class ThroughputModel:
                  levers: Mapping[tuple[str, Any], tuple[float, float]] | None = None) -> None:
         self._memory = memory
         self._beliefs = priors
-        self._grid = grid_of(priors)
+        self._grid = _grid_of(priors)
         self._shares = autotp_shares(problem, priors)
         self._shared, self._own = _knob_features(problem, points, self._shares)
         self._feature_index = {f: i for i, f in enumerate(self._shared)}
