@@ -467,12 +467,30 @@ def knob_line(result: TuningResult) -> str:
             f"without them {where} ({other.name}: {metric.with_unit(other.value)}, {_runs(len(other.runs))}), {verdict}.")
 
 
+def _with_it(result: TuningResult, best: Optimum, other: Measured) -> str:
+    """The best config with a setting the optimum goes without, against the optimum."""
+    metric = result.metric
+    return (f"the best config with it, {other.name} ({metric.with_unit(other.value)}, {_runs(len(other.runs))}), "
+            f"is {format_number(other.value / best.value, 3)}x the optimum without it.")
+
+
+def _without_it(result: TuningResult, best: Optimum, other: Measured) -> str:
+    """The optimum, which uses a setting, against the best config without it: by how much, and
+    whether within the noise."""
+    metric, noise = result.metric, result.noise
+    factor = best.value / other.value if metric.maximize else other.value / best.value
+    verdict = ("" if noise.value is None else
+               f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
+    return (f"{format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
+            f"{_runs(len(other.runs))}){verdict}.")
+
+
 def checkpointing_line(result: TuningResult) -> str:
     """What activation checkpointing came to, where it was a dimension: the setting the optimum
     uses and its worth against the best config without it (any stage: what it buys may be a
     lower stage), or why the optimum goes without: the script ignored it (said once, with what
     shows it), it failed for a reason of its own, it ran and lost, or it could not pay."""
-    outcome, best, metric, noise = result.checkpointing, result.best, result.metric, result.noise
+    outcome, best, metric = result.checkpointing, result.best, result.metric
     if outcome is None or best is None:
         return ""
     if outcome.ignored:
@@ -488,16 +506,11 @@ def checkpointing_line(result: TuningResult) -> str:
         if other is None:
             return ("Checkpointing: not launched: it pays only where activations bound the micro-batch and the throughput "
                     "curve still rises beyond that size by more than the forward it recomputes, which the runs did not show here.")
-        return (f"Checkpointing: the best config with it, {other.name} ({metric.with_unit(other.value)}, {_runs(len(other.runs))}), "
-                f"is {format_number(other.value / best.value, 3)}x the optimum without it.")
+        return f"Checkpointing: {_with_it(result, best, other)}"
     if other is None:
         return f"Checkpointing: the optimum uses {outcome.named(setting)}; no config ran without it."
-    factor = best.value / other.value if metric.maximize else other.value / best.value
-    verdict = ("" if noise.value is None else
-               f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
     return (f"Checkpointing: the optimum uses {outcome.named(setting)} (micro-batch {best.config.micro_batch}): "
-            f"{format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
-            f"{_runs(len(other.runs))}){verdict}.")
+            f"{_without_it(result, best, other)}")
 
 
 def autotp_line(result: TuningResult) -> str:
@@ -505,7 +518,7 @@ def autotp_line(result: TuningResult) -> str:
     and its worth against the best config without it (any stage: what it buys may be a lower
     stage or a larger micro-batch), or why the optimum goes without: it failed for the script's
     reason (said once), it ran and lost, or it could not pay."""
-    outcome, best, metric, noise = result.autotp, result.best, result.metric, result.noise
+    outcome, best, metric = result.autotp, result.best, result.metric
     if outcome is None or best is None:
         return ""
     size = best.config.knobs.autotp
@@ -519,17 +532,12 @@ def autotp_line(result: TuningResult) -> str:
             return ("AutoTP: not launched: it pays only where the model states or activations bound the micro-batch and the "
                     "throughput curve still rises beyond that size by more than its per-layer all-reduces cost, which the "
                     "runs did not show here.")
-        return (f"AutoTP: the best config with it, {other.name} ({metric.with_unit(other.value)}, {_runs(len(other.runs))}), "
-                f"is {format_number(other.value / best.value, 3)}x the optimum without it.")
+        return f"AutoTP: {_with_it(result, best, other)}"
     split = (f"AutoTP: the optimum splits each layer over {size} GPUs (tensor_parallel.autotp_size {size}; "
              f"micro-batch {best.config.micro_batch} for each group of {size})")
     if other is None:
         return f"{split}; no config ran without it."
-    factor = best.value / other.value if metric.maximize else other.value / best.value
-    verdict = ("" if noise.value is None else
-               f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
-    return (f"{split}: {format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
-            f"{_runs(len(other.runs))}){verdict}.")
+    return f"{split}: {_without_it(result, best, other)}"
 
 
 # DeepSpeed's global timers, as a user reads them: backward includes its gradient all-reduce.
