@@ -23,6 +23,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 # The planner's matrices have tens of rows: BLAS threads only contend for the cores, and on a
@@ -521,28 +523,9 @@ def _checkpointing_table(n: int, *, slots: int, memory: bool, settings: PlannerS
     mapped: optuna-ds proposes it), and with it but no gate (tried wherever memory binds,
     whatever the curve's rise: what the gate saves); each choice's share of the larger space's
     optimum, its launches and those that set it, and how often the larger optimum checkpoints."""
-    from unittest import mock
-
-    import optuna_ds.planner._state as planner_state
-
-    print("family      checkpointing  jobs  it wins  larger/smaller optimum  share of the larger: mean  min  within 1%  "
-          "launches  with it")
-    for family in physical_jobs.CHECKPOINT_FAMILIES:
-        jobs = [physical_jobs.checkpoint_job(family, i) for i in range(n)]
-        optima = [job.optimum(fast=True, offload=True) for job in jobs]
-        smaller = [physical_jobs.checkpoint_job(family, i, switch=False).optimum(fast=True, offload=True)[1] for i in range(n)]
-        wins = sum(bool(c is not None and c.knobs) for c, _ in optima)
-        worth = statistics.mean(a / b if b else float("inf") for (_, a), b in zip(optima, smaller))
-        worth_text = f"{worth:22.3f}" if math.isfinite(worth) else f"{'inf (some fit only so)':>22}"
-        for label in ("off", "on", "on, no gate"):
-            gate = mock.patch.object(planner_state, "may_pay", lambda *a, **k: True) if label == "on, no gate" else mock.MagicMock()
-            with gate:
-                runs = [tune(job if label != "off" else physical_jobs.checkpoint_job(family, i, switch=False), slots=slots, memory=memory,
-                             settings=settings) for i, job in enumerate(jobs)]
-            shares = [r["true"] / best for r, (_, best) in zip(runs, optima)]
-            print(f"{family:11} {label:13} {n:5d} {wins:8d}  {worth_text}  {statistics.mean(shares):25.4f} {min(shares):5.3f}"
-                  f" {sum(x >= 0.99 for x in shares) / n:10.0%}  {statistics.mean(r['launches'] for r in runs):8.1f}"
-                  f" {statistics.mean(r['checkpointing_launches'] for r in runs):8.1f}")
+    _room_table(n, slots=slots, memory=memory, settings=settings, dimension="checkpointing", families=physical_jobs.CHECKPOINT_FAMILIES,
+                job=lambda family, i, on: physical_jobs.checkpoint_job(family, i, switch=on), labels=("off", "on", "on, no gate"),
+                widths=(11, 13, 5))
 
 
 def _autotp_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings) -> None:
@@ -551,29 +534,41 @@ def _autotp_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings
     but without the gate (tried wherever memory binds, whatever the curve's rise: what the gate
     saves); each choice's share of the larger space's optimum, its launches and those with
     AutoTP, and how often the larger optimum splits its layers."""
+    _room_table(n, slots=slots, memory=memory, settings=settings, dimension="autotp", families=physical_jobs.AUTOTP_FAMILIES,
+                job=lambda family, i, on: physical_jobs.autotp_job(family, i, listed=on), labels=("off", "listed", "listed, no gate"),
+                widths=(10, 15, 4))
+
+
+def _room_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings, dimension: str, families: Sequence[str],
+                job: Callable[[str, int, bool], surfaces.Surface], labels: tuple[str, str, str], widths: tuple[int, int, int]) -> None:
+    """The table of a setting that buys room (checkpointing, AutoTP): each family's jobs tuned
+    without it (``labels[0]``), with it (``labels[1]``), and with it but no gate (``labels[2]``:
+    :func:`~optuna_ds.planner._checkpointing.may_pay` always true); ``widths`` of the family,
+    label and jobs columns; launches that set it counted by ``tune()``'s ``{dimension}_launches``."""
     from unittest import mock
 
     import optuna_ds.planner._state as planner_state
 
-    print("family     autotp        jobs  it wins  larger/smaller optimum  share of the larger: mean  min  within 1%  "
+    family_w, label_w, jobs_w = widths
+    print(f"{'family':{family_w}} {dimension:{family_w + 2}}  jobs  it wins  larger/smaller optimum  share of the larger: mean  min  within 1%  "
           "launches  with it")
-    for family in physical_jobs.AUTOTP_FAMILIES:
-        jobs = [physical_jobs.autotp_job(family, i) for i in range(n)]
-        optima = [job.optimum(fast=True, offload=True) for job in jobs]
-        plain = [physical_jobs.autotp_job(family, i, listed=False) for i in range(n)]
-        smaller = [job.optimum(fast=True, offload=True)[1] for job in plain]
+    for family in families:
+        jobs = [job(family, i, True) for i in range(n)]
+        optima = [j.optimum(fast=True, offload=True) for j in jobs]
+        plain = [job(family, i, False) for i in range(n)]
+        smaller = [j.optimum(fast=True, offload=True)[1] for j in plain]
         wins = sum(bool(c is not None and c.knobs) for c, _ in optima)
         worth = statistics.mean(a / b if b else float("inf") for (_, a), b in zip(optima, smaller))
         worth_text = f"{worth:22.3f}" if math.isfinite(worth) else f"{'inf (some fit only so)':>22}"
-        for label in ("off", "listed", "listed, no gate"):
-            gate = mock.patch.object(planner_state, "may_pay", lambda *a, **k: True) if label == "listed, no gate" else mock.MagicMock()
+        for label in labels:
+            gate = mock.patch.object(planner_state, "may_pay", lambda *a, **k: True) if label == labels[2] else mock.MagicMock()
             with gate:
-                runs = [tune(job if label != "off" else plain[i], slots=slots, memory=memory, settings=settings)
-                        for i, job in enumerate(jobs)]
+                runs = [tune(j if label != labels[0] else plain[i], slots=slots, memory=memory, settings=settings)
+                        for i, j in enumerate(jobs)]
             shares = [r["true"] / best for r, (_, best) in zip(runs, optima)]
-            print(f"{family:10} {label:15} {n:4d} {wins:8d}  {worth_text}  {statistics.mean(shares):25.4f} {min(shares):5.3f}"
-                  f" {sum(x >= 0.99 for x in shares) / n:10.0%}  {statistics.mean(r['launches'] for r in runs):8.1f}"
-                  f" {statistics.mean(r['autotp_launches'] for r in runs):8.1f}")
+            print(f"{family:{family_w}} {label:{label_w}} {n:{jobs_w}d} {wins:8d}  {worth_text}  {statistics.mean(shares):25.4f} "
+                  f"{min(shares):5.3f} {sum(x >= 0.99 for x in shares) / n:10.0%}  {statistics.mean(r['launches'] for r in runs):8.1f}"
+                  f" {statistics.mean(r[f'{dimension}_launches'] for r in runs):8.1f}")
 
 
 def deepspeed_figures(names: list[str], *, fast: bool, path: Path = search.DS_CACHE) -> dict[str, dict]:
