@@ -227,3 +227,21 @@ class Workspace:
 @pytest.fixture
 def ws(tmp_path: Path) -> Workspace:
     return Workspace(tmp_path)
+
+
+def plan_one_at_a_time(problem: Any, run: Any) -> tuple[list[Any], Any]:
+    """The planner's tuning of ``problem`` on one slot, each experiment answered by
+    ``run(config, repeat)`` (an :class:`~optuna_ds.planner.Observation`), to the end: the
+    observations and the config chosen. In-process: the planner's own tests."""
+    from optuna_ds.planner import plan
+
+    observations: list[Any] = []
+    decision = None
+    for _ in range(problem.max_experiments):
+        decision = plan(problem, observations)
+        if not decision.proposals:
+            break
+        p = decision.proposals[0]
+        observations.append(run(p.config, p.repeat))
+    assert decision is not None and decision.done and decision.choice is not None
+    return observations, decision.choice.config

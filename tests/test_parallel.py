@@ -328,47 +328,50 @@ def test_worker_errors_are_one_line(ws: Workspace) -> None:
     assert "secret" not in p.stderr
 
 
-def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings(monkeypatch) -> None:
-    """In-process, two processes' coordinators on one stage study. The knob search's early
-    stopping counts a gain within one run's noise as none; each process took that noise from
-    its own last decision, so one that had decided before (the noise measured, 1.4%) saw the
-    search over while a fresh one (no noise yet) did not, and the two planned from the same
-    trials with different knob settings. The noise is the storage's."""
-    import threading
-    from types import SimpleNamespace
-
-    from optuna_ds.config import Metric
+def _knob_study(runs: list[tuple[dict, int, float]]) -> tuple[Any, Any]:
+    """A stage-1 study of micro-batch 8 holding ``runs`` (knobs, repeat, value), and its knob space."""
     from optuna_ds.domain import Config
     from optuna_ds.domain import ExperimentRecord
     from optuna_ds.domain import Phase
-    from optuna_ds.planner import Arm
-    from optuna_ds.planner import Decision
-    from optuna_ds.planner import Problem
-    from optuna_ds.planner import plan as real_plan
     from optuna_ds.space import KnobSpace
-    from optuna_ds.space import knob_defaults
-    from optuna_ds.studies import _coordinator
-    from optuna_ds.studies._knob_search import KnobCandidates
 
     space = KnobSpace(stage=1, tuned={"overlap_comm": [True, False], "reduce_bucket_size": [5e7, 5e8]}, fixed={})
     study = optuna.create_study(study_name="t-z1", direction="maximize")
-    runs = [({}, 0, 100.0), ({}, 1, 102.0),  # the default knobs, and again: the noise
-            ({"overlap_comm": True, "reduce_bucket_size": 5e8}, 0, 103.0),  # 1% better: within the noise, or not
-            ({"overlap_comm": False, "reduce_bucket_size": 5e7}, 0, 102.5)]
     for knobs, repeat, value in runs:
         trial = study.ask()
         ExperimentRecord(phase=Phase.KNOBS if knobs else Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=8, knobs=knobs),
                          repeat=repeat or None, exp_name=f"z1_gas1_tmbspg8_{len(study.trials)}").write(trial.set_user_attr)
         study.tell(trial, value)
-    ctx = SimpleNamespace(pool=None, stop=threading.Event(), metric=Metric.named("throughput"), fast=False, early_stopping=2,
-                          num_trials=50, tuner_type="gridsearch", memory_limit=None, observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
+    return study, space
+
+
+def _knob_coordinator(study: Any, space: Any, *, early_stopping: int, num_trials: int) -> Any:
+    """A process's coordinator of ``study``, in-process: no pool, no launch."""
+    import threading
+    from types import SimpleNamespace
+
+    from optuna_ds.config import Metric
+    from optuna_ds.planner import Arm
+    from optuna_ds.planner import Problem
+    from optuna_ds.space import knob_defaults
+    from optuna_ds.studies import _coordinator
+    from optuna_ds.studies._knob_search import KnobCandidates
+
+    ctx = SimpleNamespace(pool=None, stop=threading.Event(), metric=Metric.named("throughput"), fast=False, early_stopping=early_stopping,
+                          num_trials=num_trials, tuner_type="gridsearch", memory_limit=None,
+                          observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
     arm = Arm(stage=1, free=60e9, cap=64, buffers=1e9, knobs=tuple((k, tuple(v)) for k, v in sorted(space.tuned.items())),
               knob_defaults=tuple(sorted(knob_defaults(space).items())))
+    knobs = KnobCandidates(ctx=ctx, spaces={1: space}, buffers=lambda stage, offload, knobs: 1e9)  # type: ignore[arg-type]
+    return _coordinator.Coordinator(problem=Problem(arms=(arm,), device_memory=80e9, sizes=(8,), gpus=1), knobs=knobs,
+                                    stages={1: SimpleNamespace(study=study)}, ctx=ctx, root=study)  # type: ignore[arg-type]
 
-    def coordinator() -> _coordinator.Coordinator:
-        knobs = KnobCandidates(ctx=ctx, spaces={1: space}, buffers=lambda stage, offload, knobs: 1e9)  # type: ignore[arg-type]
-        return _coordinator.Coordinator(problem=Problem(arms=(arm,), device_memory=80e9, sizes=(8,), gpus=1), knobs=knobs,
-                                        stages={1: SimpleNamespace(study=study)}, ctx=ctx, root=study)  # type: ignore[arg-type]
+
+def _handed_knob_settings(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The knob settings each coordinator's decision hands the planner, in order."""
+    from optuna_ds.planner import Decision
+    from optuna_ds.planner import plan as real_plan
+    from optuna_ds.studies import _coordinator
 
     handed: list[dict] = []
 
@@ -377,7 +380,20 @@ def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings
         return real_plan(*args, knob_candidates=knob_candidates, **kwargs)
 
     monkeypatch.setattr(_coordinator, "plan", plan)
-    earlier, fresh = coordinator(), coordinator()
+    return handed
+
+
+def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings(monkeypatch) -> None:
+    """In-process, two processes' coordinators on one stage study. The knob search's early
+    stopping counts a gain within one run's noise as none; each process took that noise from
+    its own last decision, so one that had decided before (the noise measured, 1.4%) saw the
+    search over while a fresh one (no noise yet) did not, and the two planned from the same
+    trials with different knob settings. The noise is the storage's."""
+    study, space = _knob_study([({}, 0, 100.0), ({}, 1, 102.0),  # the default knobs, and again: the noise
+                                ({"overlap_comm": True, "reduce_bucket_size": 5e8}, 0, 103.0),  # 1% better: within the noise, or not
+                                ({"overlap_comm": False, "reduce_bucket_size": 5e7}, 0, 102.5)])
+    handed = _handed_knob_settings(monkeypatch)
+    earlier, fresh = (_knob_coordinator(study, space, early_stopping=2, num_trials=50) for _ in range(2))
     earlier._decide()  # its decision before: the noise measured
     handed.clear()
     decisions = [earlier._decide(), fresh._decide()]
@@ -389,44 +405,12 @@ def test_knob_settings_handed_to_slots_count_against_tuner_num_trials(monkeypatc
     """In-process: a coordinator whose slots hold knob settings not yet claimed (no trial yet)
     stops offering knob settings once those and the stored trials reach ``tuner_num_trials``;
     four slots asking at once would otherwise start three trials beyond it."""
-    import threading
-    from types import SimpleNamespace
-
-    from optuna_ds.config import Metric
     from optuna_ds.domain import Config
-    from optuna_ds.domain import ExperimentRecord
-    from optuna_ds.domain import Phase
-    from optuna_ds.planner import Arm
-    from optuna_ds.planner import Decision
-    from optuna_ds.planner import Problem
     from optuna_ds.planner import Proposal
-    from optuna_ds.planner import plan as real_plan
-    from optuna_ds.space import KnobSpace
-    from optuna_ds.space import knob_defaults
-    from optuna_ds.studies import _coordinator
-    from optuna_ds.studies._knob_search import KnobCandidates
 
-    space = KnobSpace(stage=1, tuned={"overlap_comm": [True, False], "reduce_bucket_size": [5e7, 5e8]}, fixed={})
-    study = optuna.create_study(study_name="t-z1", direction="maximize")
-    for knobs, value in (({}, 100.0), ({"overlap_comm": True, "reduce_bucket_size": 5e8}, 110.0)):
-        trial = study.ask()
-        ExperimentRecord(phase=Phase.KNOBS if knobs else Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=8, knobs=knobs),
-                         exp_name=f"z1_gas1_tmbspg8_{len(study.trials)}").write(trial.set_user_attr)
-        study.tell(trial, value)
-    ctx = SimpleNamespace(pool=None, stop=threading.Event(), metric=Metric.named("throughput"), fast=False, early_stopping=100,
-                          num_trials=2, tuner_type="gridsearch", memory_limit=None, observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
-    arm = Arm(stage=1, free=60e9, cap=64, buffers=1e9, knobs=tuple((k, tuple(v)) for k, v in sorted(space.tuned.items())),
-              knob_defaults=tuple(sorted(knob_defaults(space).items())))
-    knobs = KnobCandidates(ctx=ctx, spaces={1: space}, buffers=lambda stage, offload, knobs: 1e9)  # type: ignore[arg-type]
-    coordinator = _coordinator.Coordinator(problem=Problem(arms=(arm,), device_memory=80e9, sizes=(8,), gpus=1), knobs=knobs,
-                                           stages={1: SimpleNamespace(study=study)}, ctx=ctx, root=study)  # type: ignore[arg-type]
-    handed: list[dict] = []
-
-    def plan(*args: Any, knob_candidates: dict, **kwargs: Any) -> Decision:
-        handed.append(knob_candidates)
-        return real_plan(*args, knob_candidates=knob_candidates, **kwargs)
-
-    monkeypatch.setattr(_coordinator, "plan", plan)
+    study, space = _knob_study([({}, 0, 100.0), ({"overlap_comm": True, "reduce_bucket_size": 5e8}, 0, 110.0)])
+    coordinator = _knob_coordinator(study, space, early_stopping=100, num_trials=2)
+    handed = _handed_knob_settings(monkeypatch)
     coordinator._decide()
     assert handed[-1], "one knob trial of two: the search goes on"
     # A size at the default knobs in a slot is no knob trial; a knob setting is the second.

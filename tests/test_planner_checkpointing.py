@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import plan_one_at_a_time
 from optuna_ds.domain import Config
 from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Knobs
@@ -20,7 +21,6 @@ from optuna_ds.planner import PlannerSettings
 from optuna_ds.planner import Priors
 from optuna_ds.planner import Problem
 from optuna_ds.planner import Status
-from optuna_ds.planner import plan
 from optuna_ds.planner._checkpointing import checkpointing_effects
 from optuna_ds.planner._checkpointing import ignored
 from optuna_ds.planner._checkpointing import may_pay
@@ -83,17 +83,7 @@ class Job:
 
 
 def _tune(job: Job, problem: Problem | None = None) -> tuple[list[Observation], Config]:
-    problem = problem or job.problem()
-    observations: list[Observation] = []
-    decision = None
-    for _ in range(problem.max_experiments):
-        decision = plan(problem, observations)
-        if not decision.proposals:
-            break
-        p = decision.proposals[0]
-        observations.append(job.run(p.config, p.repeat))
-    assert decision is not None and decision.done and decision.choice is not None
-    return observations, decision.choice.config
+    return plan_one_at_a_time(problem or job.problem(), job.run)
 
 
 def _checkpointed(observations: list[Observation]) -> list[Observation]:
