@@ -27,18 +27,24 @@ def _device_memory() -> float:
 
 
 def main() -> int:
-    launch = fake_deepspeed.parse(sys.argv[1:])
-    surface = surfaces.by_name(os.environ["SIM_SURFACE"])
-    ledger = os.environ.get("SIM_LEDGER")
+    return answer(sys.argv[1:], surface=surfaces.by_name(os.environ["SIM_SURFACE"]), ledger=os.environ.get("SIM_LEDGER"))[0]
+
+
+def answer(argv: list[str], *, surface: surfaces.Surface, ledger: str | None) -> tuple[int, float]:
+    """The launch of ``argv`` (DeepSpeed's command line) on ``surface``: its files written, its
+    output printed (to ``sys.stdout``/``sys.stderr``), the launch appended to ``ledger``; returns
+    its exit status and the simulated seconds it took. benchmarks/product.py calls it in-process."""
+    launch = fake_deepspeed.parse(argv)
     gpus = launch.gpus
     if launch.profile:
         # The profile run: stage 3, micro-batch 1, stopped after the first forward pass.
         fake_deepspeed.write_json(launch.autotuning["model_info_path"], {**surfaces.model_info(surface, _device_memory()), "rank": 0})
-        fake_deepspeed.append_line(ledger, {"profile": True, "outcome": "ok", "seconds": surface.startup_s + 10.0, "gpus": gpus})
-        return 0
+        seconds = surface.startup_s + 10.0
+        fake_deepspeed.append_line(ledger, {"profile": True, "outcome": "ok", "seconds": seconds, "gpus": gpus})
+        return 0, seconds
     if launch.training:
         print("simulated training run: nothing to measure")
-        return 0
+        return 0, 0.0
     config = surfaces.Config.from_ds_config(launch.config, keys=surfaces.spaces_of(surface)[1])
     outcome = surface.evaluate(config)
     entry = {"stage": config.stage, "mbs": config.mbs, "gas": config.gas, "knobs": dict(config.knobs),
@@ -48,11 +54,11 @@ def main() -> int:
         fake_deepspeed.append_line(ledger, entry)
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
               "of 79.11 GiB of which 1.02 GiB is free.", file=sys.stderr)
-        return 1
+        return 1, outcome.seconds
     if outcome.kind == "crash":
         fake_deepspeed.append_line(ledger, entry)
         print("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", file=sys.stderr)
-        return 1
+        return 1, outcome.seconds
     before = [json.loads(line) for line in open(ledger)] if ledger and os.path.exists(ledger) else []
     if hasattr(surface, "measure_nth"):
         # A replay of recorded runs (benchmarks/replays.py): the k-th launch of a config draws its k-th run.
@@ -65,7 +71,7 @@ def main() -> int:
                                     seed=f"{launch.name}/{len(before)}")
     fake_deepspeed.report(launch, throughput=throughput, steps=steps, flops_per_gpu=throughput * 1e11 / gpus)
     fake_deepspeed.append_line(ledger, {**entry, "measured": throughput, "true": outcome.throughput})
-    return 0
+    return 0, outcome.seconds
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Resources
+from optuna_ds.launcher import Spawn
 from optuna_ds.launcher import stale_build_locks
 from optuna_ds.storage import TuningPlan
 
@@ -61,13 +62,15 @@ def _commands(plan: TuningPlan, user: UserConfig, resources: Resources, deepspee
 
 
 def experiment_runner(plan: TuningPlan, user: UserConfig, resources: Resources, deepspeed_bin: list[str],
-                      options: LauncherOptions) -> ExperimentRunner:
+                      options: LauncherOptions, *, spawn: Spawn | None = None) -> ExperimentRunner:
+    """The runner of the tuning's experiments; ``spawn`` starts each launcher (a real process by default)."""
     return ExperimentRunner(
         commands=_commands(plan, user, resources, deepspeed_bin, options),
         master_port=options.base_port,
         metric_key=user.autotuning.tuned_metric.key,
         exps_dir=plan.exps_dir,
-        local_start=is_deepspeed_runner(deepspeed_bin),
+        local_start=is_deepspeed_runner(deepspeed_bin) and spawn is None,
+        spawn=spawn,
     )
 
 

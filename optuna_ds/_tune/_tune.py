@@ -25,6 +25,7 @@ from optuna_ds.config import check_with_deepspeed
 from optuna_ds.config import load_user_config
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import ResultsFiles
+from optuna_ds.launcher import Spawn
 from optuna_ds.launcher import check_ports
 from optuna_ds.launcher import cpu_ops_to_build
 from optuna_ds.launcher import deferred_signals
@@ -99,11 +100,12 @@ def writable_folder(path: str, *, what: str) -> None:
         raise ConfigError(f"{what} {path} is not writable: {e.strerror or e}") from None
 
 
-def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> TuneOutcome:
+def tune(options: TuneOptions, *, observer: TuningObserver | None = None, spawn: Spawn | None = None) -> TuneOutcome:
     """Find the fastest DeepSpeed configuration of ``options.script``.
 
     Resumes the tuning stored under ``options.study_name`` unless ``overwrite``. Progress goes
-    to ``observer`` (plain lines on stdout by default).
+    to ``observer`` (plain lines on stdout by default). ``spawn`` starts each experiment's
+    launcher (a real process by default; benchmarks/product.py simulates one).
     """
     observer = observer or PrintObserver()
     log = observer.log
@@ -159,7 +161,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None) -> Tun
             trial_timeout=options.trial_timeout,
             memory_margin=options.memory_margin,
         )
-        runner = experiment_runner(plan, user, resources, deepspeed_bin, options.launcher_options)
+        runner = experiment_runner(plan, user, resources, deepspeed_bin, options.launcher_options, spawn=spawn)
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer)
         log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
         if missing := cpu_ops_to_build():

@@ -29,6 +29,7 @@ from optuna_ds.launcher._resources import import_deepspeed
 from optuna_ds.launcher._resources import local_host_names
 from optuna_ds.launcher._runner import ExperimentInterrupted
 from optuna_ds.launcher._runner import ExperimentRunner
+from optuna_ds.launcher._runner import Spawn
 from optuna_ds.launcher._runner import deferred_signals
 from optuna_ds.launcher._runner import kill_process_group
 from optuna_ds.launcher._slots import Lease
@@ -64,6 +65,7 @@ __all__ = [
     "read_step_timers",
     "read_tail",
     "SlotPool",
+    "Spawn",
     "check_ports",
     "child_environment",
     "classify",

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import IO
 from typing import Any
+from typing import Protocol
 
 from optuna_ds._errors import ResultsError
 from optuna_ds._files import create_file
@@ -143,6 +144,15 @@ def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Even
             os.close(pidfd)
 
 
+class Spawn(Protocol):
+    """Starts an experiment's launcher command line ``launched`` in a session of its own (its
+    process group), its output to ``stdout`` and ``stderr``, and returns the started process. The
+    default starts a real process; a benchmark's simulated world passes its own."""
+
+    def __call__(self, launched: list[str], *, stdout: IO[bytes], stderr: IO[bytes], env: dict[str, str],
+                 pass_fds: Sequence[int]) -> subprocess.Popen: ...
+
+
 class ExperimentRunner:
     """Launches experiments on their slot's GPUs, each in its own process group, so a timeout
     or an interrupt ends the launcher and every rank it started by group id, never by name.
@@ -162,8 +172,10 @@ class ExperimentRunner:
         exps_dir: str,
         local_start: bool = False,
         lock_dir: str | None = None,
+        spawn: Spawn | None = None,
     ) -> None:
         self._commands = commands
+        self._spawned = spawn
         self._master_port = master_port
         self._lock_dir = lock_dir or default_lock_dir()
         self._metric_key = metric_key
@@ -202,7 +214,9 @@ class ExperimentRunner:
 
     def _spawn(self, launched: list[str], *, stdout: IO[bytes], stderr: IO[bytes], env: dict[str, str], pass_fds: Sequence[int]) -> Any:
         """Start the experiment in its own session: the per-node launcher forked from the
-        pre-warmed server when it can, else as a process of its own."""
+        pre-warmed server when it can, else as a process of its own (or by the ``spawn`` given)."""
+        if self._spawned is not None:
+            return self._spawned(launched, stdout=stdout, stderr=stderr, env=env, pass_fds=pass_fds)
         if launched[1:4] == ["-u", "-m", "deepspeed.launcher.launch"] and launch_server_enabled():
             served = launch_server().start(launched[4:], stdout=stdout.fileno(), stderr=stderr.fileno(), env=env, pass_fds=pass_fds)
             if served is not None:
