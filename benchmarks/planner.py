@@ -14,18 +14,18 @@ through the real CLI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import heapq
+import functools
 import json
 import math
 import os
-import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
-from collections.abc import Sequence
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 # The planner's matrices have tens of rows: BLAS threads only contend for the cores, and on a
 # loaded machine they multiply a decision's time 5-30x. One thread each, unless set.
@@ -37,325 +37,102 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import physical_jobs  # noqa: E402
+import product  # noqa: E402
 import replays  # noqa: E402
 import search  # noqa: E402
+import stats  # noqa: E402
 import surfaces  # noqa: E402
 
-import optuna  # noqa: E402
-from optuna.study import StudyDirection  # noqa: E402
-from optuna.trial import TrialState  # noqa: E402
-
-from optuna_ds.planner import Arm  # noqa: E402
-from optuna_ds.planner import Decision  # noqa: E402
-from optuna_ds.planner import KnobSetting  # noqa: E402
-from optuna_ds.planner import Observation  # noqa: E402
+from optuna_ds.config import AutotuningConfig  # noqa: E402
 from optuna_ds.planner import PlannerSettings  # noqa: E402
 from optuna_ds.planner import Priors  # noqa: E402
-from optuna_ds.planner import Problem  # noqa: E402
-from optuna_ds.planner import Proposal  # noqa: E402
-from optuna_ds.planner import Status  # noqa: E402
 from optuna_ds.planner import plan  # noqa: E402
-from optuna_ds import samplers  # noqa: E402
-from optuna_ds.config import AutotuningConfig  # noqa: E402
-from optuna_ds.domain import Config  # noqa: E402
-from optuna_ds.domain import Knobs  # noqa: E402
-from optuna_ds.space import estimate_memory  # noqa: E402
+from optuna_ds.studies import _coordinator  # noqa: E402
 
-GB = surfaces.GB
-MAX_MBS = 1024
-PROFILE_STEPS_S = 10.0
+AUTOTUNING = AutotuningConfig()  # optuna-ds's defaults: tuner_type
+# A decision's simulated seconds: fixed, so that a job's figures are the same on any machine and
+# load (benchmarks/product.py --calibrate measures the real ones).
+DECISION_S = 0.05
 
 
-AUTOTUNING = AutotuningConfig()  # optuna-ds's defaults: tuner_early_stopping, tuner_num_trials, tuner_type
+@contextlib.contextmanager
+def _planner_settings(settings: PlannerSettings) -> Iterator[None]:
+    """The product's coordinator planning with ``settings`` (a what-if of ``--set``)."""
+    if settings == PlannerSettings():
+        yield
+        return
+    with mock.patch.object(_coordinator, "plan", functools.partial(plan, settings=settings)):
+        yield
 
 
-def knob_space(stage: int, *, spaces: dict = surfaces.SPACES) -> tuple[tuple[str, tuple], ...]:
-    return tuple((k, tuple(v)) for k, v in sorted(spaces[stage].items()))
-
-
-def knob_defaults(stage: int, *, spaces: dict = surfaces.SPACES, defaults: dict = surfaces.DEFAULTS) -> tuple[tuple[str, object], ...]:
-    return tuple((k, True if stage == 3 and k == "overlap_comm" else defaults[k]) for k, _ in knob_space(stage, spaces=spaces))
-
-
-def buffers_of(surface: surfaces.Surface, arm: Arm, knobs: tuple) -> float:
-    """The setting's buffers as optuna-ds estimates them (DeepSpeed's docs), not as the job has them."""
-    zero = dict(knobs)
-    if arm.offload:
-        zero["offload_optimizer"] = {"device": "cpu"}
-    return estimate_memory(stage=arm.stage, num_params=int(surface.params_b * GB), trainable_params=None,
-                           activation_per_sample=surface.act_gb * GB, device_memory=surface.device_gb * GB,
-                           num_gpus=surface.num_gpus, precision="fp16", adam_type=True, zero=zero).buffers
-
-
-def problem_of(surface: surfaces.Surface, *, full: bool = False) -> Problem:
-    """What optuna-ds would know of the job after its profile run; in full mode each arm with
-    its knob space (the job's generator's: surfaces.spaces_of). A replayed job
-    (benchmarks/replays.py) has the arms it recorded, and its batch cap bounds their sizes and
-    sets their accumulation."""
-    device = surface.device_gb * GB
-    cap = getattr(surface, "max_mbs", None)
-    recorded = getattr(surface, "recorded_arms", None)
-    spaces, defaults = surfaces.spaces_of(surface)
-    arms, states_fit = [], []
-    variants = [(s, "", {}) for s in range(4)] + [(s, "offload-opt", {"offload_optimizer": {"device": "cpu"}}) for s in (1, 2, 3)] + [
-        (3, "offload-opt-param", {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
-    ]
-    # A job whose script runs AutoTP and whose config lists its sizes (physical_jobs.AutotpJob):
-    # at stages 0-2 without offload, each size's model states as optuna-ds estimates them.
-    sizes = tuple(surface.sizes) if getattr(surface, "listed", False) else ()
-
-    def estimate(stage: int, zero: dict, mp: int = 1):
-        # As optuna-ds estimates a split config: the states split, a sample's activations from 1/mp up.
-        return estimate_memory(stage=stage, num_params=int(surface.params_b * GB), trainable_params=None,
-                               activation_per_sample=surface.act_gb * GB / mp, device_memory=device, num_gpus=surface.num_gpus,
-                               mp_size=mp, precision="fp16", adam_type=True, zero=zero)
-
-    for stage, label, zero in variants:
-        if recorded is not None and (stage, bool(label), label == "offload-opt-param") not in recorded:
-            continue
-        e = estimate(stage, zero)
-        split = [(t, estimate(stage, zero, t)) for t in sizes] if stage <= 2 and not label else []
-        arm = Arm(stage=stage, offload=label, free=device - e.instantiation, cap=cap or MAX_MBS, buffers=e.buffers,
-                  knobs=knob_space(stage, spaces=spaces) if full else (),
-                  knob_defaults=knob_defaults(stage, spaces=spaces, defaults=defaults) if full else (),
-                  autotp=tuple((t, device - x.instantiation, cap or MAX_MBS) for t, x in split if x.states_fit))
-        if e.fits or any(x.fits for _, x in split):
-            arms.append(arm)
-        if e.states_fit or any(x.states_fit for _, x in split):
-            states_fit.append(arm)
-    # As optuna-ds does: where the profile's activation estimate leaves room nowhere, every
-    # variant whose states fit.
-    # A job whose script takes the checkpointing switch (physical_jobs.CheckpointJob): mapped, it is proposed.
-    checkpointing = (Knobs({physical_jobs.CKPT: True}),) if getattr(surface, "switch", False) else ()
-    return Problem(arms=tuple(arms or states_fit), device_memory=device, per_sample=surface.act_gb * GB, gpus=surface.num_gpus,
-                   max_experiments=200 if full else 40, max_batch=cap, nodes=getattr(surface, "nodes", 1),
-                   params=surface.params_b * GB, checkpointing=checkpointing,
-                   autotp=tuple(Knobs({physical_jobs.AUTOTP: t}) for t in sizes), autotp_batch=tuple((t, cap, 1) for t in sizes))
-
-
-def config_of(stage: int, offload: str, mbs: int, knobs: tuple = ()) -> surfaces.Config:
-    """The surface's config of a planner's: its sizes written as its spaces write them (``5e8``, a
-    float; the planner's are ints), since a surface seeds its noise with its config's text."""
-    knobs = tuple((k, float(v) if type(v) is int else v) for k, v in knobs)
-    return surfaces.Config(stage=stage, mbs=mbs, knobs=knobs, offload_optimizer=bool(offload),
-                           offload_param=offload == "offload-opt-param")
-
-
-def knob_candidates(surface: surfaces.Surface, problem: Problem, observations: list[Observation], noise: float | None,
-                   tuner: str) -> dict:
-    """What optuna-ds hands the planner: at each arm whose knob search is not over, the settings
-    the ``tuner`` sampler proposes after the arm's knob runs (optuna_ds.samplers.knob_candidates)
-    and those that ran. ``tuner_early_stopping`` knob runs in a row that did not beat the
-    stage's best by the noise, or ``tuner_num_trials`` of them, end a stage's search (as
-    optuna-ds's pruner does)."""
-    out = {}
-    for arm in problem.arms:
-        space = dict(arm.knobs)
-        if not space:
-            continue
-        runs = [o for o in observations if o.stage == arm.stage and o.status is not Status.RUNNING]
-        best, since, trials = None, 0, 0
-        for o in runs:
-            value = o.score if o.status is Status.OK else None
-            if o.knobs and not o.repeat:
-                trials += 1
-                since = 0 if value is not None and (best is None or value > best * (1.0 + (noise or 0.0))) else since + 1
-            if value is not None and (best is None or value > best):
-                best = value
-        if since >= AUTOTUNING.tuner_early_stopping or trials >= AUTOTUNING.tuner_num_trials:
-            continue
-        mine = [o for o in runs if o.arm == arm.key and o.knobs and not o.repeat]
-        distributions = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in space.items()}
-        frozen = [optuna.trial.create_trial(params=dict(o.knobs), distributions=distributions,
-                                            value=o.score if o.status is Status.OK else None,
-                                            state=TrialState.COMPLETE if o.status is Status.OK else TrialState.FAIL,
-                                            user_attrs={} if o.status is Status.OK else {"reason": "oom" if o.status is Status.OOM else "error"})
-                  for o in mine]
-        size = math.prod(len(v) for v in space.values())
-        proposed = samplers.knob_candidates(tuner, space, frozen, direction=StudyDirection.MAXIMIZE, seed=arm.stage,
-                                            limit=size if tuner == "gridsearch" else 12)
-        settings = list(dict.fromkeys([o.knobs for o in mine] + [tuple(sorted(p.items())) for p in proposed]))
-        out[arm.key] = [KnobSetting(knobs, buffers_of(surface, arm, knobs)) for knobs in settings]
-    return out
-
-
-def peak_memory(surface: surfaces.Surface, config: surfaces.Config, nonce: int) -> float:
-    """What NVML would report as a run's peak: the memory it needs, and up to 2% more that the
-    caching allocator reserves."""
-    if hasattr(surface, "peak_memory_gb"):
-        return surface.peak_memory_gb(config, nonce) * GB
-    rng = random.Random(f"{surface.name}|{config}|{nonce}|memory")
-    return surface.memory_gb(config) * GB * (1.0 + rng.uniform(0.0, 0.02))
-
-
-def tune(surface: surfaces.Surface, *, slots: int, processes: int = 0, trace: bool = False, memory: bool = False,
-         settings: PlannerSettings = PlannerSettings(), full: bool = False, tuner: str = AUTOTUNING.tuner_type) -> dict:
-    """The planner's tuning of ``surface`` with ``slots`` experiments at once; with ``memory``,
-    each run reports its peak memory, as runs on NVIDIA GPUs do; with ``full``, the knobs too.
-
-    With ``processes``, that many optuna-ds processes of ``slots`` slots each, sharing one storage
-    as ``tune`` and its workers do (optuna_ds/studies/_coordinator.py): each free slot asks the
-    planner for one experiment (``free_slots=1``), seeing every process's experiments under way
-    and its own process's proposals not yet claimed. Processes with a slot free at one instant
-    decide at once, none seeing the others' proposals of that instant; of two claims of one
-    experiment the first (in process order) runs and the other stands down, its slot deciding
-    again once the claim is in the storage. A slot with nothing to start decides again when an
-    experiment ends anywhere (a Coordinator polls within seconds). Without ``processes``, one
-    decision fills every free slot (``free_slots``)."""
-    problem = problem_of(surface, full=full)
-    noise = None
-    observations: list[Observation] = []
-    running: list[tuple[float, int, Observation, int]] = []  # (end time, tie, observation when done, process)
-    now, launches, oom, gpu_s, decisions = 0.0, 1, 0, (surface.startup_s + PROFILE_STEPS_S) * surface.num_gpus, []
-    nonce = knob_launches = lever_launches = checkpointing_launches = autotp_launches = stood_down = 0
-    curve: list[tuple[int, float]] = []  # (launches so far, true throughput of the choice then)
-    held: list[tuple[float, float]] = []  # (simulated seconds, true throughput of the choice then)
-    kinds: list[tuple[str, str]] = []  # each launch's kind (launch_kind) and outcome
-    configs: list[surfaces.Config] = []  # each launch's config, in launch order
-    spans: list[tuple[float, float]] = []  # each launch's (start, end), simulated seconds
-    owners: list[int] = []  # each launch's process
-    claimed: set[tuple[Config, int]] = set()  # (config, repeat) of every experiment launched
-
-    def decide(seen: list[Observation], free: int) -> Decision:
-        nonlocal noise
-        t0 = time.perf_counter()
-        candidates = knob_candidates(surface, problem, observations, noise, tuner) if full else None
-        decision = plan(problem, seen, free_slots=free, settings=settings, knob_candidates=candidates)
-        noise = decision.noise
-        decisions.append(time.perf_counter() - t0)
-        if decision.choice is not None:
-            c = decision.choice
-            curve.append((launches, surface.evaluate(config_of(c.stage, c.offload, c.mbs, c.knobs)).throughput))
-            held.append((now, curve[-1][1]))
-        return decision
-
-    def launch(p: Proposal, process: int, decision: Decision) -> None:
-        nonlocal nonce, launches, knob_launches, checkpointing_launches, autotp_launches, lever_launches, oom, gpu_s
-        assert (p.config, p.repeat) not in claimed, f"{p.config} (repeat {p.repeat}) launched twice"
-        claimed.add((p.config, p.repeat))
-        config = config_of(p.stage, p.offload, p.mbs, p.knobs)
-        outcome = surface.evaluate(config)
-        nonce += 1
-        status = {"ok": Status.OK, "oom": Status.OOM, "crash": Status.FAILED}[outcome.kind]
-        score = surface.measure(config, nonce) if status is Status.OK else None
-        peak = peak_memory(surface, config, nonce) if memory and status is Status.OK else None
-        # DeepSpeed's step timers, where the job simulates them (physical_jobs): what a lever can save.
-        timers = tuple(surface.timers_ms(config).items()) if status is Status.OK and hasattr(surface, "timers_ms") else ()
-        done = Observation(config=p.config, status=status, score=score, seconds=outcome.seconds, memory=peak, repeat=p.repeat,
-                           timers=timers)
+def tune(surface: surfaces.Surface, *, slots: int = 1, settings: PlannerSettings = PlannerSettings(), full: bool = False,
+         tuner: str = AUTOTUNING.tuner_type, trace: bool = False, costs: product.Costs = product.Costs(decision_s=DECISION_S)) -> dict:
+    """optuna-ds's own tuning of ``surface`` (benchmarks/product.py: the CLI's ``tune`` in this
+    process, simulated launcher and clock) with ``slots`` experiments at once; in full mode the
+    knobs too. The figures of each launch come from the simulated launcher's ledger and the
+    reason the product gave for it."""
+    with _planner_settings(settings):
+        r = product.tune(surface, fast=not full, tuner_type=tuner, slots=slots, costs=costs)
+    entries = [e for e in r["ledger"] if not e.get("profile")]
+    whys = r["whys"] if len(r["whys"]) == len(entries) else [""] * len(entries)
+    kinds, configs = [], []
+    for i, (why, e) in enumerate(zip(whys, entries)):
+        kinds.append((launch_kind(why, e, entries[:i]), {"ok": "ok", "oom": "oom", "crash": "failed"}[e["outcome"]]))
+        configs.append(_config_of(e))
         if trace:
-            print(f"  {now / 60:6.1f} min {p.stage}{p.offload[:12]:>12} mbs {p.mbs:5d} {_knobs(p.knobs)} -> {status.value:6} {score or 0:9.3f} true "
-                  f"{outcome.throughput:9.3f}  ({p.why}; noise {decision.noise}){f'  [process {process}]' if processes > 1 else ''}")
-        kinds.append((launch_kind(p, observations + [r[2] for r in running]), status.value))
-        configs.append(config)
-        owners.append(process)
-        heapq.heappush(running, (now + outcome.seconds, nonce, done, process))
-        spans.append((now, now + outcome.seconds))
-        launches += 1
-        knob_launches += bool(p.knobs.zero)
-        checkpointing_launches += bool(p.knobs.checkpointing)
-        autotp_launches += p.knobs.autotp > 1
-        lever_launches += any(k in physical_jobs.LEVER_DEFAULTS and v != physical_jobs.LEVER_DEFAULTS[k] for k, v in p.knobs)
-        oom += status is Status.OOM
-        gpu_s += outcome.seconds * surface.num_gpus
-
-    while True:
-        if not processes:
-            decision = decide(observations + running_view(running, now), slots - len(running))
-            for p in decision.proposals:
-                launch(p, 0, decision)
-        else:
-            while True:
-                # The storage as every process reads it at this instant; each decides for its own free slots.
-                stored = observations + running_view(running, now)
-                asked: list[tuple[int, Proposal, Decision]] = []
-                # The planner is a pure function: processes that hold the same proposals decide alike (computed once).
-                alike: dict[tuple[tuple[Config, int], ...], Decision] = {}
-                for process in range(processes):
-                    handed: list[Observation] = []
-                    for _ in range(slots - sum(r[3] == process for r in running)):
-                        key = tuple((o.config, o.repeat) for o in handed)
-                        decision = alike[key] if key in alike else alike.setdefault(key, decide(stored + handed, 1))
-                        if not decision.proposals:
-                            break
-                        p = decision.proposals[0]
-                        handed.append(Observation(config=p.config, status=Status.RUNNING, repeat=p.repeat, seconds=0.0))
-                        asked.append((process, p, decision))
-                lost = 0
-                for process, p, decision in asked:
-                    if (p.config, p.repeat) in claimed:
-                        lost += 1  # another process claimed it first: this one stands down
-                    else:
-                        launch(p, process, decision)
-                stood_down += lost
-                if not lost:
-                    break
-        if not running:
-            break
-        end, _, done, _ = heapq.heappop(running)
-        now = end
-        observations.append(done)
-    choice = decision.choice
-    chosen = config_of(choice.stage, choice.offload, choice.mbs, choice.knobs) if choice else None
-    # The best config that ran, by its true throughput: what a choice among the runs could reach.
-    ran = {o.config for o in observations if o.status is Status.OK}
-    best_ran = max((surface.evaluate(config_of(c.stage, c.offload, c.micro_batch, c.knobs)).throughput for c in ran), default=0.0)
-    return {"launches": launches, "knob_launches": knob_launches, "lever_launches": lever_launches,
-            "checkpointing_launches": checkpointing_launches, "autotp_launches": autotp_launches, "oom": oom, "gpu_hours": gpu_s / 3600, "wall_s": now,
-            "true": surface.evaluate(chosen).throughput if chosen else 0.0, "chosen": chosen,
-            "noise": decision.noise if decision.noise_runs else None, "noise_dof": decision.noise_runs, "decision_s": decisions, "curve": curve,
-            "kinds": kinds, "configs": configs, "observations": observations, "best_ran": best_ran, "spans": spans,
-            "owners": owners, "stood_down": stood_down, "held": held}
+            print(f"  {e['stage']}{_offload(e):>18} mbs {e['mbs']:5d} gas {e['gas']} {_knobs(tuple(e['knobs'].items()))} -> "
+                  f"{e['outcome']:6} {e.get('measured', 0):9.3f} true {e.get('true', 0):9.3f}  ({why})")
+    noise = r["noise"]
+    return {"launches": r["launches"], "knob_launches": sum(k == "knobs" for k, _ in kinds), "oom": r["oom"],
+            "gpu_hours": r["gpu_hours"], "wall_s": r["wall_s"], "true": r["true"], "chosen": r["chosen"],
+            "noise": noise.value, "noise_runs": noise.runs, "decision_s": r["decision_s"], "curve": r["curve"], "kinds": kinds,
+            "configs": configs, "entries": entries,
+            "best_ran": max((e["true"] for e in entries if e["outcome"] == "ok"), default=0.0), "spans": r["spans"]}
 
 
-KINDS = ("first run", "size", "knobs", "checkpointing", "autotp", "noise replicate", "re-measure", "fallback", "listed", "pending", "batch")
+def _offload(entry: dict) -> str:
+    optimizer, param = entry["offload"]
+    return "offload-opt-param" if param else "offload-opt" if optimizer else ""
 
 
-def launch_kind(p, before: list[Observation]) -> str:
-    """What a proposal is, by its ``why`` and what ran before it: an arm's first run, another
-    size of an arm, a knob setting, the noise replicate, a re-measurement of a finalist, a
-    size or stage the user listed, a fallback (a first run again while nothing ran), one while the
-    first results are pending, a batch member."""
-    if p.why.startswith("a slot free"):
+def _config_of(entry: dict) -> surfaces.Config:
+    optimizer, param = entry["offload"]
+    return surfaces.Config(stage=entry["stage"], mbs=entry["mbs"], gas=entry["gas"], knobs=tuple(sorted(entry["knobs"].items())),
+                           offload_optimizer=optimizer, offload_param=param)
+
+
+KINDS = ("first run", "size", "knobs", "noise replicate", "re-measure", "alike", "fallback", "listed", "pending", "batch")
+
+
+def launch_kind(why: str, entry: dict, before: list[dict]) -> str:
+    """What a launch is, by the reason the product gave for it and what ran before it: an arm's
+    first run, another size of an arm, a knob setting, the noise replicate, a re-measurement of a
+    finalist, a run measured alike for the headline, the user's config or a size or stage the user
+    listed, a fallback (a first run again while nothing ran), one while the first results are
+    pending, a batch member."""
+    if why.startswith("a slot free"):
         return "batch"
-    if p.why.startswith("measure again: the run-to-run noise"):
+    if why.startswith("measure again: the run-to-run noise"):
         return "noise replicate"
-    if p.repeat or p.why.startswith("measure again"):
+    if why.startswith("measure again"):
         return "re-measure"
-    if p.why.startswith(("a stage you listed", "a size you listed", "your micro-batch")):
+    if "measured alike" in why:
+        return "alike"
+    if why.startswith(("a stage you listed", "a size you listed", "your micro-batch")):
         return "listed"
-    if p.why.startswith("while the first"):
+    if why.startswith("while the first"):
         return "pending"
-    if p.why.startswith("the size expected to run fastest") and before:
+    if why.startswith("the size expected to run fastest") and before:
         return "fallback"
-    if p.knobs.checkpointing:
-        return "checkpointing"
-    if p.knobs.autotp > 1:
-        return "autotp"
-    if p.knobs:
+    if entry["knobs"]:
         return "knobs"
-    return "size" if any(o.arm == p.arm for o in before) else "first run"
+    arm = (entry["stage"], tuple(entry["offload"]))
+    return "size" if any((b["stage"], tuple(b["offload"])) == arm for b in before) else "first run"
 
 
 def _knobs(knobs: tuple) -> str:
     return ",".join(f"{''.join(w[0] for w in k.split('_'))}={v:g}" if type(v) in (int, float) else f"{''.join(w[0] for w in k.split('_'))}={v}"
                     for k, v in knobs)
-
-
-def running_view(running: list[tuple[float, int, Observation, int]], now: float) -> list[Observation]:
-    """The experiments under way as the planner sees them: running, for so many seconds."""
-    return [Observation(config=o.config, status=Status.RUNNING, repeat=o.repeat, seconds=now - (e - (o.seconds or 0.0)))
-            for e, _, o, _ in running]
-
-
-def _within_half_to_twice(dof: int) -> float:
-    """The chance that a standard deviation estimated with ``dof`` degrees of freedom lies within
-    0.5x-2x of the truth: ``dof * s**2 / sigma**2`` is chi-square with ``dof`` degrees."""
-    if dof <= 0:
-        return 0.0
-    from scipy.stats import chi2
-
-    return float(chi2.cdf(4.0 * dof, dof) - chi2.cdf(0.25 * dof, dof))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -368,7 +145,7 @@ def _percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--random", type=int, default=200, metavar="N")
-    parser.add_argument("--first", type=int, default=0, metavar="SEED", help="the first random job's seed")
+    parser.add_argument("--first", type=int, default=0, metavar="SEED", help="the first generated job's seed")
     parser.add_argument("--physical", type=int, default=0, metavar="N",
                         help="also N jobs of the second, independent generator (benchmarks/physical_jobs.py), and its hand-made ones")
     parser.add_argument("--replays", action="store_true", help="also the jobs of recorded real runs (benchmarks/replays.py)")
@@ -376,32 +153,23 @@ def main() -> None:
                         help="also N jobs of the third, blind generator (benchmarks/blind_jobs.py)")
     parser.add_argument("--blind4", type=int, default=0, metavar="N",
                         help="also N jobs of the fourth, blind generator (benchmarks/blind4_jobs.py): the held-out set")
-    parser.add_argument("--checkpointing", type=int, default=0, metavar="N",
-                        help="only the checkpointing table: N jobs of each family (physical_jobs.checkpoint_job), fast mode, "
-                             "the switch off, on, and on without the gate")
-    parser.add_argument("--levers", type=int, default=0, metavar="N",
-                        help="only the lever table: N jobs of each ZeRO++ family (physical_jobs.lever_job), full mode, levers on and off")
-    parser.add_argument("--autotp", type=int, default=0, metavar="N",
-                        help="only the AutoTP table: N jobs of each family (physical_jobs.autotp_job), fast mode, "
-                             "AutoTP unlisted, listed, and listed without the gate")
-    parser.add_argument("--slots", type=int, default=1)
-    parser.add_argument("--processes", type=int, default=0, metavar="N",
-                        help="N optuna-ds processes of --slots slots each on one storage, as tune and its workers: each "
-                             "free slot asks the planner for one experiment; processes free at one instant decide at once "
-                             "and a config two of them claim runs once (see tune())")
+    parser.add_argument("--slots", type=int, default=1, help="experiments at once on the job's node (its GPUs times this)")
     parser.add_argument("--versus", type=int, default=0, metavar="SLOTS",
-                        help="also tune each job with SLOTS slots in one process: the simulated wall time to the stop with "
-                             "them over --slots' (the speed-up), and their share of the optimum")
+                        help="also tune each job with SLOTS slots: the simulated wall time to the stop with them over --slots' "
+                             "(the speed-up), their share of the optimum and launches")
+    parser.add_argument("--agree", type=int, default=0, metavar="N",
+                        help="only the instrument's check: tune the first N of the jobs both through the CLI as a process "
+                             "(benchmarks/search.py) and in this process, and say on how many they chose the same config")
     parser.add_argument("--jobs", nargs="*", help="only these jobs")
     parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--trace", action="store_true", help="every launch of every job, with the product's reason")
     parser.add_argument("--full", action="store_true", help="full mode: the knobs too")
     parser.add_argument("--tuner", default=AUTOTUNING.tuner_type, choices=["gridsearch", "random", "model_based"],
                         help="full mode's tuner_type: where the knob settings come from")
-    parser.add_argument("--memory", action="store_true", help="runs report their peak memory, as on NVIDIA GPUs (NVML)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) "
                              "or of its priors (priors.knob_cause, priors.pressure_losses=0.1,0.3, ...) for a what-if")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (the intervals over jobs)")
     parser.add_argument("--audit", action="store_true",
                         help="where the launches go: per job and group, by kind and outcome; whether a config within 1%% ran "
                              "and was chosen; the costliest and worst jobs; with --full, the regret split between the arm "
@@ -424,21 +192,17 @@ def main() -> None:
             parser.error(f"--set {name}: not {'numbers' if isinstance(current, tuple) else 'a number'}: {value}")
         changed = dataclasses.replace(owner, **{field: new})
         settings = changed if isinstance(changed, PlannerSettings) else dataclasses.replace(settings, priors=changed)
-    if args.checkpointing:
-        _checkpointing_table(args.checkpointing, slots=args.slots, memory=args.memory, settings=settings)
-        return
-    if args.levers:
-        _lever_table(args.levers, slots=args.slots, memory=args.memory, settings=settings, tuner=args.tuner)
-        return
-    if args.autotp:
-        _autotp_table(args.autotp, slots=args.slots, memory=args.memory, settings=settings)
-        return
     names = args.jobs or ([s.name for s in surfaces.SURFACES] + [f"random-{i}" for i in range(args.first, args.first + args.random)]
                           + ([j.name for j in physical_jobs.PHYSICAL_JOBS] if args.physical else [])
                           + [f"phys-{i}" for i in range(args.first, args.first + args.physical)]
                           + [f"blind-{i}" for i in range(args.first, args.first + args.blind)]
                           + [f"blind4-{i}" for i in range(args.first, args.first + args.blind4)]
                           + ([job.name for job in replays.replays()] if args.replays else []))
+    print(f"jobs: {_seeds(names)}; bootstrap seed {args.seed}; {'full' if args.full else 'fast'} mode, tuner {args.tuner}, "
+          f"slots {args.slots}; settings {'default' if settings == PlannerSettings() else args.set}")
+    if args.agree:
+        _agree(names[:args.agree], full=args.full, tuner=args.tuner)
+        return
     mode = "full" if args.full else "fast"
     ds = deepspeed_figures(names, fast=not args.full)
     rows = []
@@ -448,27 +212,23 @@ def main() -> None:
         best, optimum = surfaces.optimum_of(arms)
         if not optimum:
             continue
-        r = tune(surface, slots=args.slots, processes=args.processes, trace=args.trace, memory=args.memory, settings=settings,
-                 full=args.full, tuner=args.tuner)
+        if args.trace:
+            print(f"{name}:")
+        r = tune(surface, slots=args.slots, trace=args.trace, settings=settings, full=args.full, tuner=args.tuner)
         r["optimum"] = optimum
         if args.audit and args.full:
             r["arm_optima"], r["default_optima"] = arms, surface.arm_optima(fast=True, offload=True)
             r["num_gpus"] = surface.num_gpus
         r["true_noise"] = surface.noise
-        gap = surfaces.closest_arm_gap(arms)
-        r["ceiling"] = surfaces.within_1pc_ceiling(gap, surface.noise, r["launches"])
-        if name in ds:
-            r["ceiling_ds"] = {k: surfaces.within_1pc_ceiling(gap, surface.noise, int(k * ds[name]["launches"])) for k in (0.35, 0.5, 1.0)}
         share = r["true"] / optimum
         if args.versus:
-            other = tune(surface, slots=args.versus, processes=1 if args.processes else 0, memory=args.memory, settings=settings,
-                         full=args.full, tuner=args.tuner)
+            other = tune(surface, slots=args.versus, settings=settings, full=args.full, tuner=args.tuner)
             r["versus"] = {"wall_s": other["wall_s"], "share": other["true"] / optimum, "launches": other["launches"],
                            "spans": other["spans"]}
         rows.append((name, share, r))
         if args.verbose or share < 0.99:
             print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
-                  f"chose {r['chosen']} optimum {best}", flush=True)
+                  f"chose {search.describe(r['chosen'])} optimum {search.describe(best)}", flush=True)
     if args.curve:
         _curve([r for n, _, r in rows if n.startswith("random")])
         _budget_curve(rows, ds)
@@ -486,89 +246,42 @@ def main() -> None:
                          ("blind", [r for r in rows if r[0].startswith("blind-")]),
                          ("blind4 (held out)", [r for r in rows if r[0].startswith("blind4-")])):
         if group:
-            _summary(label, group, ds, args.slots)
+            _summary(label, group, ds, args.slots, seed=args.seed)
             if args.versus:
-                _speedup(group, slots=args.slots, versus=args.versus, processes=args.processes)
+                _speedup(group, slots=args.slots, versus=args.versus)
 
 
-def _lever_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings, tuner: str) -> None:
-    """What the levers buy and cost: each job of the ZeRO++ families tuned in full mode with
-    DeepSpeed's autotuner's space (levers off), with the space optuna-ds proposes (on), and with
-    it but no physical prior (each lever a bucket knob's like: what the priors save); each
-    choice's share of the larger space's optimum, its launches and those that set a lever."""
-    from unittest import mock
-
-    import optuna_ds.planner._state as planner_state
-
-    print("family     levers      jobs  larger/smaller optimum  share of the larger: mean  within 1%  launches  knob  lever")
-    for family in physical_jobs.LEVER_FAMILIES:
-        jobs = [physical_jobs.lever_job(family, i) for i in range(n)]
-        larger = [job.optimum(fast=False, offload=True)[1] for job in jobs]
-        smaller = [physical_jobs.lever_job(family, i, levers=False).optimum(fast=False, offload=True)[1] for i in range(n)]
-        worth = statistics.mean(a / b for a, b in zip(larger, smaller))
-        for label in ("off", "on", "on, flat"):
-            flat = mock.patch.object(planner_state, "lever_effects", lambda *a, **k: {}) if label == "on, flat" else mock.MagicMock()
-            with flat:
-                runs = [tune(job if label != "off" else physical_jobs.lever_job(family, i, levers=False), slots=slots, memory=memory,
-                             settings=settings, full=True, tuner=tuner) for i, job in enumerate(jobs)]
-            shares = [r["true"] / best for r, best in zip(runs, larger)]
-            print(f"{family:10} {label:10} {n:5d}  {worth:22.3f}  {statistics.mean(shares):25.4f} {sum(x >= 0.99 for x in shares) / n:10.0%}"
-                  f"  {statistics.mean(r['launches'] for r in runs):8.1f} {statistics.mean(r['knob_launches'] for r in runs):5.1f} "
-                  f"{statistics.mean(r['lever_launches'] for r in runs):6.1f}")
+def _seeds(names: list[str]) -> str:
+    """The jobs as ranges of their generators' seeds (``random-0..59``), the rest by name."""
+    groups: dict[str, list[int]] = {}
+    others = []
+    for name in names:
+        prefix, _, seed = name.rpartition("-")
+        if seed.isdigit() and prefix in ("random", "phys", "blind", "blind4"):
+            groups.setdefault(prefix, []).append(int(seed))
+        else:
+            others.append(name)
+    parts = [f"{p}-{min(v)}..{max(v)}" if len(v) == max(v) - min(v) + 1 else f"{p}-{','.join(map(str, v))}" for p, v in groups.items()]
+    return ", ".join(parts + ([f"{len(others)} named"] if others else [])) or "none"
 
 
-def _checkpointing_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings) -> None:
-    """What activation checkpointing buys and costs: each job of the checkpointing families
-    tuned in fast mode without the switch (DeepSpeed's autotuner's space), with it (the switch
-    mapped: optuna-ds proposes it), and with it but no gate (tried wherever memory binds,
-    whatever the curve's rise: what the gate saves); each choice's share of the larger space's
-    optimum, its launches and those that set it, and how often the larger optimum checkpoints."""
-    _room_table(n, slots=slots, memory=memory, settings=settings, dimension="checkpointing", families=physical_jobs.CHECKPOINT_FAMILIES,
-                job=lambda family, i, on: physical_jobs.checkpoint_job(family, i, switch=on), labels=("off", "on", "on, no gate"),
-                widths=(11, 13, 5))
-
-
-def _autotp_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings) -> None:
-    """What AutoTP buys and costs: each job of the AutoTP families tuned in fast mode without it
-    (DeepSpeed's autotuner's space), with its sizes listed (the planner prices each), and listed
-    but without the gate (tried wherever memory binds, whatever the curve's rise: what the gate
-    saves); each choice's share of the larger space's optimum, its launches and those with
-    AutoTP, and how often the larger optimum splits its layers."""
-    _room_table(n, slots=slots, memory=memory, settings=settings, dimension="autotp", families=physical_jobs.AUTOTP_FAMILIES,
-                job=lambda family, i, on: physical_jobs.autotp_job(family, i, listed=on), labels=("off", "listed", "listed, no gate"),
-                widths=(10, 15, 4))
-
-
-def _room_table(n: int, *, slots: int, memory: bool, settings: PlannerSettings, dimension: str, families: Sequence[str],
-                job: Callable[[str, int, bool], surfaces.Surface], labels: tuple[str, str, str], widths: tuple[int, int, int]) -> None:
-    """The table of a setting that buys room (checkpointing, AutoTP): each family's jobs tuned
-    without it (``labels[0]``), with it (``labels[1]``), and with it but no gate (``labels[2]``:
-    :func:`~optuna_ds.planner._checkpointing.may_pay` always true); ``widths`` of the family,
-    label and jobs columns; launches that set it counted by ``tune()``'s ``{dimension}_launches``."""
-    from unittest import mock
-
-    import optuna_ds.planner._state as planner_state
-
-    family_w, label_w, jobs_w = widths
-    print(f"{'family':{family_w}} {dimension:{family_w + 2}}  jobs  it wins  larger/smaller optimum  share of the larger: mean  min  within 1%  "
-          "launches  with it")
-    for family in families:
-        jobs = [job(family, i, True) for i in range(n)]
-        optima = [j.optimum(fast=True, offload=True) for j in jobs]
-        plain = [job(family, i, False) for i in range(n)]
-        smaller = [j.optimum(fast=True, offload=True)[1] for j in plain]
-        wins = sum(bool(c is not None and c.knobs) for c, _ in optima)
-        worth = statistics.mean(a / b if b else float("inf") for (_, a), b in zip(optima, smaller))
-        worth_text = f"{worth:22.3f}" if math.isfinite(worth) else f"{'inf (some fit only so)':>22}"
-        for label in labels:
-            gate = mock.patch.object(planner_state, "may_pay", lambda *a, **k: True) if label == labels[2] else mock.MagicMock()
-            with gate:
-                runs = [tune(j if label != labels[0] else plain[i], slots=slots, memory=memory, settings=settings)
-                        for i, j in enumerate(jobs)]
-            shares = [r["true"] / best for r, (_, best) in zip(runs, optima)]
-            print(f"{family:{family_w}} {label:{label_w}} {n:{jobs_w}d} {wins:8d}  {worth_text}  {statistics.mean(shares):25.4f} "
-                  f"{min(shares):5.3f} {sum(x >= 0.99 for x in shares) / n:10.0%}  {statistics.mean(r['launches'] for r in runs):8.1f}"
-                  f" {statistics.mean(r[f'{dimension}_launches'] for r in runs):8.1f}")
+def _agree(names: list[str], *, full: bool, tuner: str) -> None:
+    """The instrument's check: each job tuned by ``optuna-ds tune`` as a process (simulated
+    launcher, benchmarks/search.py) and in this process (benchmarks/product.py); the configs
+    each wrote to ds_config_optimal.json and the launches each made, compared."""
+    same, ours, theirs = 0, 0, 0
+    for name in names:
+        surface = surfaces.by_name(name)
+        cli = search.run_tool("optuna-ds", surface, fast=not full, tuner_type=tuner)
+        here = product.tune(surface, fast=not full, tuner_type=tuner, costs=product.Costs(decision_s=DECISION_S))
+        chosen = surfaces.Config(**cli["chosen"]) if cli["chosen"] else None
+        agree = chosen == here["chosen"]
+        same += agree
+        theirs += cli["launches"]
+        ours += here["launches"]
+        print(f"  {name}: CLI {search.describe(chosen)} in {cli['launches']} launches; in-process "
+              f"{search.describe(here['chosen'])} in {here['launches']}{'' if agree else '  <- differ'}", flush=True)
+    print(f"agreement: {same} of {len(names)} jobs chose the same config; launches {theirs} vs {ours} (CLI vs in-process)")
 
 
 def deepspeed_figures(names: list[str], *, fast: bool, path: Path = search.DS_CACHE) -> dict[str, dict]:
@@ -709,11 +422,11 @@ def _full_regret(rows: list[tuple[str, float, dict]]) -> None:
             one_gpu += (1.0 - r["true"] / r["optimum"]) if r["num_gpus"] == 1 else 0.0
             if max(r["default_optima"], key=lambda k: r["default_optima"][k][1]) != best:
                 only += 1
-                at = [o for o in r["observations"] if (o.stage, bool(o.offload), o.offload == "offload-opt-param") == best]
+                at = [e for e in r["entries"] if (e["stage"], *e["offload"]) == best]
                 ran += bool(at)
-                tried += any(o.knobs.zero for o in at)
+                tried += any(e["knobs"] for e in at)
                 chosen += bool(r["chosen"]) and _arm_key(r["chosen"]) == best
-                knob_runs.append(sum(bool(o.knobs.zero) for o in at))
+                knob_runs.append(sum(bool(e["knobs"]) for e in at))
         n = len(group)
         print(f"{label} full-mode regret {regret / n:.4f}: the arm {arm / n:.4f}, within the arm (knobs, size) {(regret - arm) / n:.4f}; "
               f"jobs on one GPU {one_gpu / n:.4f}; knob launches {statistics.mean(r['knob_launches'] for r in group):.1f} "
@@ -760,7 +473,7 @@ def _budget_curve(rows: list[tuple[str, float, dict]], ds: dict) -> None:
                   f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}")
 
 
-def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int, processes: int = 0) -> None:
+def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int) -> None:
     """The simulated wall time to the stop with ``versus`` slots over that with ``slots`` (in
     ``processes`` processes): of the group's total (its mean per job) and the median of the jobs'
     own; the quality of each beside it; the mean busy slots of each (experiment-seconds over the
@@ -770,7 +483,7 @@ def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int, pr
     theirs = [r["versus"] for _, _, r in rows]
     ratios = [t["wall_s"] / r["wall_s"] for (_, _, r), t in zip(rows, theirs) if r["wall_s"] > 0]
     shares = [t["share"] for t in theirs]
-    width = f"{processes} x {slots}" if processes > 1 else str(slots)
+    width = str(slots)
 
     def busy(runs: list[dict]) -> float:
         return sum(sum(e - b for b, e in r["spans"]) for r in runs) / sum(r["wall_s"] for r in runs)
@@ -783,55 +496,61 @@ def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int, pr
           f"(median per job {statistics.median(ratios):.2f}x); with {versus}: mean {statistics.mean(shares):.4f} "
           f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
           f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job; mean busy slots {busy([r for _, _, r in rows]):.1f} "
-          f"of {slots * max(processes, 1)}, {busy(theirs):.1f} of {versus}; rounds {rounds([r for _, _, r in rows]):.1f} "
-          f"against {rounds(theirs):.1f}"
-          + (f"; claims stood down {statistics.mean(r['stood_down'] for _, _, r in rows):.1f}/job" if processes > 1 else ""))
+          f"of {slots}, {busy(theirs):.1f} of {versus}; rounds {rounds([r for _, _, r in rows]):.1f} "
+          f"against {rounds(theirs):.1f}; launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job with {slots}")
 
 
-def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int) -> None:
+def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int, *, seed: int) -> None:
+    """The group's figures, each with its bootstrap interval over the jobs (``seed``): the share of
+    the optimum the choice reaches (mean, 5th percentile, worst, within 1%), launches per job, and
+    beside DeepSpeed's autotuner on the same jobs: the launch ratio over every job it has figures
+    for and over those where it chose a config, its own shares there; the reported noise against
+    the job's; decision times."""
     shares = [s for _, s, _ in rows]
-    both = [(n, s, r) for n, s, r in rows if n in ds and ds[n].get("chosen")]
-    versus = ""
-    if both:
-        # Quality beside launches on the same jobs: those with DeepSpeed's current figures.
-        launches = sum(r["launches"] for _, _, r in both) / sum(ds[n]["launches"] for n, _, _ in both)
-        hours = sum(r["gpu_hours"] for _, _, r in both) / sum(ds[n]["gpu_hours"] for n, _, _ in both)
-        ours = [s for _, s, _ in both]
-        theirs = [ds[n]["true"] / r["optimum"] for n, _, r in both]
-        versus = (f" = {launches:.2f}x, GPU-h {hours:.2f}x of DeepSpeed on its {len(both)} jobs, where mean {statistics.mean(ours):.4f} "
-                  f"within 1% {sum(s >= 0.99 for s in ours) / len(ours):.1%} against DeepSpeed's mean {statistics.mean(theirs):.4f} "
-                  f"within 1% {sum(s >= 0.99 for s in theirs) / len(theirs):.1%}")
+    print(f"{label} jobs {len(rows)} slots {slots}: mean {_ci(shares, statistics.mean, seed)} "
+          f"p5 {_ci(shares, lambda v: _percentile(v, 0.05), seed)} worst {min(shares):.4f} "
+          f"within 1% {_ci(shares, _within_1pc, seed, percent=True)}; launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job "
+          f"({statistics.mean(r['knob_launches'] for _, _, r in rows):.1f} of knob settings); "
+          f"wall {statistics.mean(r['wall_s'] for _, _, r in rows) / 60:.1f} min/job")
+    figured = [(n, s, r) for n, s, r in rows if n in ds]
+    if figured:
+        chose = [(n, s, r) for n, s, r in figured if ds[n].get("chosen")]
+        ours = [r["launches"] for _, _, r in figured]
+        theirs = [ds[n]["launches"] for n, _, _ in figured]
+        line = (f"  beside DeepSpeed: launches {_ci_ratio(ours, theirs, seed)}x of its over the {len(figured)} jobs it has figures for"
+                f" ({len(figured) - len(chose)} where it chose nothing)")
+        if chose:
+            line += (f", {_ci_ratio([r['launches'] for _, _, r in chose], [ds[n]['launches'] for n, _, _ in chose], seed)}x over the "
+                     f"{len(chose)} where it chose a config; there ours mean {_ci([s for _, s, _ in chose], statistics.mean, seed)} within 1% "
+                     f"{_ci([s for _, s, _ in chose], _within_1pc, seed, percent=True)}, DeepSpeed's mean "
+                     f"{_ci([ds[n]['true'] / r['optimum'] for n, _, r in chose], statistics.mean, seed)} within 1% "
+                     f"{_ci([ds[n]['true'] / r['optimum'] for n, _, r in chose], _within_1pc, seed, percent=True)}")
+        hours = sum(r["gpu_hours"] for _, _, r in figured) / max(1e-12, sum(ds[n]["gpu_hours"] for n, _, _ in figured))
+        print(line + f"; GPU-h {hours:.2f}x")
+    ratios = [r["noise"] / r["true_noise"] for _, _, r in rows if r["noise"] is not None and r["true_noise"]]
     times = [t for _, _, r in rows for t in r["decision_s"]]
-    print(f"{label} jobs {len(rows)} slots {slots}: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
-          f"worst {min(shares):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}; "
-          f"launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job "
-          f"({statistics.mean(r['knob_launches'] for _, _, r in rows):.1f} of knob settings){versus}; "
-          f"wall {statistics.mean(r['wall_s'] for _, _, r in rows) / 60:.1f} min/job; "
-          f"decision p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms")
-    # The noise the planner reports, against the job's true noise.
-    ratios = [r["noise"] / r["true_noise"] for _, _, r in rows if r["noise"] is not None]
-    print(f"  noise reported within 0.5x-2x of the true noise: {sum(0.5 <= q <= 2.0 for q in ratios) / len(rows):.1%} of jobs "
-          f"(measured on {len(ratios) / len(rows):.0%}; reported / true p10 {_percentile(ratios, 0.1) if ratios else 0:.2f} "
-          f"median {_percentile(ratios, 0.5) if ratios else 0:.2f} p90 {_percentile(ratios, 0.9) if ratios else 0:.2f}); "
-          f"the ceiling of the runs it rests on: {statistics.mean(_within_half_to_twice(r['noise_dof']) for _, _, r in rows):.1%} "
-          f"(an unbiased estimate from k repeat degrees of freedom, Gaussian noise; k median "
-          f"{_percentile([r['noise_dof'] for _, _, r in rows], 0.5):.0f}; 90% needs k >= 4)")
-    # What no search could beat: the noise, not the planner, bounds the share within 1%.
-    ceiling = statistics.mean(r["ceiling"] for _, _, r in rows)
-    print(f"  ceiling within 1% (a genie that knows every curve's shape and which two arms to compare): "
-          f"{ceiling:.1%} with these launches", end="")
-    capped = [r["ceiling_ds"] for _, _, r in rows if "ceiling_ds" in r]
-    if capped:
-        print("; " + ", ".join(f"{statistics.mean(c[k] for c in capped):.1%} with {k:g}x DeepSpeed's" for k in (0.35, 0.5, 1.0))
-              + f" ({len(capped)} jobs)", end="")
-    print()
-    # A target on every job (the worst share) asks for all of them at once.
-    print(f"  the genie's chance to have every one of these {len(rows)} jobs within 1%: "
-          f"{surfaces.every_job_within_1pc([r['ceiling'] for _, _, r in rows]):.2g} with these launches", end="")
-    if capped:
-        print(", " + ", ".join(f"{surfaces.every_job_within_1pc([c[k] for c in capped]):.2g} with {k:g}x DeepSpeed's"
-                               for k in (0.35, 0.5, 1.0)) + f" ({len(capped)} jobs)", end="")
-    print()
+    print(f"  noise reported within 0.5x-2x of the job's: {sum(0.5 <= q <= 2.0 for q in ratios) / len(rows):.1%} of jobs "
+          f"(reported on {len(ratios) / len(rows):.0%}; reported / true median {_percentile(ratios, 0.5) if ratios else 0:.2f}); "
+          f"decisions measured here p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms "
+          f"(charged {1e3 * DECISION_S:.0f} ms each)")
+
+
+def _within_1pc(shares: list[float]) -> float:
+    return sum(s >= 0.99 for s in shares) / len(shares)
+
+
+def _ci(values: list[float], statistic: Callable[[list[float]], float], seed: int, *, percent: bool = False) -> str:
+    """``statistic`` of ``values`` with its 95% bootstrap interval over them."""
+    point = statistic(values)
+    lo, hi = stats.bootstrap(values, statistic, seed=seed)
+    return f"{point:.1%} [{lo:.1%}, {hi:.1%}]" if percent else f"{point:.4f} [{lo:.4f}, {hi:.4f}]"
+
+
+def _ci_ratio(ours: list[float], theirs: list[float], seed: int) -> str:
+    """The ratio of sums, ours over theirs, with its 95% bootstrap interval over the jobs."""
+    lo, hi = stats.bootstrap_ratio(ours, theirs, seed=seed)
+    return f"{sum(ours) / sum(theirs):.2f} [{lo:.2f}, {hi:.2f}]"
+
 
 if __name__ == "__main__":
     main()

@@ -62,6 +62,15 @@ class Costs:
     launch_s: float = 0.0
 
 
+def surface_config(surface: surfaces.Surface, config: Any) -> surfaces.Config:
+    """The job's config of an optuna-ds ``Config`` (the planner's choice), its zero knobs those the
+    job's generator reads."""
+    keys = surfaces.spaces_of(surface)[1]
+    knobs = tuple(sorted((k, float(v) if type(v) is int else v) for k, v in config.knob_dict.items() if k in keys))
+    return surfaces.Config(stage=config.stage, mbs=config.micro_batch, gas=config.accumulation, knobs=knobs,
+                           offload_optimizer=bool(config.offload), offload_param=config.offload == "offload-opt-param")
+
+
 def _import_all() -> None:
     """Every module of optuna-ds imported now, so that virtual_time.install() reaches them all."""
     for info in pkgutil.walk_packages(optuna_ds.__path__, "optuna_ds."):
@@ -78,6 +87,7 @@ class _Launches:
         self._ledger = str(ledger)
         self._world = world
         self._costs = costs
+        self.spans: list[tuple[float, float]] = []  # each experiment's (start, end), simulated seconds
 
     def __call__(self, launched: list[str], *, stdout: IO[bytes], stderr: IO[bytes], env: dict[str, str],
                  pass_fds: Sequence[int]) -> subprocess.Popen:
@@ -89,9 +99,24 @@ class _Launches:
         stderr.write(err.getvalue().encode())
         stdout.flush()
         stderr.flush()
+        start = self._world.now
         self._world.sleep(self._costs.launch_s + seconds)
+        if "profile" not in json.loads(Path(self._ledger).read_text().splitlines()[-1]):
+            self.spans.append((start, self._world.now))
         return subprocess.Popen([_TRUE if code == 0 else _FALSE], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 start_new_session=True, pass_fds=tuple(pass_fds))
+
+
+def _observer(whys: list[str]) -> Any:
+    """The CLI's progress display, quiet as ``-q`` makes it, keeping each started experiment's reason."""
+    from optuna_ds.reporting import Progress
+
+    class Recording(Progress):
+        def started(self, *, stage: int, number: int, name: str, slot: str, why: str = "") -> None:
+            whys.append(why)
+            super().started(stage=stage, number=number, name=name, slot=slot, why=why)
+
+    return Recording(quiet=True, verbose=False)
 
 
 @contextlib.contextmanager
@@ -127,17 +152,19 @@ def cli_options(surface: surfaces.Surface, *, extra: Sequence[str] = ()) -> Any:
 def tune(surface: surfaces.Surface, *, fast: bool = True, tuner_type: str = "model_based", slots: int = 1,
          costs: Costs = Costs(), keep: Path | None = None) -> dict[str, Any]:
     """optuna-ds's tuning of ``surface`` with ``slots`` experiments at once on its node: the
-    choice, its true throughput, launches (the profile counted), GPU-hours, simulated wall
-    seconds, the choice after each decision, each decision's measured seconds."""
+    choice, its true throughput, launches (the profile counted) and the ledger of them, GPU-hours,
+    simulated wall seconds, the choice after each decision with the launches by then, each
+    decision's measured seconds, each started experiment's reason and (start, end), the noise
+    and summary the user is shown."""
     from optuna_ds._tune import tune as run_tuning
-    from optuna_ds.reporting import Progress
     from optuna_ds.cli import _main as cli
     from optuna_ds.studies import _coordinator
 
     _import_all()
     cli._quiet_optuna()
     decisions: list[float] = []
-    curve: list[tuple[int, Any]] = []  # (launches so far, the planner's choice then)
+    whys: list[str] = []
+    curve: list[tuple[int, float]] = []  # (launches so far, the true throughput of the planner's choice then)
     with tempfile.TemporaryDirectory(prefix=f"product-{surface.name}-") as tmp:
         work = Path(tmp)
         ledger = work / "ledger.jsonl"
@@ -152,15 +179,16 @@ def tune(surface: surfaces.Surface, *, fast: bool = True, tuner_type: str = "mod
                 spent = time.thread_time() - t0
                 decisions.append(spent)
                 launched = sum(1 for _ in open(ledger)) if ledger.exists() else 0
-                curve.append((launched, decision.choice.config if decision.choice is not None else None))
+                choice = decision.choice
+                curve.append((launched, surface.evaluate(surface_config(surface, choice.config)).throughput if choice else 0.0))
                 world.sleep(costs.decision_s if costs.decision_s is not None else spent)
                 return decision
 
             _coordinator.Coordinator._decide = decide
             try:
                 options = cli_options(surface)
-                outcome = run_tuning(options, observer=Progress(quiet=True, verbose=False),
-                                     spawn=_Launches(surface, ledger, world, costs))
+                launcher = _Launches(surface, ledger, world, costs)
+                outcome = run_tuning(options, observer=_observer(whys), spawn=launcher)
             finally:
                 _coordinator.Coordinator._decide = real_decide
             wall = world.now
@@ -181,4 +209,8 @@ def tune(surface: surfaces.Surface, *, fast: bool = True, tuner_type: str = "mod
         "ledger": launches,
         "decision_s": decisions,
         "curve": curve,
+        "whys": whys,
+        "spans": launcher.spans,
+        "noise": outcome.result.noise,
+        "summary": outcome.summary,
     }
