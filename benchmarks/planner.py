@@ -14,6 +14,7 @@ through the real CLI.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -135,13 +136,6 @@ def _knobs(knobs: tuple) -> str:
                     for k, v in knobs)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--random", type=int, default=200, metavar="N")
@@ -169,6 +163,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) "
                              "or of its priors (priors.knob_cause, priors.pressure_losses=0.1,0.3, ...) for a what-if")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="jobs tuned at once, each in a process of its own (virtual time: the figures do not depend on it)")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (the intervals over jobs)")
     parser.add_argument("--audit", action="store_true",
                         help="where the launches go: per job and group, by kind and outcome; whether a config within 1%% ran "
@@ -205,30 +201,19 @@ def main() -> None:
         return
     mode = "full" if args.full else "fast"
     ds = deepspeed_figures(names, fast=not args.full)
+    job = functools.partial(_tune_job, slots=args.slots, versus=args.versus, settings=settings, full=args.full, tuner=args.tuner,
+                            trace=args.trace, audit=args.audit)
+    workers = 1 if args.trace else max(1, args.workers)
     rows = []
-    for name in names:
-        surface = surfaces.by_name(name)
-        arms = surface.arm_optima(fast=not args.full, offload=True)
-        best, optimum = surfaces.optimum_of(arms)
-        if not optimum:
-            continue
-        if args.trace:
-            print(f"{name}:")
-        r = tune(surface, slots=args.slots, trace=args.trace, settings=settings, full=args.full, tuner=args.tuner)
-        r["optimum"] = optimum
-        if args.audit and args.full:
-            r["arm_optima"], r["default_optima"] = arms, surface.arm_optima(fast=True, offload=True)
-            r["num_gpus"] = surface.num_gpus
-        r["true_noise"] = surface.noise
-        share = r["true"] / optimum
-        if args.versus:
-            other = tune(surface, slots=args.versus, settings=settings, full=args.full, tuner=args.tuner)
-            r["versus"] = {"wall_s": other["wall_s"], "share": other["true"] / optimum, "launches": other["launches"],
-                           "spans": other["spans"]}
-        rows.append((name, share, r))
-        if args.verbose or share < 0.99:
-            print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
-                  f"chose {search.describe(r['chosen'])} optimum {search.describe(best)}", flush=True)
+    with concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext() as pool:
+        for row in (pool.map(job, names) if pool is not None else map(job, names)):
+            if row is None:
+                continue
+            name, share, r = row
+            rows.append(row)
+            if args.verbose or share < 0.99:
+                print(f"{name}: {share:.3f} launches {r['launches']} (ds {ds.get(name, {}).get('launches', '?')}) "
+                      f"chose {search.describe(r['chosen'])} optimum {search.describe(r['best'])}", flush=True)
     if args.curve:
         _curve([r for n, _, r in rows if n.startswith("random")])
         _budget_curve(rows, ds)
@@ -249,6 +234,29 @@ def main() -> None:
             _summary(label, group, ds, args.slots, seed=args.seed)
             if args.versus:
                 _speedup(group, slots=args.slots, versus=args.versus)
+
+
+def _tune_job(name: str, *, slots: int, versus: int, settings: PlannerSettings, full: bool, tuner: str, trace: bool,
+              audit: bool) -> tuple[str, float, dict] | None:
+    """One job's row: its name, the share of the optimum of the config chosen, and :func:`tune`'s
+    figures with the job's optimum and noise (and ``versus`` slots' run); ``None`` where nothing runs."""
+    surface = surfaces.by_name(name)
+    arms = surface.arm_optima(fast=not full, offload=True)
+    best, optimum = surfaces.optimum_of(arms)
+    if not optimum:
+        return None
+    if trace:
+        print(f"{name}:")
+    r = tune(surface, slots=slots, trace=trace, settings=settings, full=full, tuner=tuner)
+    r["optimum"], r["best"], r["true_noise"] = optimum, best, surface.noise
+    if audit and full:
+        r["arm_optima"], r["default_optima"] = arms, surface.arm_optima(fast=True, offload=True)
+        r["num_gpus"] = surface.num_gpus
+    if versus:
+        other = tune(surface, slots=versus, settings=settings, full=full, tuner=tuner)
+        r["versus"] = {"wall_s": other["wall_s"], "share": other["true"] / optimum, "launches": other["launches"],
+                       "spans": other["spans"]}
+    return name, r["true"] / optimum, r
 
 
 def _seeds(names: list[str]) -> str:
@@ -445,7 +453,7 @@ def _curve(runs: list[dict]) -> None:
         for r in runs:
             before = [t for n, t in r["curve"] if n <= k]
             shares.append(before[-1] / r["optimum"] if before else 0.0)
-        print(f"after {k:2d} launches: mean {statistics.mean(shares):.4f} p5 {_percentile(shares, 0.05):.4f} "
+        print(f"after {k:2d} launches: mean {statistics.mean(shares):.4f} p5 {stats.quantile(shares, 0.05):.4f} "
               f"within 1% {sum(s >= 0.99 for s in shares) / len(shares):.0%}")
 
 
@@ -470,7 +478,7 @@ def _budget_curve(rows: list[tuple[str, float, dict]], ds: dict) -> None:
                 before = [t for k, t in r["curve"] if k <= budget]
                 shares.append(before[-1] / r["optimum"] if before else 0.0)
             print(f"{label} at {f:g}x DeepSpeed's launches ({len(group)} jobs): mean {statistics.mean(shares):.4f} "
-                  f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}")
+                  f"p5 {stats.quantile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}")
 
 
 def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int) -> None:
@@ -494,7 +502,7 @@ def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int) ->
 
     print(f"  wall with {versus} slot(s) / with {width}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for _, _, r in rows):.2f}x "
           f"(median per job {statistics.median(ratios):.2f}x); with {versus}: mean {statistics.mean(shares):.4f} "
-          f"p5 {_percentile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
+          f"p5 {stats.quantile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
           f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job; mean busy slots {busy([r for _, _, r in rows]):.1f} "
           f"of {slots}, {busy(theirs):.1f} of {versus}; rounds {rounds([r for _, _, r in rows]):.1f} "
           f"against {rounds(theirs):.1f}; launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job with {slots}")
@@ -508,11 +516,11 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     the job's; decision times."""
     shares = [s for _, s, _ in rows]
     print(f"{label} jobs {len(rows)} slots {slots}: mean {_ci(shares, statistics.mean, seed)} "
-          f"p5 {_ci(shares, lambda v: _percentile(v, 0.05), seed)} worst {min(shares):.4f} "
+          f"p5 {_ci(shares, lambda v: stats.quantile(v, 0.05), seed)} worst {min(shares):.4f} "
           f"within 1% {_ci(shares, _within_1pc, seed, percent=True)}; launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job "
           f"({statistics.mean(r['knob_launches'] for _, _, r in rows):.1f} of knob settings); "
           f"wall {statistics.mean(r['wall_s'] for _, _, r in rows) / 60:.1f} min/job")
-    figured = [(n, s, r) for n, s, r in rows if n in ds]
+    figured = [(n, s, r) for n, s, r in rows if ds.get(n, {}).get("launches")]
     if figured:
         chose = [(n, s, r) for n, s, r in figured if ds[n].get("chosen")]
         ours = [r["launches"] for _, _, r in figured]
@@ -530,8 +538,8 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     ratios = [r["noise"] / r["true_noise"] for _, _, r in rows if r["noise"] is not None and r["true_noise"]]
     times = [t for _, _, r in rows for t in r["decision_s"]]
     print(f"  noise reported within 0.5x-2x of the job's: {sum(0.5 <= q <= 2.0 for q in ratios) / len(rows):.1%} of jobs "
-          f"(reported on {len(ratios) / len(rows):.0%}; reported / true median {_percentile(ratios, 0.5) if ratios else 0:.2f}); "
-          f"decisions measured here p50 {1e3 * _percentile(times, 0.5):.0f} ms p95 {1e3 * _percentile(times, 0.95):.0f} ms "
+          f"(reported on {len(ratios) / len(rows):.0%}; reported / true median {stats.quantile(ratios, 0.5) if ratios else 0:.2f}); "
+          f"decisions measured here p50 {1e3 * stats.quantile(times, 0.5):.0f} ms p95 {1e3 * stats.quantile(times, 0.95):.0f} ms "
           f"(charged {1e3 * DECISION_S:.0f} ms each)")
 
 
@@ -541,15 +549,15 @@ def _within_1pc(shares: list[float]) -> float:
 
 def _ci(values: list[float], statistic: Callable[[list[float]], float], seed: int, *, percent: bool = False) -> str:
     """``statistic`` of ``values`` with its 95% bootstrap interval over them."""
-    point = statistic(values)
-    lo, hi = stats.bootstrap(values, statistic, seed=seed)
-    return f"{point:.1%} [{lo:.1%}, {hi:.1%}]" if percent else f"{point:.4f} [{lo:.4f}, {hi:.4f}]"
+    interval = stats.bootstrap(values, statistic, seed=seed)
+    if percent:
+        return f"{interval.estimate:.1%} [{interval.low:.1%}, {interval.high:.1%}]"
+    return stats.format_interval(interval)
 
 
 def _ci_ratio(ours: list[float], theirs: list[float], seed: int) -> str:
     """The ratio of sums, ours over theirs, with its 95% bootstrap interval over the jobs."""
-    lo, hi = stats.bootstrap_ratio(ours, theirs, seed=seed)
-    return f"{sum(ours) / sum(theirs):.2f} [{lo:.2f}, {hi:.2f}]"
+    return stats.format_interval(stats.ratio_of_sums(ours, theirs, seed=seed), digits=2)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ GPU-hours; the config each tool writes to ``ds_config_optimal.json`` is scored b
 DeepSpeed's autotuner is run as ``python -m deepspeed.launcher.runner --autotuning tune``; its
 scheduler's 5-second polling sleep is shortened to keep the benchmark short (it changes no
 decision and no simulated time), and its knob experiments get the ``hostfile`` key that 0.19.8
-forgets (``KeyError: 'hostfile'``), so its full mode runs them. Its figures are deterministic
+forgets (``KeyError: 'hostfile'``), so its full mode runs them. A job of more GPUs than its
+resource manager takes on one node (100) is given to it as a cluster would be, nodes of 8 in a
+hostfile (``_deepspeed_layout``); the simulated launcher counts the ranks of every node its
+``--include`` names. Its figures are deterministic
 for a job, so they are cached in ``benchmarks/deepspeed_figures.json`` (keyed by the job, the
 mode and DeepSpeed's version); ``--refresh-deepspeed`` runs it again.
 """
@@ -25,7 +28,6 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -40,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import stats  # noqa: E402
 import surfaces  # noqa: E402
 
 ROOT = HERE.parent
@@ -48,9 +51,15 @@ DS_CACHE = HERE / "deepspeed_figures.json"
 _DS_RUNNER = (
     "import sys, runpy, deepspeed.autotuning.scheduler as s; s.TIMEOUT = 0.02; "
     "run = s.run_experiment; "
-    "s.run_experiment = lambda exp, *a: (exp.setdefault('hostfile', '/job/hostfile'), run(exp, *a))[1]; "
+    "hostfile = sys.argv[sys.argv.index('--hostfile') + 1] if '--hostfile' in sys.argv else '/job/hostfile'; "
+    "s.run_experiment = lambda exp, *a: (exp.setdefault('hostfile', hostfile), run(exp, *a))[1]; "
     "sys.argv = ['deepspeed'] + sys.argv[1:]; runpy.run_module('deepspeed.launcher.runner', run_name='__main__')"
 )
+# DeepSpeed 0.19.8's autotuner counts a node's GPUs as min(slots, 100)
+# (autotuner.Autotuner._get_resource_manager) and asserts that an experiment's --num_gpus fits on
+# one node: on one node of 128 slots it stops before its first launch.
+_DS_MAX_NODE_SLOTS = 100
+_DS_CLUSTER_NODE_SLOTS = 8
 
 
 def user_config(*, fast: bool, tuner_type: str, surface: surfaces.Surface | None = None) -> dict:
@@ -78,6 +87,29 @@ def _environment(work: Path, surface: surfaces.Surface) -> tuple[dict[str, str],
     return env, ledger
 
 
+def _deepspeed_layout(num_gpus: int) -> tuple[int, int]:
+    """The nodes and GPUs per node DeepSpeed's autotuner gets for a job of ``num_gpus`` ranks:
+    one node where its resource manager takes them all, else the fewest nodes of at most 8
+    GPUs, as equal as the count divides (a 128-GPU job: 16 nodes of 8)."""
+    if num_gpus <= _DS_MAX_NODE_SLOTS:
+        return 1, num_gpus
+    per_node = max(g for g in range(1, _DS_CLUSTER_NODE_SLOTS + 1) if num_gpus % g == 0)
+    return num_gpus // per_node, per_node
+
+
+def _deepspeed_resources(work: Path, num_gpus: int) -> list[str]:
+    """The launcher flags that give DeepSpeed's autotuner ``num_gpus`` ranks: ``--num_gpus`` on
+    this node, or a hostfile of simulated nodes (written in ``work``) with the ssh check off and
+    the master's address given, as nothing answers ssh here."""
+    nodes, per_node = _deepspeed_layout(num_gpus)
+    if nodes == 1:
+        return ["--num_gpus", str(num_gpus)]
+    hostfile = work / "hostfile"
+    hostfile.write_text("".join(f"node{i} slots={per_node}\n" for i in range(nodes)))
+    return ["--hostfile", str(hostfile), "--no_ssh_check", "--master_addr", "127.0.0.1",
+            "--num_nodes", str(nodes), "--num_gpus", str(per_node)]
+
+
 def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: str, keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"bench-{surface.name}-") as tmp:
         work = Path(tmp)
@@ -91,7 +123,7 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
             cmd = [sys.executable, "-m", "optuna_ds", "tune", "-q", "--deepspeed-bin", str(SIMULATOR),
                    "--num_gpus", str(surface.num_gpus), *script]
         else:
-            cmd = [sys.executable, "-c", _DS_RUNNER, "--autotuning", "tune", "--num_gpus", str(surface.num_gpus), *script]
+            cmd = [sys.executable, "-c", _DS_RUNNER, "--autotuning", "tune", *_deepspeed_resources(work, surface.num_gpus), *script]
         start = time.monotonic()
         p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
@@ -113,7 +145,16 @@ def run_tool(tool: str, surface: surfaces.Surface, *, fast: bool, tuner_type: st
             "true": surface.evaluate(chosen).throughput if chosen else 0.0,
             "wall": wall,
             "rc": p.returncode,
+            **({"error": _error_of(p.stderr)} if p.returncode != 0 else {}),
         }
+
+
+def _error_of(stderr: str) -> str:
+    """Why a tool exited non-zero: the last line of its stderr that names an error (a
+    traceback's exception), else its last line; empty for no output."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
+    return (named or lines or [""])[-1][:500]
 
 
 def describe(c: surfaces.Config | dict | None) -> str:
@@ -171,13 +212,6 @@ def _identity(surface: surfaces.Surface) -> str:
     return surface.name + Path(sys.modules[type(surface).__module__].__file__ or "").read_text()
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def _summarise(runs: list[Run], title: str) -> None:
     by: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
@@ -202,11 +236,16 @@ def _summarise(runs: list[Run], title: str) -> None:
             worst = min(r.share for r in both if r.share is not None)
             vs = (f"{sum(r.figures['launches'] for r in both) / ds_launches:.2f} | "
                   f"{sum(r.figures['gpu_hours'] for r in both) / ds_hours:.2f} | {worst:.3f}")
-        print(f"| {mode} | {label} | {len(shares)} | {sum(shares) / len(shares):.3f} | {_percentile(shares, 0.05):.3f} "
+        print(f"| {mode} | {label} | {len(shares)} | {sum(shares) / len(shares):.3f} | {stats.quantile(shares, 0.05):.3f} "
               f"| {min(shares):.3f} | {sum(s >= 0.99 for s in shares) / len(shares):.0%} "
               f"| {sum(r.figures['launches'] for r in group)} | {sum(r.figures['oom'] for r in group)} "
               f"| {sum(r.figures['gpu_hours'] for r in group):.2f} | {vs} |")
     _ceilings(by)
+
+
+def _count(runs: list[Run]) -> int:
+    """The jobs ``runs`` cover (named by ``--surfaces`` or counted by ``--random`` and the like)."""
+    return len({r.job for r in runs})
 
 
 # The launch budgets of the targets, as a share of DeepSpeed's.
@@ -328,15 +367,15 @@ def main() -> None:
     if hand:
         _summarise(hand, "Hand-made surfaces")
     if generated:
-        _summarise(generated, f"{args.random} generated jobs")
+        _summarise(generated, f"{_count(generated)} generated jobs")
     if physical:
-        _summarise(physical, f"{args.physical} jobs of the second generator")
+        _summarise(physical, f"{_count(physical)} jobs of the second generator")
     if replayed:
-        _summarise(replayed, f"{len({r.job for r in replayed})} jobs of recorded real runs")
+        _summarise(replayed, f"{_count(replayed)} jobs of recorded real runs")
     if blind:
-        _summarise(blind, f"{args.blind} jobs of the third, blind generator")
+        _summarise(blind, f"{_count(blind)} jobs of the third, blind generator")
     if blind4:
-        _summarise(blind4, f"{args.blind4} jobs of the fourth, blind generator (held out)")
+        _summarise(blind4, f"{_count(blind4)} jobs of the fourth, blind generator (held out)")
     if hand and generated:
         _summarise(runs, "All jobs")
 

@@ -84,6 +84,19 @@ def test_the_benchmark_runs_both_tools_and_prints_their_figures(tmp_path: Path) 
     assert len(json.loads(cache.read_text())) == 1, "DeepSpeed's figures are cached per job and mode"
 
 
+def test_deepspeeds_autotuner_tunes_a_job_of_more_gpus_than_it_takes_on_one_node(tmp_path: Path) -> None:
+    import search
+
+    assert [search._deepspeed_layout(n) for n in (8, 64, 100, 128, 120)] == [(1, 8), (1, 64), (1, 100), (16, 8), (15, 8)]
+    job = surfaces.by_name("blind4-1")  # 128 GPUs: on one node of 128 slots DeepSpeed 0.19.8 asserts before any launch
+    assert job.num_gpus == 128
+    figures = search.run_tool("deepspeed", job, fast=True, tuner_type="gridsearch", keep=tmp_path)
+    assert figures["rc"] == 0 and figures["launches"] > 1 and figures["chosen"] is not None, figures
+    (run,) = tmp_path.iterdir()
+    launches = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    assert len(launches) == figures["launches"] and {l["gpus"] for l in launches} == {128}, "every launch spans the 16 nodes"
+
+
 def test_the_planner_benchmark_prints_each_figure_with_its_interval_and_both_launch_ratios(monkeypatch, capsys) -> None:
     import planner
 
