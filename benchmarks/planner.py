@@ -54,6 +54,7 @@ AUTOTUNING = AutotuningConfig()  # optuna-ds's defaults: tuner_type
 # A decision's simulated seconds: fixed, so that a job's figures are the same on any machine and
 # load (benchmarks/product.py --calibrate measures the real ones).
 DECISION_S = 0.05
+COSTS = product.Costs(decision_s=DECISION_S)
 
 
 @contextlib.contextmanager
@@ -67,7 +68,7 @@ def _planner_settings(settings: PlannerSettings) -> Iterator[None]:
 
 
 def tune(surface: surfaces.Surface, *, slots: int = 1, settings: PlannerSettings = PlannerSettings(), full: bool = False,
-         tuner: str = AUTOTUNING.tuner_type, trace: bool = False, costs: product.Costs = product.Costs(decision_s=DECISION_S)) -> dict:
+         tuner: str = AUTOTUNING.tuner_type, trace: bool = False, costs: product.Costs = COSTS) -> dict:
     """optuna-ds's own tuning of ``surface`` (benchmarks/product.py: the CLI's ``tune`` in this
     process, simulated launcher and clock) with ``slots`` experiments at once; in full mode the
     knobs too. The figures of each launch come from the simulated launcher's ledger and the
@@ -281,7 +282,7 @@ def _agree(names: list[str], *, full: bool, tuner: str) -> None:
     for name in names:
         surface = surfaces.by_name(name)
         cli = search.run_tool("optuna-ds", surface, fast=not full, tuner_type=tuner)
-        here = product.tune(surface, fast=not full, tuner_type=tuner, costs=product.Costs(decision_s=DECISION_S))
+        here = product.tune(surface, fast=not full, tuner_type=tuner, costs=COSTS)
         chosen = surfaces.Config(**cli["chosen"]) if cli["chosen"] else None
         agree = chosen == here["chosen"]
         same += agree

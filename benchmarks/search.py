@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -187,8 +186,6 @@ class Run:
     label: str
     share: float | None  # true throughput of the chosen config over the optimum; None: nothing fits
     figures: dict
-    gap: float | None = None  # surfaces.closest_arm_gap of the job in this mode
-    noise: float = 0.0
 
 
 def fingerprint(surface: surfaces.Surface, *, fast: bool) -> str:
@@ -240,36 +237,11 @@ def _summarise(runs: list[Run], title: str) -> None:
               f"| {min(shares):.3f} | {sum(s >= 0.99 for s in shares) / len(shares):.0%} "
               f"| {sum(r.figures['launches'] for r in group)} | {sum(r.figures['oom'] for r in group)} "
               f"| {sum(r.figures['gpu_hours'] for r in group):.2f} | {vs} |")
-    _ceilings(by)
 
 
 def _count(runs: list[Run]) -> int:
     """The jobs ``runs`` cover (named by ``--surfaces`` or counted by ``--random`` and the like)."""
     return len({r.job for r in runs})
-
-
-# The launch budgets of the targets, as a share of DeepSpeed's.
-TARGET_LAUNCHES = {"fast": 0.35, "full": 0.5}
-
-
-def _ceilings(by: dict[tuple[str, str], list[Run]]) -> None:
-    """What no search could beat (surfaces.within_1pc_ceiling): the genie's share of jobs within
-    1% of the optimum, and its chance to have every job within 1%, with each tool's launches and
-    with the target's share of DeepSpeed's."""
-    for (mode, label), group in by.items():
-        if label == "deepspeed":
-            continue
-        own = [surfaces.within_1pc_ceiling(r.gap, r.noise, r.figures["launches"]) for r in group if r.share is not None]
-        theirs = {r.job: r.figures["launches"] for r in by.get((mode, "deepspeed"), []) if r.figures["chosen"] is not None}
-        k = TARGET_LAUNCHES[mode]
-        capped = [surfaces.within_1pc_ceiling(r.gap, r.noise, int(k * theirs[r.job])) for r in group
-                  if r.job in theirs and r.share is not None]
-        line = (f"{mode} {label}: a genie (every curve and knob effect known, measuring the two closest arms) is within 1% on "
-                f"{statistics.mean(own):.1%} of the jobs with these launches (every job: {surfaces.every_job_within_1pc(own):.2g})")
-        if capped:
-            line += (f", {statistics.mean(capped):.1%} with {k:g}x DeepSpeed's (every job: "
-                     f"{surfaces.every_job_within_1pc(capped):.2g}; {len(capped)} jobs)")
-        print(line)
 
 
 def main() -> None:
@@ -339,7 +311,6 @@ def main() -> None:
     arms = {(name, mode): surfaces.by_name(name).arm_optima(fast=mode == "fast", offload=True)
             for name in names for mode in args.modes}
     optima = {key: surfaces.optimum_of(a) for key, a in arms.items()}
-    gaps = {key: surfaces.closest_arm_gap(a) for key, a in arms.items()}
     print("simulated jobs; GPU-hours are simulated experiment time x GPUs")
     print("| surface | mode | tool | launches | OOM | GPU-h | chosen | true throughput / optimum |")
     print("| :-- | :-- | :-- | --: | --: | --: | :-- | --: |")
@@ -350,8 +321,7 @@ def main() -> None:
             figures = future.result()
             best, optimum = optima[(name, mode)]
             share = figures["true"] / optimum if optimum else None
-            runs.append(Run(job=name, mode=mode, label=label, share=share, figures=figures, gap=gaps[(name, mode)],
-                            noise=surfaces.by_name(name).noise))
+            runs.append(Run(job=name, mode=mode, label=label, share=share, figures=figures))
             print(f"| {name} | {mode} | {label} | {figures['launches']} | {figures['oom']} | {figures['gpu_hours']:.2f} "
                   f"| {describe(figures['chosen'])} | {'-' if share is None else f'{share:.3f}'} |", flush=True)
             if label != "deepspeed" and (label == "optuna-ds" or label.endswith(args.samplers[-1])):

@@ -220,37 +220,6 @@ def optimum_of(arm_optima: dict[tuple[int, bool, bool], tuple[Config, float]]) -
     return max(arm_optima.values(), key=lambda cv: cv[1], default=(None, 0.0))
 
 
-def closest_arm_gap(arm_optima: dict[tuple[int, bool, bool], tuple[Config, float]]) -> float | None:
-    """The log gap between the arm (stage, offload) that holds the optimum and the arm that
-    comes closest while more than 1% below it, each at its best (:meth:`Surface.arm_optima`,
-    with the best knobs in full mode); ``None`` when every arm is within 1%."""
-    values = [v for _, v in arm_optima.values()]
-    best = max(values, default=0.0)
-    rivals = [v for v in values if v < 0.99 * best]
-    return math.log(best / max(rivals)) if rivals else None
-
-
-def within_1pc_ceiling(gap: float | None, noise: float, launches: int) -> float:
-    """The most a search can hope for: the probability that it chooses within 1% of the optimum
-    with ``launches`` (the profile run counted), for a genie that knows every throughput curve's
-    shape (and in full mode every knob's effect) and which arm holds the optimum and which other
-    arm comes closest while more than 1% below it (``gap``, :func:`closest_arm_gap`). Only the
-    two arms' scales are left to measure, each launch measures one of them with the job's
-    ``noise``, so their difference is known to sd >= noise * sqrt(4 / n) after n runs, and the
-    wrong arm wins with probability Phi(-gap / sd)."""
-    if gap is None or noise <= 0.0:
-        return 1.0
-    n = max(2, launches - 1)
-    return 1.0 - 0.5 * math.erfc(gap / (noise * math.sqrt(4.0 / n)) / math.sqrt(2.0))
-
-
-def every_job_within_1pc(ceilings: list[float]) -> float:
-    """The chance that the genie of :func:`within_1pc_ceiling` chooses within 1% on every one of
-    the jobs at once (the jobs' measurements are independent): what a target on the worst job
-    asks of any search."""
-    return math.prod(ceilings)
-
-
 def _gain(**tables: dict[Any, float]) -> dict[str, dict[Any, float]]:
     return {k: {(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v): g for v, g in t.items()}
             for k, t in tables.items()}

@@ -174,7 +174,7 @@ class TrialCache(_CachedStorage):
         rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
         with _create_scoped_session(backend.scoped_session, True) as session:
             trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-            backend.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]  # the ORM column's value: a TrialState
+            backend.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type, unused-ignore]  # the ORM column's value: a TrialState
             if dialect in ("postgresql", "sqlite"):
                 from sqlalchemy.dialects import postgresql
                 from sqlalchemy.dialects import sqlite
