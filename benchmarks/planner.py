@@ -1,15 +1,18 @@
-"""`make bench-planner`: the planner alone, on hundreds of simulated jobs, in seconds.
+"""`make bench-planner`: optuna-ds's own tuning on hundreds of simulated jobs, in minutes.
 
 Each job of benchmarks/surfaces.py and the four generators (jobs.py, physical_jobs.py,
-blind_jobs.py, and blind4_jobs.py, held out: never tuned against) is tuned by calling the planner (optuna_ds.planner.plan) and answering its
-proposals from the surface -- no launcher, no storage -- with ``--slots`` experiments at once
-(a finished one frees its slot in simulated time order). It prints the share of the optimum
-the chosen config reaches (mean, 5th percentile, worst, share of jobs within 1%), launches and
-GPU-hours against DeepSpeed's autotuner (its cached figures in benchmarks/deepspeed_figures.json,
-those whose fingerprint still matches the job), and the planner's decision time. ``--replays``
-adds the jobs of recorded real runs (benchmarks/replays.py): each is judged by whether its
-choice is within the measured noise of the best recorded config. `make bench` measures the same
-through the real CLI.
+blind_jobs.py, and blind4_jobs.py, held out: never tuned against) is tuned by the product itself
+(benchmarks/product.py: the CLI's ``tune`` in this process, the simulated launcher answering
+each experiment, a virtual clock charging every wait), and nothing here decides anything the
+tuning decides: the choice is what ``ds_config_optimal.json`` says, the launches what the
+launcher's ledger counts. It prints the share of the optimum the chosen config reaches (mean,
+5th percentile, worst, share of jobs within 1%), each with its bootstrap interval over the jobs
+(``--seed``), launches and GPU-hours against DeepSpeed's autotuner (its cached figures in
+benchmarks/deepspeed_figures.json, those whose fingerprint still matches the job: the ratio over
+every job and over those where it chose a config), and the decision time measured here.
+``--replays`` adds the jobs of recorded real runs (benchmarks/replays.py): each is judged by
+whether its choice is within the measured noise of the best recorded config. ``--agree N``
+checks the instrument: N jobs tuned by the CLI as a process and in this process must choose alike.
 """
 from __future__ import annotations
 
