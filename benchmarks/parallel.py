@@ -312,7 +312,7 @@ def run_tuning(scenario: Scenario, run: Run, *, storage: str, timeout: float) ->
     waiting = [sampler.rate(p.pid, max(window[0], ready.get(i, window[1])), window[1]) for i, p in enumerate(procs)]
     launched = collections.Counter(l["node"] for l in experiments)
     return {
-        "run": run, "wall": wall, "span": last - first, "first": first - started_at,
+        "run": run, "study": name, "wall": wall, "span": last - first, "first": first - started_at,
         "experiments": len(experiments), "distinct": len(counts), "duplicates": sum(c - 1 for c in counts.values()),
         "overlaps": overlaps, "busy": busy, "gaps": _quantiles(gaps), "decisions": _quantiles(decided),
         "cpu": per_process, "waiting": waiting, "window": window[1] - window[0],

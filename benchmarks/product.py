@@ -39,6 +39,7 @@ import io
 import json
 import os
 import pkgutil
+import random
 import shutil
 import statistics
 import subprocess
@@ -67,7 +68,7 @@ import optuna_ds  # noqa: E402
 
 SIMULATOR = HERE / "simulated_deepspeed.py"
 FAKE_LAUNCHER = HERE.parent / "tests" / "fake_deepspeed.py"
-STUDY = "product"
+STUDY = "optuna-ds"  # the CLI's default tuning name
 _TRUE, _FALSE = shutil.which("true") or "/bin/true", shutil.which("false") or "/bin/false"
 
 
@@ -76,13 +77,17 @@ class Costs:
     """What the simulated world charges beyond the job's own seconds: a real process's costs that
     an in-process simulation has not.
 
-    ``decision_s``: a decision's seconds (``None``: as measured here, on this thread's CPU clock).
+    ``decision_s``: a decision's seconds (``None``: as measured here, on this thread's CPU clock,
+    times ``decision_factor``: a real process's decision also waits on its storage and shares
+    its cores with the others; measured, decisions of heavier plans cost more, and the processes
+    of a tuning do not decide in lockstep).
     ``launch_s``: each launch's own start (the launcher's Python process) before the job's clock starts.
     ``start_s``: a process's start before it tunes (the interpreter, the imports, the storage's connection).
     ``finish_s``: tune's last steps once its tuning ended (the outputs, the report) before it exits.
     """
 
     decision_s: float | None = None
+    decision_factor: float = 1.0
     launch_s: float = 0.0
     start_s: float = 0.0
     finish_s: float = 0.0
@@ -213,8 +218,8 @@ class _Launches:
         stderr.write(err.getvalue().encode())
         stdout.flush()
         stderr.flush()
-        self._launched.append({"name": launch.name, "node": self._node, "profile": launch.profile, "start": start,
-                               "end": start + seconds, "code": code})
+        self._launched.append({"name": launch.name, "node": self._node, "include": launch.include, "profile": launch.profile,
+                               "start": start, "end": start + seconds, "code": code})
         self._world.sleep(seconds)
         return subprocess.Popen([_TRUE if code == 0 else _FALSE], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 start_new_session=True, pass_fds=tuple(pass_fds))
@@ -272,8 +277,8 @@ def worker_options(args: Sequence[str]) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Simulation:
     """A simulated tuning: its wall seconds (from the processes' start to the last one's exit),
-    the job's ledger lines, every launch (``name``, ``node``, ``profile``, ``start``, ``end``,
-    ``code``; simulated seconds), each decision's measured seconds, each launch's decision time as
+    the job's ledger lines, every launch (``name``, ``node``, ``include``: its GPUs, ``profile``,
+    ``start``, ``end``, ``code``; simulated seconds), each decision's measured seconds, each launch's decision time as
     the tuning tells it (from its slot becoming free; what benchmarks/parallel.py reports), the
     planner's choice after each decision (launches so far, its config), and the optimal config
     the tuning wrote (``None``: none)."""
@@ -298,10 +303,13 @@ class Simulation:
         return len(names) - len(set(names))
 
 
-def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Costs(), keep: Path | None = None) -> Simulation:
+def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Costs(), study: str = STUDY,
+             keep: Path | None = None) -> Simulation:
     """optuna-ds's tuning of ``job``: ``tune`` and ``processes - 1`` workers, each a node of its
     own with ``slots`` experiments at once, all started together on one SQLite storage, in one
-    virtual world. A process that fails fails the simulation, once every one has ended."""
+    virtual world. ``study``: the tuning's name (the knob search's seed derives from it; so does
+    the seed of the draws the processes make from ``random``, such as a slot's pause for the
+    other processes). A process that fails fails the simulation, once every one has ended."""
     from optuna_ds._tune import tune as run_tuning
     from optuna_ds._tune import work as join_tuning
     from optuna_ds.cli import _main as cli
@@ -326,10 +334,12 @@ def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Cos
         ledger = work / "ledger.jsonl"
         (work / "train.py").write_text("print('a simulated training script')\n")
         (work / "ds_config.json").write_text(json.dumps(job.user_config()))
-        storage = ["--storage", f"sqlite:///{work / 'tuning.db'}", "--study-name", STUDY]
+        storage = ["--storage", f"sqlite:///{work / 'tuning.db'}", "--study-name", study]
         real_decide = _coordinator.Coordinator._decide
         failures: list[BaseException] = []
 
+        draws = random.getstate()
+        random.seed(f"{study}/{processes}x{slots}")
         with _environment(work), virtual_time.install() as world:
             def decide(self: Any) -> Any:
                 t0 = time.thread_time()
@@ -338,7 +348,7 @@ def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Cos
                 decisions.append(spent)
                 curve.append((sum(1 for e in launched if not e["profile"]),
                               decision.choice.config if decision.choice is not None else None))
-                world.sleep(costs.decision_s if costs.decision_s is not None else spent)
+                world.sleep(costs.decision_s if costs.decision_s is not None else spent * costs.decision_factor)
                 return decision
 
             def launcher(index: int) -> _Launches:
@@ -359,13 +369,14 @@ def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Cos
                 for w in workers:
                     w.start()
                 world.sleep(costs.start_s)
-                outcome = run_tuning(cli_options(job, extra=storage if processes > 1 else ()),
+                outcome = run_tuning(cli_options(job, extra=storage if processes > 1 else ["--study-name", study]),
                                      observer=Observer(quiet=True, verbose=False), spawn=launcher(0))
                 world.sleep(costs.finish_s)
             finally:
                 for w in workers:
                     w.join()
                 _coordinator.Coordinator._decide = real_decide
+                random.setstate(draws)
             wall = world.now
         if failures:
             raise failures[0]
@@ -397,3 +408,187 @@ def tune(surface: surfaces.Surface, *, fast: bool = True, tuner_type: str = "mod
         "curve": run.curve,
         "experiments": run.launches,
     }
+
+
+# -- calibration against real processes ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """One tuning's times, real or simulated, in seconds from its processes' start: the wall (to
+    the last one's exit), the first experiment's start, the span of the experiments, the tail (the
+    last one's end to the exit), experiments launched, the median slot-free -> next-start gap
+    on a (node, GPU), the median decision time as the tuning tells it."""
+
+    wall: float
+    first: float
+    span: float
+    tail: float
+    experiments: int
+    gap: float
+    decided: float
+
+    @classmethod
+    def of_real(cls, row: dict[str, Any]) -> Figures:
+        """From benchmarks/parallel.py's ``run_tuning``."""
+        return cls(wall=row["wall"], first=row["first"], span=row["span"], tail=row["wall"] - row["first"] - row["span"],
+                   experiments=row["experiments"], gap=row["gaps"][0], decided=row["decisions"][0])
+
+    @classmethod
+    def of_simulation(cls, run: Simulation) -> Figures:
+        experiments = run.experiments
+        first, last = min(e["start"] for e in experiments), max(e["end"] for e in experiments)
+        by_gpu: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for e in experiments:
+            host, ids = e["include"].split(":")
+            for gpu in ids.split(","):
+                by_gpu.setdefault((e["node"], f"{host}:{gpu}"), []).append(e)
+        gaps = [b["start"] - a["end"] for runs in by_gpu.values() for a, b in zip(runs, runs[1:])]
+        return cls(wall=run.wall_s, first=first, span=last - first, tail=run.wall_s - last, experiments=len(experiments),
+                   gap=statistics.median(gaps) if gaps else float("nan"),
+                   decided=statistics.median(run.decided_s) if run.decided_s else float("nan"))
+
+
+def _median(figures: Sequence[Figures]) -> Figures:
+    """Each figure's median over runs."""
+    return Figures(**{f.name: statistics.median(getattr(x, f.name) for x in figures) for f in dataclasses.fields(Figures)})
+
+
+@dataclasses.dataclass(frozen=True)
+class RealRun:
+    """benchmarks/parallel.py's tuning of ``processes`` processes of ``slots`` slots, named
+    ``study`` (its knob search's seed), its figures, and the machine's 1-minute load average
+    once it ended (the machine may be shared)."""
+
+    processes: int
+    slots: int
+    study: str
+    figures: Figures
+    load: float
+
+
+def real_runs(*, rounds: int = 2, duration: float = 2.0, storage: str | None = None,
+              runs: Sequence[tuple[int, int]] = ((1, 1), (2, 2)), log: Any = print) -> list[RealRun]:
+    """benchmarks/parallel.py's scenario "4" as real processes, each run ``rounds`` times, the runs
+    taking turns (the machine's load drifts); ``storage`` its default (the local PostgreSQL)."""
+    import parallel
+
+    scenario = parallel.scenarios(duration, quick=False)["4"]
+    done = []
+    for _ in range(rounds):
+        for processes, slots in runs:
+            row = parallel.run_tuning(scenario, parallel.Run(processes, slots), storage=storage or parallel.STORAGE, timeout=600)
+            done.append(RealRun(processes=processes, slots=slots, study=row["study"], figures=Figures.of_real(row), load=os.getloadavg()[0]))
+            log(f"real {processes} x {slots}: wall {done[-1].figures.wall:.1f} s, {done[-1].figures.experiments} experiments, "
+                f"load {done[-1].load:.1f}")
+    return done
+
+
+def fit(real: Sequence[RealRun], *, job: Job) -> Costs:
+    """The costs that make ``real``'s runs of one process of one slot simulate as they ran (their
+    medians): a decision as measured here, scaled to what the tuning told there; a launch the
+    rest of a slot's gap; then the start (before the profile run's launch and the first
+    experiment's) and the last steps what the simulation of the same tunings (their names) with
+    those still lacks."""
+    ones = [r for r in real if (r.processes, r.slots) == (1, 1)]
+    measured = _median([r.figures for r in ones])
+
+    def bare(costs: Costs) -> Figures:
+        return _median([Figures.of_simulation(simulate(job, costs=costs, study=r.study)) for r in ones])
+
+    factor = measured.decided / bare(Costs()).decided
+    scaled = bare(Costs(decision_factor=factor))
+    launch_s = max(0.0, measured.gap - scaled.gap)
+    return Costs(decision_factor=round(factor, 2), launch_s=round(launch_s, 3),
+                 start_s=round(max(0.0, measured.first - scaled.first - 2 * launch_s), 3),
+                 finish_s=round(max(0.0, measured.tail - scaled.tail), 3))
+
+
+TOLERANCE = 0.15  # the simulated wall within this share of the real one
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Real runs of benchmarks/parallel.py's scenario "4", each beside its simulation with
+    ``costs`` (the same processes, slots and tuning name)."""
+
+    costs: Costs
+    pairs: list[tuple[RealRun, Figures]]
+
+    def runs(self) -> list[tuple[int, int]]:
+        return list(dict.fromkeys((r.processes, r.slots) for r, _ in self.pairs))
+
+    def _of(self, run: tuple[int, int]) -> tuple[Figures, Figures]:
+        """The real and the simulated medians of ``run``."""
+        pairs = [(r.figures, s) for r, s in self.pairs if (r.processes, r.slots) == run]
+        return _median([r for r, _ in pairs]), _median([s for _, s in pairs])
+
+    def ratio(self, run: tuple[int, int]) -> float:
+        """The simulated median wall / the real median wall."""
+        real, simulated = self._of(run)
+        return simulated.wall / real.wall
+
+    @property
+    def ok(self) -> bool:
+        return all(abs(self.ratio(run) - 1.0) <= TOLERANCE for run in self.runs())
+
+    def table(self) -> str:
+        def label(run: tuple[int, int]) -> str:
+            return f"{run[0]} x {run[1]}" if run[0] > 1 else f"{run[1]} slot"
+
+        lines = [f"costs: {self.costs}",
+                 "| run | real wall s (each run; load) | simulated wall s (each) | ratio | real / simulated: first start s | span s "
+                 "| tail s | experiments | gap p50 s | decision p50 ms |",
+                 "| --- | --- | --- | ---: | --- | --- | --- | --- | --- | --- |"]
+        for run in self.runs():
+            real, sim = self._of(run)
+            mine = [(r, s) for r, s in self.pairs if (r.processes, r.slots) == run]
+            walls = ", ".join(f"{r.figures.wall:.1f}; {r.load:.1f}" for r, _ in mine)
+            simulated = ", ".join(f"{s.wall:.1f}" for _, s in mine)
+            lines.append(f"| {label(run)} | {real.wall:.1f} ({walls}) | {sim.wall:.1f} ({simulated}) | {self.ratio(run):.2f} "
+                         f"| {real.first:.1f} / {sim.first:.1f} | {real.span:.1f} / {sim.span:.1f} | {real.tail:.1f} / {sim.tail:.1f} "
+                         f"| {real.experiments:g} / {sim.experiments:g} | {real.gap:.2f} / {sim.gap:.2f} "
+                         f"| {real.decided * 1e3:.0f} / {sim.decided * 1e3:.0f} |")
+        lines.append(f"simulated walls within {TOLERANCE:.0%} of the real: {'yes' if self.ok else 'NO'}")
+        return "\n".join(lines)
+
+
+def calibrate(real: Sequence[RealRun], *, costs: Costs = CALIBRATED, duration: float = 2.0) -> Calibration:
+    """Each of ``real`` (:func:`real_runs`) beside its simulation with ``costs``."""
+    job = scenario_four(duration)
+    return Calibration(costs=costs, pairs=[(r, Figures.of_simulation(simulate(job, processes=r.processes, slots=r.slots, costs=costs,
+                                                                              study=r.study))) for r in real])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calibrate", action="store_true",
+                        help="run benchmarks/parallel.py's scenario '4' as real processes (1 slot; tune + 1 worker of 2 slots each) "
+                             "and as simulated ones with the calibrated costs, and compare their walls (exit 1 if off by more than 15%%)")
+    parser.add_argument("--fit", action="store_true", help="with --calibrate: also fit the costs to the real 1-slot runs and compare with those")
+    parser.add_argument("--rounds", type=int, default=2, help="real runs of each configuration (default 2)")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per experiment (default 2, as the scenario's)")
+    parser.add_argument("--storage", default=None, help="the real runs' shared storage (default: benchmarks/parallel.py's, the local PostgreSQL)")
+    parser.add_argument("--json", type=Path, default=None, help="write the real and simulated figures there")
+    parser.add_argument("--real-from", type=Path, default=None, help="the real runs a --json file holds, instead of running them again")
+    args = parser.parse_args()
+    if not args.calibrate:
+        parser.error("nothing to do: give --calibrate")
+    if args.real_from is not None:
+        real = [RealRun(**{**pair["real"], "figures": Figures(**pair["real"]["figures"])}) for pair in json.loads(args.real_from.read_text())[0]["pairs"]]
+    else:
+        real = real_runs(rounds=args.rounds, duration=args.duration, storage=args.storage)
+    results = [calibrate(real, costs=CALIBRATED, duration=args.duration)]
+    if args.fit:
+        results.append(calibrate(real, costs=fit(real, job=scenario_four(args.duration)), duration=args.duration))
+    for result in results:
+        print(result.table() + "\n")
+    if args.json is not None:
+        args.json.write_text(json.dumps([{"costs": dataclasses.asdict(r.costs),
+                                          "pairs": [{"real": dataclasses.asdict(real), "simulated": dataclasses.asdict(sim)}
+                                                    for real, sim in r.pairs]} for r in results], indent=1))
+    sys.exit(0 if results[0].ok else 1)
+
+
+if __name__ == "__main__":
+    main()
