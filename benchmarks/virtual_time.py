@@ -10,6 +10,12 @@ machine's load.
 :func:`install` replaces ``time``, ``datetime`` and ``threading`` in optuna-ds's modules (and
 the clock Optuna's storages stamp trials with) by this module's; :class:`World` is the clock and
 the turn-taking. Nothing outside those modules sees virtual time.
+
+Several simulated processes (``optuna-ds tune`` and its workers, each a node of its own) may
+live in one world: each is a :class:`Thread` given the environment variables that are its own
+(``Thread(environ=...)``: its ``LOCAL_SIZE``, its GPU lock folder), which the threads it starts
+inherit. ``os.environ`` as optuna-ds's modules and DeepSpeed's CPU accelerator read it is the
+real one with the reading thread's process's variables on top.
 """
 from __future__ import annotations
 
@@ -19,12 +25,15 @@ import contextlib
 import datetime as _datetime
 import heapq
 import itertools
+import os as _os
 import sys
 import threading as _threading
 import time as _time
 import types
 from collections.abc import Callable
 from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import MutableMapping
 from typing import Any
 
 EPOCH = 1.8e9  # the virtual clock's wall-clock reading at its start (2027-01-15)
@@ -35,10 +44,11 @@ class Deadlock(RuntimeError):
 
 
 class _Task:
-    __slots__ = ("name", "gate", "parked", "timed_out", "version")
+    __slots__ = ("name", "gate", "parked", "timed_out", "version", "environ")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, environ: dict[str, str] | None = None) -> None:
         self.name = name
+        self.environ = environ if environ is not None else {}  # its simulated process's own variables
         self.gate = _thread.allocate_lock()
         self.gate.acquire()  # held: the task waits for its turn; released: its turn
         self.parked = False
@@ -97,9 +107,11 @@ class World:
             if self._tasks:
                 self._hand_over()
 
-    def adopt(self, name: str) -> _Task:
-        """A task for a thread about to start: ready, it runs when its turn comes."""
-        task = _Task(name)
+    def adopt(self, name: str, environ: dict[str, str] | None = None) -> _Task:
+        """A task for a thread about to start: ready, it runs when its turn comes. It lives in
+        the simulated process of the thread that starts it, unless given ``environ``: the
+        variables of a process of its own."""
+        task = _Task(name, environ if environ is not None else self.current().environ)
         with self._mutex:
             self._ready.append(task)
         return task
@@ -314,10 +326,15 @@ class Event:
 
 
 class Thread(_threading.Thread):
-    """A real thread that lives in the virtual world: it runs in its turn."""
+    """A real thread that lives in the virtual world: it runs in its turn. With ``environ``, it
+    is a simulated process of its own: those variables are its own, on top of the real ones."""
+
+    def __init__(self, *args: Any, environ: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._environ = dict(environ) if environ is not None else None
 
     def start(self) -> None:
-        self._task = _world().adopt(self.name)
+        self._task = _world().adopt(self.name, self._environ)
         self._ended = Event()
         super().start()
 
@@ -333,6 +350,55 @@ class Thread(_threading.Thread):
     def join(self, timeout: float | None = None) -> None:
         if self._ended.wait(timeout):
             super().join()  # it has left the world: only its thread's last steps remain
+
+
+# -- the environment, per simulated process -------------------------------------------------------
+
+
+class _Environ(MutableMapping[str, str]):
+    """``os.environ`` as the calling thread's simulated process sees it: its own variables, then
+    the real ones. A thread outside the world sees the real ones only; writes go to the
+    process's own variables where it has that one, else to the real environment."""
+
+    def _own(self) -> dict[str, str]:
+        world = WORLD
+        task = world._tasks.get(_thread.get_ident()) if world is not None else None
+        return task.environ if task is not None else {}
+
+    def __getitem__(self, key: str) -> str:
+        own = self._own()
+        return own[key] if key in own else _os.environ[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        own = self._own()
+        if key in own:
+            own[key] = value
+        else:
+            _os.environ[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        own = self._own()
+        if key in own:
+            del own[key]
+        else:
+            del _os.environ[key]
+
+    def __iter__(self) -> Iterator[str]:
+        own = self._own()
+        return iter([*own, *(k for k in _os.environ if k not in own)])
+
+    def __len__(self) -> int:
+        return len({*self._own(), *_os.environ})
+
+    def copy(self) -> dict[str, str]:
+        return dict(self)
+
+
+_ENVIRON = _Environ()
+
+
+def _getenv(key: str, default: str | None = None) -> str | None:
+    return _ENVIRON.get(key, default)
 
 
 # -- the modules optuna-ds sees ------------------------------------------------------------------
@@ -364,6 +430,9 @@ _TIME = _Module(_time, {"monotonic": lambda: _world().monotonic(), "time": lambd
                         "sleep": lambda s: _world().sleep(s)})
 _DATETIME = _Module(_datetime, {"datetime": _Datetime})
 _THREADING = _Module(_threading, {"Lock": Lock, "RLock": RLock, "Condition": Condition, "Event": Event, "Thread": Thread})
+_OS = _Module(_os, {"environ": _ENVIRON, "getenv": _getenv})
+# DeepSpeed's CPU accelerator counts its devices from LOCAL_SIZE: each simulated node's own.
+_ENVIRON_READERS = ("deepspeed.accelerator.cpu_accelerator",)
 # Optuna's storages stamp a trial's start and end (``from datetime import datetime``).
 _OPTUNA_CLOCKS = ("optuna.storages._rdb.storage", "optuna.storages._in_memory", "optuna.storages._cached_storage",
                   "optuna.storages._rdb.models")
@@ -372,7 +441,8 @@ _OPTUNA_CLOCKS = ("optuna.storages._rdb.storage", "optuna.storages._in_memory", 
 @contextlib.contextmanager
 def install() -> Iterator[World]:
     """Virtual time for optuna-ds (every module of it imported by now) while the block runs, the
-    calling thread in the world; the real modules back afterwards."""
+    calling thread in the world (a simulated process whose own variables are none yet: set
+    ``world.current().environ``); the real modules back afterwards."""
     global WORLD
     import optuna.storages  # noqa: F401 - its clocks are replaced below
 
@@ -382,10 +452,14 @@ def install() -> Iterator[World]:
         if module is None:
             continue
         if name == "optuna_ds" or name.startswith("optuna_ds."):
-            for attr, real, virtual in (("time", _time, _TIME), ("datetime", _datetime, _DATETIME), ("threading", _threading, _THREADING)):
+            for attr, real, virtual in (("time", _time, _TIME), ("datetime", _datetime, _DATETIME), ("threading", _threading, _THREADING),
+                                        ("os", _os, _OS)):
                 if module.__dict__.get(attr) is real:
                     replaced.append((module, attr, real))
                     setattr(module, attr, virtual)
+        elif name in _ENVIRON_READERS and module.__dict__.get("os") is _os:
+            replaced.append((module, "os", _os))
+            module.os = _OS
         elif name in _OPTUNA_CLOCKS and module.__dict__.get("datetime") is _datetime.datetime:
             replaced.append((module, "datetime", _datetime.datetime))
             module.datetime = _Datetime

@@ -295,7 +295,10 @@ def surface_throughput(surface: dict[str, Any], launch: Launch) -> float:
     return throughput
 
 
-def _answer(surface: dict[str, Any], launch: Launch) -> int:
+def answer(surface: dict[str, Any], launch: Launch) -> int:
+    """What the engine does with ``launch`` on ``surface``: its files written, its output
+    printed, its ``duration`` slept; returns its exit status. benchmarks/product.py calls it
+    in-process, the duration zero and waited on its virtual clock."""
     if surface.get("script_error"):
         print(surface["script_error"], file=sys.stderr)
         print(f"[ERROR] [launch.py:325:sigkill_handler] ['python', '-u', '{launch.script}'] exits with return code = 2", file=sys.stderr)
@@ -399,7 +402,7 @@ def main() -> int:
             print(f"training with micro-batch {launch.mbs}", flush=True)
             return int(os.environ.get("FAKE_DS_TRAIN_EXIT", "0"))
         entry["profile"] = launch.profile or None
-        return _answer(surface, launch)
+        return answer(surface, launch)
     finally:
         entry["end"] = time.time()
         append_line(os.environ.get("FAKE_DS_LOG"), {k: v for k, v in entry.items() if v is not None or k in ("include", "master_port", "node")})

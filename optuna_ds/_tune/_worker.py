@@ -18,6 +18,7 @@ from optuna_ds._tune._interrupts import sigterm_raises
 from optuna_ds.config import check_gpus
 from optuna_ds.config import parse_user_config
 from optuna_ds.launcher import LauncherOptions
+from optuna_ds.launcher import Spawn
 from optuna_ds.launcher import check_ports
 from optuna_ds.launcher import discover_resources
 from optuna_ds.launcher import import_deepspeed
@@ -110,9 +111,11 @@ def worker_launcher_options(*, mine: LauncherOptions, planned: LauncherOptions) 
     return dataclasses.replace(mine, **merged)
 
 
-def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> TuningResult:
+def work(options: WorkerOptions, *, observer: TuningObserver | None = None, spawn: Spawn | None = None) -> TuningResult:
     """Join the tuning stored under ``options.study_name`` and run its experiments on this
-    node's GPUs until it is done. Everything else comes from the plan in the storage."""
+    node's GPUs until it is done. Everything else comes from the plan in the storage.
+    ``spawn`` starts each experiment's launcher (a real process by default; benchmarks/product.py
+    simulates one)."""
     observer = observer or PrintObserver()
     check_study_name(options.study_name)
     if not (math.isfinite(options.wait) and options.wait >= 0):
@@ -136,7 +139,7 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None) -> T
             resources = resources.restricted_to(local_host_names())
         check_gpus(user, total_gpus=resources.total_gpus, gpus_per_node=resources.gpus_per_node)
         check_ports(first=launcher_options.base_port, slots=len(resources.slots()))
-        runner = experiment_runner(plan, user, resources, deepspeed_bin, launcher_options)
+        runner = experiment_runner(plan, user, resources, deepspeed_bin, launcher_options, spawn=spawn)
         observer.log(f"worker for tuning '{plan.study_name}' in {redact_url(options.storage)}; script {plan.script}")
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer,
                         worker=True, wait=options.wait)
