@@ -25,13 +25,13 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 # The six hand-made surfaces and 100 generated jobs; DeepSpeed's figures come from its cache file.
 BENCH_ARGS ?= --random 100
-# The planner alone, in-process, on the hand-made and 200 generated jobs of each generator, and
-# the jobs of recorded real runs.
-PLANNER_ARGS ?= --random 200 --physical 200 --blind 200 --replays
+# optuna-ds's own tuning in-process (benchmarks/product.py), on the hand-made and 60 generated
+# jobs of each generator and the jobs of recorded real runs (about 10 minutes on 2 cores).
+PLANNER_ARGS ?= --random 60 --physical 60 --blind 60 --blind4 60 --replays
 # `make bench-parallel PARALLEL_ARGS="--quick --scenarios 64"`: a part, scaled down.
 PARALLEL_ARGS ?=
 
-.PHONY: venv example test bench bench-planner bench-parallel bench-launch bench-steps bench-real clean
+.PHONY: venv example test bench bench-planner bench-calibrate bench-parallel bench-launch bench-steps bench-real clean
 
 venv: $(VENV)/.installed
 
@@ -69,6 +69,10 @@ bench: venv
 
 bench-planner: venv
 	$(BIN)/python benchmarks/planner.py $(PLANNER_ARGS)
+
+# The simulation's costs against real processes (benchmarks/parallel.py's scenario 4, PostgreSQL).
+bench-calibrate: venv
+	$(BIN)/python benchmarks/product.py --calibrate --fit
 
 bench-parallel: venv
 	$(BIN)/python benchmarks/parallel.py $(PARALLEL_ARGS)

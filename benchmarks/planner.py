@@ -70,14 +70,14 @@ def _planner_settings(settings: PlannerSettings) -> Iterator[None]:
         yield
 
 
-def tune(surface: surfaces.Surface, *, slots: int = 1, settings: PlannerSettings = PlannerSettings(), full: bool = False,
-         tuner: str = AUTOTUNING.tuner_type, trace: bool = False, costs: product.Costs = COSTS) -> dict:
+def tune(surface: surfaces.Surface, *, slots: int = 1, processes: int = 1, settings: PlannerSettings = PlannerSettings(),
+         full: bool = False, tuner: str = AUTOTUNING.tuner_type, trace: bool = False, costs: product.Costs = COSTS) -> dict:
     """optuna-ds's own tuning of ``surface`` (benchmarks/product.py: the CLI's ``tune`` in this
-    process, simulated launcher and clock) with ``slots`` experiments at once; in full mode the
-    knobs too. The figures of each launch come from the simulated launcher's ledger and the
+    process, simulated launcher and clock) by ``processes`` processes (tune and workers, a node
+    each) of ``slots`` experiments at once; in full mode the knobs too. The figures of each launch come from the simulated launcher's ledger and the
     reason the product gave for it."""
     with _planner_settings(settings):
-        r = product.tune(surface, fast=not full, tuner_type=tuner, slots=slots, costs=costs)
+        r = product.tune(surface, fast=not full, tuner_type=tuner, slots=slots, processes=processes, costs=costs)
     entries = [e for e in r["ledger"] if not e.get("profile")]
     whys = r["whys"] if len(r["whys"]) == len(entries) else [""] * len(entries)
     kinds, configs = [], []
@@ -152,6 +152,14 @@ def main() -> None:
     parser.add_argument("--blind4", type=int, default=0, metavar="N",
                         help="also N jobs of the fourth, blind generator (benchmarks/blind4_jobs.py): the held-out set")
     parser.add_argument("--slots", type=int, default=1, help="experiments at once on the job's node (its GPUs times this)")
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="N processes of --slots slots each on one storage (tune and N-1 workers, a node each)")
+    parser.add_argument("--calibration", type=Path, default=HERE / "product_calibration.json",
+                        help="the real runs --versus checks the simulation against first (fresh ones where the file is missing)")
+    parser.add_argument("--save", type=Path, default=None, metavar="FILE", help="each job's share, launches and wall, as JSON")
+    parser.add_argument("--paired", nargs=2, type=Path, default=None, metavar=("A", "B"),
+                        help="only compare two --save files job by job: B's mean share and launches less A's, per generator, "
+                             "with their bootstrap intervals (a change is kept only where it is better beyond its interval)")
     parser.add_argument("--versus", type=int, default=0, metavar="SLOTS",
                         help="also tune each job with SLOTS slots: the simulated wall time to the stop with them over --slots' "
                              "(the speed-up), their share of the optimum and launches")
@@ -198,15 +206,28 @@ def main() -> None:
                           + [f"blind-{i}" for i in range(args.first, args.first + args.blind)]
                           + [f"blind4-{i}" for i in range(args.first, args.first + args.blind4)]
                           + ([job.name for job in replays.replays()] if args.replays else []))
+    if args.paired:
+        _paired(*args.paired, seed=args.seed)
+        return
     print(f"jobs: {_seeds(names)}; bootstrap seed {args.seed}; {'full' if args.full else 'fast'} mode, tuner {args.tuner}, "
-          f"slots {args.slots}; settings {'default' if settings == PlannerSettings() else args.set}")
+          f"slots {args.slots}, processes {args.processes}; settings {'default' if settings == PlannerSettings() else args.set}")
     if args.agree:
         _agree(names[:args.agree], full=args.full, tuner=args.tuner)
         return
     mode = "full" if args.full else "fast"
     ds = deepspeed_figures(names, fast=not args.full)
-    job = functools.partial(_tune_job, slots=args.slots, versus=args.versus, settings=settings, full=args.full, tuner=args.tuner,
-                            trace=args.trace, audit=args.audit)
+    costs = COSTS
+    if args.versus:
+        # Width figures only from a simulation that reproduces real processes (benchmarks/product.py).
+        calibration = product.calibrate(product.saved_real_runs(args.calibration) if args.calibration.exists() else product.real_runs())
+        print(calibration.table())
+        if not calibration.ok:
+            print("width figures withheld: the simulation does not reproduce the real runs within "
+                  f"{product.TOLERANCE:.0%} (`python benchmarks/product.py --calibrate --fit`)")
+            args.versus = 0
+        costs = calibration.costs
+    job = functools.partial(_tune_job, slots=args.slots, processes=args.processes, versus=args.versus, settings=settings,
+                            full=args.full, tuner=args.tuner, trace=args.trace, audit=args.audit, costs=costs)
     workers = 1 if args.trace else max(1, args.workers)
     rows = []
     with concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext() as pool:
@@ -237,11 +258,15 @@ def main() -> None:
         if group:
             _summary(label, group, ds, args.slots, seed=args.seed)
             if args.versus:
-                _speedup(group, slots=args.slots, versus=args.versus)
+                _speedup(group, ds, slots=args.slots, processes=args.processes, versus=args.versus)
+    if args.save is not None:
+        args.save.write_text(json.dumps({name: {"share": share, "launches": r["launches"], "wall_s": r["wall_s"]}
+                                         for name, share, r in rows}, indent=1))
+        print(f"saved: {args.save}")
 
 
-def _tune_job(name: str, *, slots: int, versus: int, settings: PlannerSettings, full: bool, tuner: str, trace: bool,
-              audit: bool) -> tuple[str, float, dict] | None:
+def _tune_job(name: str, *, slots: int, processes: int, versus: int, settings: PlannerSettings, full: bool, tuner: str, trace: bool,
+              audit: bool, costs: product.Costs) -> tuple[str, float, dict] | None:
     """One job's row: its name, the share of the optimum of the config chosen, and :func:`tune`'s
     figures with the job's optimum and noise (and ``versus`` slots' run); ``None`` where nothing runs."""
     surface = surfaces.by_name(name)
@@ -251,13 +276,13 @@ def _tune_job(name: str, *, slots: int, versus: int, settings: PlannerSettings, 
         return None
     if trace:
         print(f"{name}:")
-    r = tune(surface, slots=slots, trace=trace, settings=settings, full=full, tuner=tuner)
+    r = tune(surface, slots=slots, processes=processes, trace=trace, settings=settings, full=full, tuner=tuner, costs=costs)
     r["optimum"], r["best"], r["true_noise"] = optimum, best, surface.noise
     if audit and full:
         r["arm_optima"], r["default_optima"] = arms, surface.arm_optima(fast=True, offload=True)
         r["num_gpus"] = surface.num_gpus
     if versus:
-        other = tune(surface, slots=versus, settings=settings, full=full, tuner=tuner)
+        other = tune(surface, slots=versus, settings=settings, full=full, tuner=tuner, costs=costs)
         r["versus"] = {"wall_s": other["wall_s"], "share": other["true"] / optimum, "launches": other["launches"],
                        "spans": other["spans"]}
     return name, r["true"] / optimum, r
@@ -485,17 +510,20 @@ def _budget_curve(rows: list[tuple[str, float, dict]], ds: dict) -> None:
                   f"p5 {stats.quantile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}")
 
 
-def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int) -> None:
-    """The simulated wall time to the stop with ``versus`` slots over that with ``slots`` (in
-    ``processes`` processes): of the group's total (its mean per job) and the median of the jobs'
-    own; the quality of each beside it; the mean busy slots of each (experiment-seconds over the
-    wall); the rounds of each (the wall in runs of the job's median length: a speed-up of k needs
-    a k-th of the rounds), and with processes the claims that stood down (no experiment runs
-    twice: tune asserts it)."""
-    theirs = [r["versus"] for _, _, r in rows]
-    ratios = [t["wall_s"] / r["wall_s"] for (_, _, r), t in zip(rows, theirs) if r["wall_s"] > 0]
+def _speedup(rows: list[tuple[str, float, dict]], ds: dict, *, slots: int, processes: int, versus: int) -> None:
+    """The simulated wall time to the stop with ``versus`` slots in one process over that with
+    ``processes`` x ``slots``: of the group's total (its mean per job) and the median of the
+    jobs' own; the quality and the launches of each, and each one's launches against
+    DeepSpeed's (over the jobs it has figures for); the mean busy slots of each
+    (experiment-seconds over the wall); the rounds of each (the wall in runs of the job's median
+    length: a speed-up of k needs a k-th of the rounds)."""
+    ours = [r for _, _, r in rows]
+    theirs = [r["versus"] for r in ours]
+    ratios = [t["wall_s"] / r["wall_s"] for r, t in zip(ours, theirs) if r["wall_s"] > 0]
     shares = [t["share"] for t in theirs]
-    width = str(slots)
+    width = f"{processes} x {slots}" if processes > 1 else str(slots)
+    figured = [(n, r) for n, _, r in rows if ds.get(n, {}).get("launches")]
+    deepspeed = sum(ds[n]["launches"] for n, _ in figured)
 
     def busy(runs: list[dict]) -> float:
         return sum(sum(e - b for b, e in r["spans"]) for r in runs) / sum(r["wall_s"] for r in runs)
@@ -504,12 +532,33 @@ def _speedup(rows: list[tuple[str, float, dict]], *, slots: int, versus: int) ->
         # The wall in runs of the job's usual length: the rounds a tuning waits for, which slots cut.
         return statistics.mean(r["wall_s"] / statistics.median(e - b for b, e in r["spans"]) for r in runs if r["spans"])
 
-    print(f"  wall with {versus} slot(s) / with {width}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for _, _, r in rows):.2f}x "
+    against = (f"; launches vs DeepSpeed {sum(r['launches'] for _, r in figured) / deepspeed:.2f}x with {width}, "
+               f"{sum(r['versus']['launches'] for _, r in figured) / deepspeed:.2f}x with {versus}" if deepspeed else "")
+    print(f"  wall with {versus} slot(s) / with {width}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for r in ours):.2f}x "
           f"(median per job {statistics.median(ratios):.2f}x); with {versus}: mean {statistics.mean(shares):.4f} "
           f"p5 {stats.quantile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
-          f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job; mean busy slots {busy([r for _, _, r in rows]):.1f} "
-          f"of {slots}, {busy(theirs):.1f} of {versus}; rounds {rounds([r for _, _, r in rows]):.1f} "
-          f"against {rounds(theirs):.1f}; launches {statistics.mean(r['launches'] for _, _, r in rows):.1f}/job with {slots}")
+          f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job against {statistics.mean(r['launches'] for r in ours):.1f} "
+          f"with {width}{against}; mean busy slots {busy(ours):.1f} of {slots * processes}, {busy(theirs):.1f} of {versus}; "
+          f"rounds {rounds(ours):.1f} against {rounds(theirs):.1f}")
+
+
+def _paired(a: Path, b: Path, *, seed: int) -> None:
+    """B against A on the jobs both tuned, per generator: the mean difference of the share of the
+    optimum and of launches, each with its bootstrap interval (``stats.paired_difference``)."""
+    first, second = json.loads(a.read_text()), json.loads(b.read_text())
+    both = [n for n in first if n in second]
+    groups: dict[str, list[str]] = {}
+    for name in both:
+        groups.setdefault(name.rpartition("-")[0] if name.rpartition("-")[2].isdigit() else "named", []).append(name)
+    print(f"{b} against {a}, {len(both)} jobs both tuned; bootstrap seed {seed}")
+    for label, names in groups.items():
+        share = stats.paired_difference([second[n]["share"] for n in names], [first[n]["share"] for n in names], seed=seed)
+        launches = stats.paired_difference([second[n]["launches"] for n in names], [first[n]["launches"] for n in names], seed=seed)
+        within = stats.paired_difference([float(second[n]["share"] >= 0.99) for n in names], [float(first[n]["share"] >= 0.99) for n in names],
+                                         seed=seed)
+        verdict = "better" if share.above(0.0) else "worse" if share.below(0.0) else "no difference beyond the interval"
+        print(f"  {label} ({len(names)} jobs): share {stats.format_interval(share)} ({verdict}); within 1% "
+              f"{within.estimate:+.1%} [{within.low:+.1%}, {within.high:+.1%}]; launches {stats.format_interval(launches, digits=2)}")
 
 
 def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int, *, seed: int) -> None:

@@ -577,6 +577,11 @@ class Calibration:
         return "\n".join(lines)
 
 
+def saved_real_runs(path: Path) -> list[RealRun]:
+    """The real runs a ``--json`` file of :func:`main` holds."""
+    return [RealRun(**{**pair["real"], "figures": Figures(**pair["real"]["figures"])}) for pair in json.loads(path.read_text())[0]["pairs"]]
+
+
 def calibrate(real: Sequence[RealRun], *, costs: Costs = CALIBRATED, duration: float = 2.0) -> Calibration:
     """Each of ``real`` (:func:`real_runs`) beside its simulation with ``costs``."""
     job = scenario_four(duration)
@@ -599,7 +604,7 @@ def main() -> None:
     if not args.calibrate:
         parser.error("nothing to do: give --calibrate")
     if args.real_from is not None:
-        real = [RealRun(**{**pair["real"], "figures": Figures(**pair["real"]["figures"])}) for pair in json.loads(args.real_from.read_text())[0]["pairs"]]
+        real = saved_real_runs(args.real_from)
     else:
         real = real_runs(rounds=args.rounds, duration=args.duration, storage=args.storage)
     results = [calibrate(real, costs=CALIBRATED, duration=args.duration)]
