@@ -549,7 +549,8 @@ def _paired(a: Path, b: Path, *, seed: int) -> None:
     both = [n for n in first if n in second]
     groups: dict[str, list[str]] = {}
     for name in both:
-        groups.setdefault(name.rpartition("-")[0] if name.rpartition("-")[2].isdigit() else "named", []).append(name)
+        prefix, _, number = name.rpartition("-")
+        groups.setdefault(prefix if number.isdigit() and prefix in ("random", "phys", "blind", "blind4") else "named", []).append(name)
     print(f"{b} against {a}, {len(both)} jobs both tuned; bootstrap seed {seed}")
     for label, names in groups.items():
         share = stats.paired_difference([second[n]["share"] for n in names], [first[n]["share"] for n in names], seed=seed)

@@ -184,3 +184,21 @@ def test_blind_jobs_bring_their_own_knob_space(tmp_path: Path) -> None:
         subprocess.run([sys.executable, str(BENCH / "simulated_deepspeed.py"), "--num_gpus", str(job.num_gpus), "train.py",
                         "--deepspeed", str(tmp_path / "ds.json")], env=env, capture_output=True, text=True)
     assert [e["outcome"] for e in map(json.loads, ledger.read_text().splitlines())] == ["ok", "oom"]
+
+
+def test_the_planner_benchmark_compares_two_runs_job_by_job(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--paired: a change's difference per generator with its bootstrap interval, better only beyond it."""
+    import planner
+
+    before = {f"random-{i}": {"share": 0.95 + 0.001 * i, "launches": 10, "wall_s": 60.0} for i in range(20)}
+    after = {**{n: {**r, "share": r["share"] + 0.02, "launches": 12} for n, r in before.items()},
+             "phys-0": {"share": 1.0, "launches": 5, "wall_s": 1.0}}
+    (tmp_path / "a.json").write_text(json.dumps(before))
+    (tmp_path / "b.json").write_text(json.dumps(after))
+    monkeypatch.setattr(sys, "argv", ["planner.py", "--paired", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--seed", "3"])
+    planner.main()
+    out = capsys.readouterr().out
+    assert "20 jobs both tuned; bootstrap seed 3" in out, out
+    assert re.search(r"^  random \(20 jobs\): share 0\.0200 \[0\.0200, 0\.0200\] \(better\); within 1% \+\d+\.\d% .*; "
+                     r"launches 2\.00 \[2\.00, 2\.00\]$", out, re.M), out
+    assert "phys" not in out
