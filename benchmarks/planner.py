@@ -256,7 +256,7 @@ def main() -> None:
                          ("blind", [r for r in rows if r[0].startswith("blind-")]),
                          ("blind4 (held out)", [r for r in rows if r[0].startswith("blind4-")])):
         if group:
-            _summary(label, group, ds, args.slots, seed=args.seed)
+            _summary(label, group, ds, args.slots, seed=args.seed, costs=costs)
             if args.versus:
                 _speedup(group, ds, slots=args.slots, processes=args.processes, versus=args.versus)
     if args.save is not None:
@@ -534,7 +534,8 @@ def _speedup(rows: list[tuple[str, float, dict]], ds: dict, *, slots: int, proce
 
     against = (f"; launches vs DeepSpeed {sum(r['launches'] for _, r in figured) / deepspeed:.2f}x with {width}, "
                f"{sum(r['versus']['launches'] for _, r in figured) / deepspeed:.2f}x with {versus}" if deepspeed else "")
-    print(f"  wall with {versus} slot(s) / with {width}: {sum(t['wall_s'] for t in theirs) / sum(r['wall_s'] for r in ours):.2f}x "
+    speedup = stats.format_interval(stats.ratio_of_sums([t["wall_s"] for t in theirs], [r["wall_s"] for r in ours]), digits=2)
+    print(f"  wall with {versus} slot(s) / with {width}: {speedup}x "
           f"(median per job {statistics.median(ratios):.2f}x); with {versus}: mean {statistics.mean(shares):.4f} "
           f"p5 {stats.quantile(shares, 0.05):.4f} within 1% {sum(s >= 0.99 for s in shares) / len(shares):.1%}, "
           f"launches {statistics.mean(t['launches'] for t in theirs):.1f}/job against {statistics.mean(r['launches'] for r in ours):.1f} "
@@ -562,12 +563,12 @@ def _paired(a: Path, b: Path, *, seed: int) -> None:
               f"{within.estimate:+.1%} [{within.low:+.1%}, {within.high:+.1%}]; launches {stats.format_interval(launches, digits=2)}")
 
 
-def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int, *, seed: int) -> None:
+def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: int, *, seed: int, costs: product.Costs) -> None:
     """The group's figures, each with its bootstrap interval over the jobs (``seed``): the share of
     the optimum the choice reaches (mean, 5th percentile, worst, within 1%), launches per job, and
     beside DeepSpeed's autotuner on the same jobs: the launch ratio over every job it has figures
     for and over those where it chose a config, its own shares there; the reported noise against
-    the job's; decision times."""
+    the job's; decision times (and what a decision was charged, ``costs``)."""
     shares = [s for _, s, _ in rows]
     print(f"{label} jobs {len(rows)} slots {slots}: mean {_ci(shares, statistics.mean, seed)} "
           f"p5 {_ci(shares, lambda v: stats.quantile(v, 0.05), seed)} worst {min(shares):.4f} "
@@ -594,7 +595,7 @@ def _summary(label: str, rows: list[tuple[str, float, dict]], ds: dict, slots: i
     print(f"  noise reported within 0.5x-2x of the job's: {sum(0.5 <= q <= 2.0 for q in ratios) / len(rows):.1%} of jobs "
           f"(reported on {len(ratios) / len(rows):.0%}; reported / true median {stats.quantile(ratios, 0.5) if ratios else 0:.2f}); "
           f"decisions measured here p50 {1e3 * stats.quantile(times, 0.5):.0f} ms p95 {1e3 * stats.quantile(times, 0.95):.0f} ms "
-          f"(charged {1e3 * DECISION_S:.0f} ms each)")
+          f"(charged {f'{1e3 * costs.decision_s:.0f} ms each' if costs.decision_s is not None else f'as measured x {costs.decision_factor:g}'})")
 
 
 def _within_1pc(shares: list[float]) -> float:
