@@ -176,10 +176,11 @@ def classify(
     metrics_problem: str = "",
     switches: Sequence[str] = (),
     autotp: bool = False,
+    timeout: float | None = None,
 ) -> tuple[FailureReason | None, str]:
     """Decide an experiment's outcome from structured signals: timeout, the metrics file,
     out-of-memory signatures, the exit status. Returns the failure reason (``None`` for
-    success) and a short explanation.
+    success) and a short explanation (a timeout's names ``timeout``, the seconds it ran under).
 
     ``returncode`` ``None`` means the status was lost (the launch server died): only a
     measurement or an explicit out-of-memory error then judges the config; anything else is
@@ -201,7 +202,7 @@ def classify(
     if autotp and returncode not in (0, None) and (cause := autotp_failure(stderr_tail)):
         return FailureReason.AUTOTP, f"AutoTP cannot run here: {cause[:300]}"
     if timed_out:
-        return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
+        return FailureReason.TIMEOUT, "timed out: killed at the trial timeout" + (f" of {timeout:g} s" if timeout is not None else "")
     if returncode in (0, None) and metrics is not None:
         return None, ""
     for text in (stderr_tail, stdout_tail):

@@ -252,8 +252,8 @@ class StageExperiments:
             experiment = ctx.builder.build(config, phase=phase, space=space, repeat=repeat)
             slot = lease.slot.include
             mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
-            _store(trial, ExperimentRecord.claim(experiment, slot=slot, repeat=repeat, mark=mark))  # the claim
-            previous = competitor(self._study, trial, experiment.name)
+            _store(trial, ExperimentRecord.claim(experiment, slot=slot, repeat=repeat, mark=mark, timeout=ctx.timeout))  # the claim
+            previous = competitor(self._study, trial, experiment.name, timeout=ctx.timeout)
             if previous is not None:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 attempt.stood_down, attempt.competitor = True, previous
