@@ -16,6 +16,7 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
     oom_above   {stage: largest mbs that fits}        default none
     stderr_text a line printed after the OOM error
     error_at    micro-batch sizes that crash          (exit 1, a non-OOM traceback)
+    stderr_fail {stage: text}                         its runs print text to stderr and exit 1 (say, the disk full as they write)
     rank_log_text  written to the rank log under --enable_each_rank_log, as a rank would
     hang_at     micro-batch sizes that never finish   (with a child process, to test group kill)
     build_lock  an op name: a hanging run holds torch's build lock of that op, as a rank loading it does
@@ -355,6 +356,9 @@ def answer(surface: dict[str, Any], launch: Launch) -> int:
         print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
         if "stderr_text" in surface:
             print(surface["stderr_text"], file=sys.stderr)
+        return 1
+    if str(launch.stage) in surface.get("stderr_fail", {}):
+        print(surface["stderr_fail"][str(launch.stage)], file=sys.stderr)
         return 1
     if mbs in surface.get("error_at", []):
         print("Traceback (most recent call last):\nRuntimeError: NCCL communicator was aborted", file=sys.stderr)

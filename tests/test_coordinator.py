@@ -56,7 +56,7 @@ def test_a_proposal_that_never_launches_ends_the_tuning_in_one_line_at_its_secon
     lines: list[str] = []
     observer = SimpleNamespace(log=lines.append, detail=lines.append, plan=lambda *a, **k: None)
     ctx = SimpleNamespace(pool=_Pool(), stop=threading.Event(), observer=observer, ending_tune=lambda: None,
-                          metric=Metric(name="throughput", key="throughput", direction="maximize"))
+                          metric=Metric(name="throughput", key="throughput", direction="maximize"), timeout=None)
     problem = Problem(arms=(Arm(stage=1, free=60e9, cap=64),), device_memory=80e9)
     coordinator = Coordinator(problem=problem, stages={1: stage}, ctx=ctx, root=None)  # type: ignore[arg-type]
     with pytest.raises(PlannerLoop) as raised:
@@ -102,7 +102,7 @@ class _MeasuringStage:
 def _coordinator(stage: _MeasuringStage, lines: list[str], ending: dict[str, Any] | None = None) -> Coordinator:
     observer = SimpleNamespace(log=lines.append, detail=lines.append, plan=lambda *a, **k: None)
     ctx = SimpleNamespace(pool=_Pool(), stop=threading.Event(), observer=observer, metric=_METRIC, ending_tune=lambda: ending,
-                          memory_limit=None)
+                          memory_limit=None, timeout=None)
     problem = Problem(arms=(Arm(stage=1, free=60e9, cap=64),), device_memory=80e9)
     return Coordinator(problem=problem, stages={1: stage}, ctx=ctx, root=None)  # type: ignore[arg-type]
 

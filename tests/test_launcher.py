@@ -68,6 +68,27 @@ def test_a_failure_no_config_can_fix_is_told_apart(stderr: str, reason: FailureR
     assert got is reason and line in detail
 
 
+@pytest.mark.parametrize(
+    ("stderr", "line"),
+    [
+        ("Traceback (most recent call last):\nOSError: [Errno 28] No space left on device: '/r/z2/metrics.json'", "[Errno 28]"),
+        ("PermissionError: [Errno 13] Permission denied: '/r/z2/metrics.json'", "[Errno 13]"),
+        ("OSError: [Errno 30] Read-only file system: '/r/z2/metrics.json'", "Read-only file system"),
+        ("RuntimeError: No space left on device", "No space left on device"),
+        ("pdsh@node0: node1: ssh exited with exit code 255", "ssh exited with exit code 255"),
+        ("ssh: connect to host node1 port 22: No route to host", "No route to host"),
+    ],
+)
+def test_a_failure_of_the_machine_never_judges_the_config(stderr: str, line: str) -> None:
+    """Issue 50 row 1: the disk full, a folder read-only or unwritable, a node lost: the machine's
+    failure, which runs again on resume, never the config's; a metrics file the machine keeps from
+    being read alike."""
+    got, detail = classify(returncode=1, timed_out=False, metrics=None, stdout_tail="", stderr_tail=stderr)
+    assert got is FailureReason.MACHINE and line in detail and not got.judges_config
+    problem = "metrics file unreadable: [Errno 13] Permission denied"
+    assert classify(returncode=0, timed_out=False, metrics=None, stdout_tail="", stderr_tail="", metrics_problem=problem)[0] is FailureReason.MACHINE
+
+
 def test_a_lost_exit_status_is_judged_by_the_measurement_never_made_up() -> None:
     """The launch server died with the status: a metrics file is a result, an explicit OOM is an
     OOM, anything else runs again (interrupted), never "exit status 1"."""

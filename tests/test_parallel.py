@@ -358,7 +358,7 @@ def _knob_coordinator(study: Any, space: Any, *, early_stopping: int, num_trials
     from optuna_ds.studies._knob_search import KnobCandidates
 
     ctx = SimpleNamespace(pool=None, stop=threading.Event(), metric=Metric.named("throughput"), fast=False, early_stopping=early_stopping,
-                          num_trials=num_trials, tuner_type="gridsearch", memory_limit=None,
+                          num_trials=num_trials, tuner_type="gridsearch", memory_limit=None, timeout=None,
                           observer=SimpleNamespace(log=lambda *a: None, plan=lambda *a, **k: None))
     arm = Arm(stage=1, free=60e9, cap=64, buffers=1e9, knobs=tuple((k, tuple(v)) for k, v in sorted(space.tuned.items())),
               knob_defaults=tuple(sorted(knob_defaults(space).items())))

@@ -290,3 +290,19 @@ def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: op
     choice = RootRecord(choice=ChoiceRecord(stage=2, trial=7, estimate=900.0, config=config))
     study.set_user_attr("choice", choice.attrs()["choice"])
     assert RootRecord.from_attrs(study.user_attrs).choice == choice.choice
+
+
+def test_a_timeout_is_final_only_under_a_timeout_no_longer_than_its_own() -> None:
+    """Issue 50 row 4: a run killed at a 10 s timeout has no result under a longer one; one an
+    earlier version stored without its timeout is judged by its duration (at least the timeout)."""
+    from optuna_ds.domain import is_finished_experiment
+    from optuna_ds.domain import timed_out_sooner
+
+    def timed_out(**record: object) -> optuna.trial.FrozenTrial:
+        attrs = ExperimentRecord(reason=FailureReason.TIMEOUT, exp_name="z1_gas1_tmbspg4", **record).attrs()  # type: ignore[arg-type]
+        return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=attrs)
+
+    for trial in (timed_out(timeout=10.0, duration=10.2), timed_out(duration=10.2)):
+        assert is_finished_experiment(trial) and is_finished_experiment(trial, timeout=10.0)
+        assert not timed_out_sooner(trial, timeout=10.0) and not timed_out_sooner(trial, timeout=None)
+        assert timed_out_sooner(trial, timeout=30.0) and not is_finished_experiment(trial, timeout=30.0)

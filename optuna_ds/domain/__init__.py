@@ -33,6 +33,7 @@ from optuna_ds.domain._record import given_up
 from optuna_ds.domain._record import is_finished_experiment
 from optuna_ds.domain._record import launched
 from optuna_ds.domain._record import superseded
+from optuna_ds.domain._record import timed_out_sooner
 from optuna_ds.domain._root import ChoiceRecord
 from optuna_ds.domain._root import RecordedResources
 from optuna_ds.domain._root import RootRecord
@@ -68,4 +69,5 @@ __all__ = [
     "knob_value",
     "launched",
     "superseded",
+    "timed_out_sooner",
 ]

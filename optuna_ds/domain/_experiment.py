@@ -22,11 +22,12 @@ class FailureReason(str, enum.Enum):
     UNSUPPORTED = "unsupported"  # a setting this accelerator cannot run (an op DeepSpeed has no kernel for here): the setting's, not the stage's or the size's
     CHECKPOINTING = "checkpointing"  # the script or its model cannot checkpoint activations as set: the setting's, not the stage's or the size's
     AUTOTP = "autotp"  # AutoTP cannot shard the script's model, or its data differ within a tensor-parallel group: the setting's
+    MACHINE = "machine"  # the machine's, not the config's (a disk full, a folder read-only, a node lost): stops the tuning, runs again on resume
 
     @property
     def judges_config(self) -> bool:
         """Whether the failure says something about the config: the experiment is not run again."""
-        return self not in (FailureReason.INTERRUPTED, FailureReason.SCRIPT, FailureReason.PORT)
+        return self not in (FailureReason.INTERRUPTED, FailureReason.SCRIPT, FailureReason.PORT, FailureReason.MACHINE)
 
 
 class Phase(str, enum.Enum):

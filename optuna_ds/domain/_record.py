@@ -49,6 +49,7 @@ class ExperimentRecord:
     result_dir: str | None = None
     slot: str | None = None  # the GPUs it ran on, as ``--include`` names them
     repeat: int | None = None  # a re-measurement: how many times the config ran before
+    timeout: float | None = None  # the trial timeout it ran under (s): one that timed out runs again under a longer one
     # The token its launch's processes carry (the launcher's MARK_VAR) and its folder's exp.json
     # names: kept here, where no other launch can rewrite it, to tell its processes and files.
     mark: str | None = None
@@ -82,10 +83,13 @@ class ExperimentRecord:
     exp_name: str | None = None
 
     @classmethod
-    def claim(cls, experiment: Experiment, *, slot: str, repeat: int = 0, mark: str = "") -> ExperimentRecord:
-        """What a trial publishes before it runs ``experiment`` on ``slot`` with the token ``mark``."""
+    def claim(cls, experiment: Experiment, *, slot: str, repeat: int = 0, mark: str = "",
+              timeout: float | None = None) -> ExperimentRecord:
+        """What a trial publishes before it runs ``experiment`` on ``slot`` with the token ``mark``
+        under the trial timeout ``timeout``."""
         return cls(
             repeat=repeat or None,
+            timeout=timeout,
             mark=mark or None,
             phase=experiment.phase,
             config=experiment.config,
@@ -165,11 +169,28 @@ _KEYS = tuple(f.name for f in _FIELDS if f.name != "config")
 DEFINITIVE_FAILURES = frozenset(r for r in FailureReason if r.judges_config)
 
 
-def is_finished_experiment(trial: FrozenTrial) -> bool:
-    """Whether the trial's experiment has a result that must never be paid for again."""
+def timed_out_sooner(trial: FrozenTrial, *, timeout: float | None) -> bool:
+    """Whether the trial's experiment timed out under a shorter trial timeout than ``timeout``
+    (``None``: none): it may finish under this one. The timeout it ran under is its record's;
+    where an earlier version recorded none, its duration, which is at least the timeout it was
+    killed at."""
+    if timeout is None or trial.state != TrialState.FAIL:
+        return False
+    record = ExperimentRecord.from_trial(trial)
+    if record.reason is not FailureReason.TIMEOUT:
+        return False
+    ran_under = record.timeout if record.timeout is not None else record.duration
+    return ran_under is not None and float(ran_under) < timeout
+
+
+def is_finished_experiment(trial: FrozenTrial, *, timeout: float | None = None) -> bool:
+    """Whether the trial's experiment has a result that must never be paid for again under the
+    trial timeout ``timeout`` (``None``: whatever the timeout); one that timed out under a
+    shorter timeout has none (:func:`timed_out_sooner`)."""
     if trial.state == TrialState.COMPLETE:
         return True
-    return trial.state == TrialState.FAIL and ExperimentRecord.from_trial(trial).reason in DEFINITIVE_FAILURES
+    return (trial.state == TrialState.FAIL and ExperimentRecord.from_trial(trial).reason in DEFINITIVE_FAILURES
+            and not timed_out_sooner(trial, timeout=timeout))
 
 
 def superseded(trials: Iterable[FrozenTrial]) -> set[int]:

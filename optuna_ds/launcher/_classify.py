@@ -30,6 +30,15 @@ OOM_PATTERNS = re.compile(
 # The rendezvous port taken by someone else (torch's DistNetworkError, or older RuntimeError):
 # the node's state, not the config's fault.
 PORT_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
+# The machine failing the run, whatever its config: a disk full or over quota, a folder read-only or
+# not writable (as Python's OSError and the C library say it), a node the launcher cannot reach
+# (pdsh's ssh). Every pattern starts with a literal, and none repeats a class that can overlap it:
+# linear in the text a program wrote.
+MACHINE_FAILURE = re.compile(
+    r"\[Errno (?:13|28|30|122)\][^\n]{0,200}"
+    r"|No space left on device|Read-only file system|Disk quota exceeded"
+    r"|ssh exited with exit code 255|ssh: connect to host [^\n]{0,200}|ssh: Could not resolve hostname[^\n]{0,200}"
+)
 _TAIL_BYTES = 256 * 1024
 _METRICS_LIMIT = 1024 * 1024  # the engine writes a few hundred bytes
 # Failures that do not depend on the config: the script's command line (argparse's "PROG: error:
@@ -124,7 +133,8 @@ def read_metrics(path: str, metric_key: str | None) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise BadMetrics(f"metrics file unreadable: {e.strerror or e}") from None
+        raise BadMetrics(f"metrics file unreadable: [Errno {e.errno}] {e.strerror}" if e.errno else
+                         f"metrics file unreadable: {e}") from None
     except UnsafeFileError as e:  # a FIFO, a link, a device, a flood: a broken run, never a hang
         raise BadMetrics(f"metrics file unusable: {clean_text(str(e))[:200]}") from None
     try:
@@ -166,10 +176,11 @@ def classify(
     metrics_problem: str = "",
     switches: Sequence[str] = (),
     autotp: bool = False,
+    timeout: float | None = None,
 ) -> tuple[FailureReason | None, str]:
     """Decide an experiment's outcome from structured signals: timeout, the metrics file,
     out-of-memory signatures, the exit status. Returns the failure reason (``None`` for
-    success) and a short explanation.
+    success) and a short explanation (a timeout's names ``timeout``, the seconds it ran under).
 
     ``returncode`` ``None`` means the status was lost (the launch server died): only a
     measurement or an explicit out-of-memory error then judges the config; anything else is
@@ -178,7 +189,9 @@ def classify(
     script, its model or DeepSpeed's checkpointing refuses (the script's parser refusing one of
     the ``switches`` the run turned on among them) is :attr:`FailureReason.CHECKPOINTING`: the
     setting's, never the stage's or the size's, nor a failure of every config. So is a run with
-    ``autotp`` whose model or data AutoTP cannot split: :attr:`FailureReason.AUTOTP`.
+    ``autotp`` whose model or data AutoTP cannot split: :attr:`FailureReason.AUTOTP`. A run the
+    machine failed (:data:`MACHINE_FAILURE` in its stderr, or its metrics file unreadable for
+    it) is :attr:`FailureReason.MACHINE`: never the config's.
     """
     if (returncode != 0 or timed_out) and (cause := unsupported(stderr_tail)):
         # Before the timeout: DeepSpeed's ranks can hang once they raised it (0.19.8's ZeRO++
@@ -189,7 +202,7 @@ def classify(
     if autotp and returncode not in (0, None) and (cause := autotp_failure(stderr_tail)):
         return FailureReason.AUTOTP, f"AutoTP cannot run here: {cause[:300]}"
     if timed_out:
-        return FailureReason.TIMEOUT, "timed out: killed at the trial timeout"
+        return FailureReason.TIMEOUT, "timed out: killed at the trial timeout" + (f" of {timeout:g} s" if timeout is not None else "")
     if returncode in (0, None) and metrics is not None:
         return None, ""
     for text in (stderr_tail, stdout_tail):
@@ -198,6 +211,10 @@ def classify(
             return FailureReason.OOM, f"out of memory ({match.group(0)})"
     if returncode is None:
         return FailureReason.INTERRUPTED, "its exit status was lost (the launch server died) and it wrote no metrics"
+    if returncode != 0 and (match := MACHINE_FAILURE.search(stderr_tail) or MACHINE_FAILURE.search(stdout_tail)):
+        return FailureReason.MACHINE, f"exit status {returncode}: the machine failed it ({clean_text(match.group(0))[:200]})"
+    if metrics_problem and (match := MACHINE_FAILURE.search(metrics_problem)):
+        return FailureReason.MACHINE, f"the machine failed it: {metrics_problem[:200]}"
     match = PORT_IN_USE.search(stderr_tail) or PORT_IN_USE.search(stdout_tail)
     if returncode != 0 and match:
         return FailureReason.PORT, f"its rendezvous port was in use ({match.group(0)})"

@@ -377,7 +377,7 @@ class ExperimentRunner:
         reason, detail = classify(
             returncode=returncode, timed_out=timed_out, metrics=metrics, stdout_tail=stdout_tail, stderr_tail=stderr_tail,
             metrics_problem=problem, switches=[flag for flag, on in experiment.switches.items() if on],
-            autotp=autotp_size(experiment.ds_config) > 1,
+            autotp=autotp_size(experiment.ds_config) > 1, timeout=timeout,
         )
         if unlocked:
             detail = f"{detail}; the op build lock it left as it was ended removed ({', '.join(unlocked)})"

@@ -46,6 +46,10 @@ _CREATION_WAIT = 120.0
 _SILENCE_LIMIT = 600  # seconds; an int, as MySQLdb takes it
 _refused_since: float | None = None  # when this process's connections began to be refused, until one is accepted
 _FULL = re.compile(r"(?i)too many (clients|connections)|remaining connection slots|max_user_connections")
+# SQLite's SQLITE_CORRUPT and SQLITE_NOTADB: the file holds no database it can read, now or ever.
+_MALFORMED = re.compile(r"database disk image is malformed|file is not a database")
+# The tuning's tables missing from a database that held them: deleted or emptied under the tuning.
+_NO_TABLES = re.compile(r"no such table|relation \S{1,200} does not exist|Table \S{1,200} doesn't exist")
 
 
 class StorageError(OptunaDSError):
@@ -78,7 +82,7 @@ def _sqlite_wal(path: str) -> None:
             raise StorageError(f"cannot open SQLite database {path}: its path is {len(os.fsencode(path))} bytes long; SQLite "
                                f"opens paths of fewer than {_SQLITE_MAX_PATHNAME}: pass a shorter --results-dir, or "
                                "--storage sqlite:///SHORTER/PATH.db") from None
-        raise StorageError(f"cannot open SQLite database {path}: {e}") from None
+        raise StorageError(unusable_database(f"sqlite:///{path}", str(e)) or f"cannot open SQLite database {path}: {e}") from None
 
 
 def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStorage:
@@ -342,7 +346,35 @@ def storage_failures(url: str, *, advice: str) -> Iterator[None]:
         if denied is not None:
             raise StorageError(f"storage {redact_url(url)}: {_explain(url, denied)}: {_grant(url)} (running again "
                                "does not help)") from None
-        raise StorageError(f"lost the storage {redact_url(url)}: {_explain(url, cause)}; {advice}") from None
+        raise StorageError(unusable_database(url, cause) or f"lost the storage {redact_url(url)}: {_explain(url, cause)}; {advice}") from None
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The file of a SQLite storage URL; ``None`` for a server's (or an in-memory one)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot read holds no file
+        return None
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    return os.path.abspath(database) if database and database != ":memory:" else None
+
+
+def unusable_database(url: str, cause: str) -> str | None:
+    """The one line that says the storage's database holds nothing to resume from, when
+    ``cause`` (the database's account of a failure) says so: a SQLite file that is malformed
+    (resuming it fails every time), or the tuning's database deleted or emptied while it ran.
+    ``None`` for any other failure (a connection lost, a server restarting: run again)."""
+    path = _sqlite_file(url)
+    shown = path or redact_url(url)
+    if _MALFORMED.search(cause):
+        return (f"storage {shown} is malformed ({_explain(url, cause)}): no tuning can be resumed from it; move it away "
+                "to start afresh, or pass another --results-dir or --storage")
+    if (path is not None and not os.path.exists(path)) or _NO_TABLES.search(cause):
+        return (f"storage {shown} is gone ({_explain(url, cause)}): its database, or the folder holding it, was deleted or "
+                "emptied while the tuning ran, and the experiments recorded in it with it; run the command again to start afresh")
+    return None
 
 
 def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStorage:
@@ -372,4 +404,4 @@ def _open(url: str, parsed: Any, engine_kwargs: dict) -> optuna.storages.RDBStor
         if denied is not None:
             raise StorageError(f"cannot open storage {redact_url(url)}: {_explain(url, denied)}: {_grant(url)}") from None
         cause = database_error(e) or _one_line(str(e)) or type(e).__name__
-        raise StorageError(f"cannot open storage {redact_url(url)}: {_explain(url, cause)}") from None
+        raise StorageError(unusable_database(url, cause) or f"cannot open storage {redact_url(url)}: {_explain(url, cause)}") from None

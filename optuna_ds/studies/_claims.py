@@ -27,9 +27,10 @@ def running(trials: list[FrozenTrial], phase: Phase) -> list[FrozenTrial]:
             and (r := ExperimentRecord.from_trial(t)).phase is phase and r.claimed]
 
 
-def competitor(study: optuna.Study, trial: optuna.Trial, name: str) -> FrozenTrial | None:
+def competitor(study: optuna.Study, trial: optuna.Trial, name: str, *, timeout: float | None = None) -> FrozenTrial | None:
     """Another trial of ``study`` that has experiment ``name``, so ``trial`` must stand down;
-    ``None`` if ``trial`` may run it.
+    ``None`` if ``trial`` may run it. A run of it that timed out under a shorter trial timeout
+    than ``timeout`` is no result (:func:`is_finished_experiment`): it may run again.
 
     Called after ``trial`` published its claim (``exp_name``), so of two simultaneous claimants
     at least one sees the other. A claimant yields to a finished or launched competitor and to a
@@ -47,7 +48,7 @@ def competitor(study: optuna.Study, trial: optuna.Trial, name: str) -> FrozenTri
             record = ExperimentRecord.from_trial(t)
             if t.number == trial.number or record.exp_name != name:
                 continue
-            if is_finished_experiment(t):
+            if is_finished_experiment(t, timeout=timeout):
                 return t
             if t.state == TrialState.RUNNING:
                 if t.number > trial.number or record.launched:

@@ -52,9 +52,10 @@ class PlannerLoop(OptunaDSError):
 
 
 def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, FrozenTrial],
-                   memory_limit: float | None = None) -> Observation | None:
+                   memory_limit: float | None = None, timeout: float | None = None) -> Observation | None:
     """What a stage study's trial tells the planner; ``None`` for a trial that launched nothing or
-    whose experiment must run again (interrupted, its worker died). A run whose measured peak
+    whose experiment must run again (interrupted, its worker died, the machine failed it, timed
+    out under a shorter trial timeout than ``timeout``: see :func:`is_finished_experiment`). A run whose measured peak
     memory exceeds ``memory_limit`` (the device's less the user's margin) counts as out of
     memory: it ran, but without the headroom the chosen config must keep."""
     record = ExperimentRecord.from_trial(trial)
@@ -75,7 +76,7 @@ def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, Frozen
         return Observation(config=config, status=Status.OK, score=metric.rate(trial.value), seconds=record.duration, repeat=repeat,
                            memory=record.peak_gpu_memory or None, timers=tuple(sorted((record.timers_ms or {}).items())),
                            checkpointing=tuple(sorted(logged.items())) if isinstance(logged, dict) else None)
-    if is_finished_experiment(trial) or record.exp_name in dead:
+    if is_finished_experiment(trial, timeout=timeout) or record.exp_name in dead:
         status = Status.OOM if record.reason is FailureReason.OOM else Status.FAILED
         return Observation(config=config, status=status, seconds=record.duration, repeat=repeat,
                            reason=record.reason.value if record.reason is not None else None)
@@ -174,8 +175,8 @@ class Coordinator:
         for stage in self._stages.values():
             trials = stage.study.get_trials(deepcopy=False)
             dead = given_up(trials)
-            seen += [o for t in trials if (o := observation_of(t, metric=self._ctx.metric, dead=dead,
-                                                               memory_limit=self._ctx.memory_limit)) is not None]
+            seen += [o for t in trials if (o := observation_of(t, metric=self._ctx.metric, dead=dead, memory_limit=self._ctx.memory_limit,
+                                                               timeout=self._ctx.timeout)) is not None]
         return seen
 
     def _progress(self, decision: Decision, observations: list[Observation]) -> None:

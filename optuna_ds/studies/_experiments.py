@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from optuna_ds._errors import OptunaDSError
 from optuna_ds._errors import ResourceError
+from optuna_ds._errors import ResultsError
 from optuna_ds._errors import ScriptError
 from optuna_ds._optuna_compat import heartbeat
 from optuna_ds._optuna_compat import storage_of
@@ -68,7 +69,7 @@ class Attempt:
     stood_down: bool = False
     launched: bool = False
     competitor: FrozenTrial | None = None  # the trial it stood down to
-    stops: ExperimentResult | None = None  # failed whatever its config (the script, the node's ports): the tuning stops
+    stops: ExperimentResult | None = None  # failed whatever its config (the script, the node's ports, the machine): the tuning stops
 
 
 def _store(trial: optuna.Trial, record: ExperimentRecord) -> None:
@@ -219,7 +220,10 @@ class StageExperiments:
             run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat, why=why,
                                                    hold_signals=lambda: held.enter_context(deferred_signals())))
         failed = attempt.stops
-        # Recorded (reason "port" or "script", run again on resume); the other slots are stopped.
+        # Recorded (reason "port", "machine" or "script", run again on resume); the other slots are stopped.
+        if failed is not None and failed.reason is FailureReason.MACHINE:
+            raise ResultsError(f"{failed.name} failed for the machine, not its config ({failed.detail}): it counts as no "
+                               "result; fix it and run the same command again to resume, and it runs again")
         if failed is not None and failed.reason is FailureReason.PORT:
             raise ResourceError(f"{failed.name}: {failed.detail}: free ports there or pass another --master_port, then run "
                                 "the same command again; the experiment runs then")
@@ -248,8 +252,8 @@ class StageExperiments:
             experiment = ctx.builder.build(config, phase=phase, space=space, repeat=repeat)
             slot = lease.slot.include
             mark = new_mark()  # this trial's launch: a resumed tuning tells its processes and files by it
-            _store(trial, ExperimentRecord.claim(experiment, slot=slot, repeat=repeat, mark=mark))  # the claim
-            previous = competitor(self._study, trial, experiment.name)
+            _store(trial, ExperimentRecord.claim(experiment, slot=slot, repeat=repeat, mark=mark, timeout=ctx.timeout))  # the claim
+            previous = competitor(self._study, trial, experiment.name, timeout=ctx.timeout)
             if previous is not None:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
                 attempt.stood_down, attempt.competitor = True, previous
@@ -312,7 +316,7 @@ class StageExperiments:
                                       duration=result.duration, outcome=f"failed ({result.reason.value}: {result.detail})")
                 if result.stderr_tail:
                     ctx.observer.detail("\n".join("  | " + line for line in result.stderr_tail.splitlines()[-5:]))
-                if result.reason in (FailureReason.SCRIPT, FailureReason.PORT):
+                if result.reason in (FailureReason.SCRIPT, FailureReason.PORT, FailureReason.MACHINE):
                     attempt.stops = result
                 return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
             assert measured is not None

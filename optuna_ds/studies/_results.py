@@ -238,8 +238,9 @@ def failure_text(record: ExperimentRecord) -> str:
 def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str = "tuned", reason: str = "",
                  choice: ChoiceRecord | None = None) -> StageResult:
     trials = launched(study.get_trials(deepcopy=False))
-    # An experiment the user (or a lost node) cut short is no failure of its config: it runs again.
-    failed = [t for t in trials if t.state == TrialState.FAIL and ExperimentRecord.from_trial(t).reason is not FailureReason.INTERRUPTED]
+    # An experiment the user (or a lost node) cut short, or the machine failed, is no failure of its config: it runs again.
+    failed = [t for t in trials if t.state == TrialState.FAIL
+              and ExperimentRecord.from_trial(t).reason not in (FailureReason.INTERRUPTED, FailureReason.MACHINE)]
     last_failure = ""
     if failed:
         record = ExperimentRecord.from_trial(failed[-1])

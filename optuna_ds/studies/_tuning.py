@@ -24,6 +24,8 @@ from optuna_ds.domain import Knobs
 from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import StageRecord
+from optuna_ds.domain import is_finished_experiment
+from optuna_ds.domain import timed_out_sooner
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import Resources
 from optuna_ds.launcher import SlotPool
@@ -353,6 +355,21 @@ class Tuning:
             raise
         return self.result()
 
+    def _say_timeouts_retried(self, stages: Mapping[int, StageExperiments], *, timeout: float | None) -> None:
+        """Tell in one line which experiments that timed out under a shorter trial timeout than
+        ``timeout`` (a resume with a longer --trial-timeout) may run again under it: the planner
+        sees them as not run (:func:`~optuna_ds.domain.timed_out_sooner`)."""
+        again: list[str] = []
+        for experiments in stages.values():
+            trials = experiments.study.get_trials(deepcopy=False)
+            settled = {r.exp_name for t in trials if is_finished_experiment(t, timeout=timeout) and (r := ExperimentRecord.from_trial(t)).exp_name}
+            again += sorted({name for t in trials if timed_out_sooner(t, timeout=timeout)
+                             and (name := ExperimentRecord.from_trial(t).exp_name) and name not in settled})
+        if again and timeout is not None:
+            shown = ", ".join(again[:5]) + (f" and {len(again) - 5} more" if len(again) > 5 else "")
+            self._log(f"{len(again)} experiment(s) that timed out under a shorter trial timeout may run again under "
+                      f"{timeout:g} s: {shown}")
+
     def _deleted(self) -> bool:
         """Whether the tuning's root study is gone, or is another now (deleted, then started afresh)."""
         try:
@@ -465,6 +482,7 @@ class Tuning:
                 name = ExperimentRecord.from_trial(t).exp_name
                 if t.value is not None and name is not None:
                     ctx.observer.resumed(stage=stage, name=name, value=t.value, metric=a.tuned_metric)
+        self._say_timeouts_retried(stages, timeout=ctx.timeout)
         ended = False
         try:
             coordinator.run()

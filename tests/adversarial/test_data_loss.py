@@ -222,3 +222,41 @@ def test_a_trial_failed_as_stale_while_its_experiment_ran_keeps_its_result(hws: 
     assert "failed" not in summary, summary
     hws.assert_finished_once()
     hws.assert_untouched()
+
+
+def test_a_malformed_database_is_said_so_never_resumable(hws: Hostile) -> None:
+    """Issue 50 row 8: a malformed SQLite file was "... database disk image is malformed; the
+    experiments that finished are kept in it: run the same command again to resume", and again
+    on rerun. One line that names the file and what can be done, each time."""
+    hws.config(base_config())
+    assert hws.main().returncode == 0
+    db = hws.results / "optuna-ds.db"
+    data = bytearray(db.read_bytes())
+    for page in range(4096, len(data), 4096):
+        data[page:page + 100] = b"\xff" * 100
+    db.write_bytes(bytes(data))
+    for _ in range(2):
+        line = assert_one_line_error(hws.main(), "malformed", str(db), "--results-dir or --storage")
+        assert "resume" not in line.replace("be resumed", "") and "kept" not in line, line
+    hws.assert_untouched()
+
+
+def test_a_database_deleted_under_the_tuning_is_said_gone() -> None:
+    """Issue 50 row 8: the results folder deleted mid-tuning ended in "no such table: studies;
+    ... the experiments that finished are kept in it" (false). It says the storage is gone."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from optuna_ds._errors import OptunaDSError
+    from optuna_ds.storage import storage_failures
+
+    lost = OperationalError("SELECT studies.study_id FROM studies", {}, sqlite3.OperationalError("no such table: studies"))
+    for url in ("sqlite:////nonexistent/results/optuna-ds.db", "postgresql+psycopg://u:secret@db/tuning"):
+        with pytest.raises(OptunaDSError) as raised, storage_failures(url, advice="the experiments that finished are kept in it"):
+            raise lost
+        line = str(raised.value)
+        assert "is gone" in line and "deleted" in line and "kept" not in line and "secret" not in line, line
+    with pytest.raises(OptunaDSError) as raised, storage_failures("sqlite:////nonexistent/results/optuna-ds.db", advice="resume"):
+        raise OperationalError("INSERT", {}, sqlite3.OperationalError("unable to open database file"))
+    assert "is gone" in str(raised.value) and "/nonexistent/results/optuna-ds.db" in str(raised.value)
