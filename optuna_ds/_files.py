@@ -90,7 +90,8 @@ def open_lock(path: str, *, create: bool = True) -> int:
 def write_file(path: str, data: str | bytes, *, sync: bool = False) -> None:
     """Write ``path`` whole: into a temp file of its folder, created exclusively (never through
     a link), then renamed over it, so a reader sees the old file or the new one and nothing
-    planted there is written through. ``sync`` flushes it to disk first (a crash keeps it)."""
+    planted there is written through. ``sync`` flushes it to disk first (a crash keeps it).
+    An :class:`OSError` names ``path``."""
     check_own_file(path)
     folder, name = os.path.split(path)
     temp = os.path.join(folder, f".{name[:200]}.{secrets.token_hex(4)}.tmp")
@@ -105,9 +106,11 @@ def write_file(path: str, data: str | bytes, *, sync: bool = False) -> None:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(temp, path)
-    except BaseException:  # noqa: BLE001 - re-raised: no temp file is left behind
+    except BaseException as e:  # noqa: BLE001 - re-raised: no temp file is left behind
         with contextlib.suppress(OSError):
             os.remove(temp)
+        if isinstance(e, OSError) and e.errno is not None:  # told as the file's, not its temp's
+            raise OSError(e.errno, e.strerror, path) from None
         raise
 
 

@@ -155,6 +155,18 @@ def test_a_tuning_where_autotp_pays_runs_it_and_the_optimum_carries_it(ws: Works
     assert "z0 AutoTP 2" in (ws.results / "report.html").read_text()
 
 
+def test_autotp_listed_with_zero_3_only_is_told_it_never_applies_there(ws: Workspace) -> None:
+    config = ws.config({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
+                        "tensor_parallel": {"autotp_size": [1, 2]},
+                        "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 8, "model_info": {"hidden_size": 8192}}})
+    p = _tune(ws, config, {})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert not [entry for entry in ws.launches() if entry.get("autotp", 1) > 1]
+    summary = (ws.results / "summary.txt").read_text()
+    assert "AutoTP: not launched: it applies at ZeRO stages 0 to 2 only" in summary and "the tuning ran ZeRO-3 only" in summary
+    assert "pays only where the model states" not in summary
+
+
 def test_a_script_whose_data_differ_within_a_group_is_reported_once_and_no_size_tried_again(ws: Workspace) -> None:
     surface = {"oom_above": {"0": 4}, "autotp": {"kept": 0.4, "fails": True}}
     p = _tune(ws, _workspace(ws, (1, 2)), surface)

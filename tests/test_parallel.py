@@ -420,3 +420,35 @@ def test_knob_settings_handed_to_slots_count_against_tuner_num_trials(monkeypatc
     coordinator._handed.append(Proposal(config=Config(stage=1, micro_batch=8, knobs={"overlap_comm": False, "reduce_bucket_size": 5e7})))
     coordinator._decide()
     assert handed[-1] == {}
+
+
+def test_a_worker_names_tunes_choice_never_its_own(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that ends before tune has chosen (tune still measuring its choice alike) saw
+    other results than tune's last: it names tune's choice, stored on the root study, or none."""
+    import dataclasses
+
+    from optuna_ds.studies import Tuning
+
+    ws.config({**CONFIG, "autotuning": {"enabled": True}})
+    assert ws.tune(surface=SURFACE).returncode == 0
+    root = optuna.load_study(study_name="optuna-ds", storage=ws.storage)
+    chosen = next(s.user_attrs["optimum"] for s in optuna.get_all_study_summaries(ws.storage) if "optimum" in s.user_attrs)
+    run = Tuning.run
+
+    def its_own_view(self: Tuning) -> Any:
+        result = run(self)
+        return dataclasses.replace(result, best=dataclasses.replace(result.best, name="z1_its_own_optimum", runs=(1e9,)))
+
+    monkeypatch.setattr(Tuning, "run", its_own_view)
+    args = ("worker", "--storage", ws.storage, LAUNCHER_OPTION, FAKE_LAUNCHER)
+    done = ws.cli(*args, surface=SURFACE)
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == f"tuning 'optuna-ds' is done: optimum {chosen['exp_name']} {chosen['figure']} (tune's choice)", last
+    from optuna_ds.storage import set_choice
+
+    set_choice(root, {})  # tune's search open again, its choice not yet made
+    done = ws.cli(*args, surface=SURFACE)
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == f"tuning 'optuna-ds' is done; tune chooses its optimum and writes it to {ws.results}", last

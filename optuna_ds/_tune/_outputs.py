@@ -3,13 +3,16 @@ by ``optuna-ds report``, deleted by ``--overwrite``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
+from collections.abc import Iterator
 
 import optuna
 
 from optuna_ds._errors import ConfigError
+from optuna_ds._errors import ResultsError
 from optuna_ds.config import UserConfig
 from optuna_ds.config import parse_user_config
 from optuna_ds.domain import ExperimentRecord
@@ -36,6 +39,7 @@ from optuna_ds.storage import create_storage
 from optuna_ds.storage import delete_tuning
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import redact_url
+from optuna_ds.storage import set_choice
 from optuna_ds.storage import storage_failures
 from optuna_ds.storage import tuning_study_names
 from optuna_ds.studies import TuningResult
@@ -100,6 +104,18 @@ def remove_previous_outputs(storage: optuna.storages.BaseStorage, study_name: st
             pass
 
 
+@contextlib.contextmanager
+def _writing(path: str, *, kept: str) -> Iterator[None]:
+    """An :class:`OSError` inside the block (a full disk, a folder turned read-only) becomes one
+    :class:`ResultsError` naming the file that could not be written (the error's, else
+    ``path``) and what is ``kept``."""
+    try:
+        yield
+    except OSError as e:
+        raise ResultsError(f"cannot write {e.filename if isinstance(e.filename, str) else path}: {e.strerror or e}; {kept}: fix it and run the same command again to "
+                           "write it (nothing runs again)") from None
+
+
 def write_outputs(
     result: TuningResult,
     *,
@@ -117,10 +133,7 @@ def write_outputs(
     advice = learning_rate_advice(result, user, data_parallel_size=max(1, dp // (user.autotuning.mp_size * user.own_autotp_size)))
     config = optimal_config(result)
     scaled = scale_learning_rate(advice, config=config, script_args=plan.script_args, user=user) if scale_lr and isinstance(advice, LearningRateAdvice) and config else None
-    summary = write_summary(result, results_dir=results_dir, advice=scaled.note if scaled else advice, budget=budget)
-    data = load_report(storage, plan.study_name, result=result, advice=scaled.note if scaled else advice, budget=budget)
-    write_report(data, files.report)
-    register_with_dashboard(data, storage, note=summary_markdown(result, advice=scaled.note if scaled else advice, budget=budget))
+    note = scaled.note if scaled else advice
     command: list[str] | None = None
     written = None
     if config is not None:
@@ -128,8 +141,19 @@ def write_outputs(
         # The optimum's script switches (checkpointing through arg_mappings) go on its command line.
         switches = script_switches(checkpointing_space(user), result.best.config) if result.best is not None else {}
         command = commands.training(config=scaled.config if scaled else config, config_path=files.optimal_config, switches=switches)
-        written = write_optimal(result, results_dir=results_dir, command=command, config=scaled.config if scaled else None,
-                                comment=scaled.note if scaled and scaled.applied else None)
+        with _writing(files.optimal_config, kept="its experiments are kept"):
+            written = write_optimal(result, results_dir=results_dir, command=command, config=scaled.config if scaled else None,
+                                    comment=scaled.note if scaled and scaled.applied else None)
+        if result.best is not None:
+            set_choice(optuna.load_study(study_name=plan.study_name, storage=storage),
+                       {"name": result.best.name, "figure": result.best.figure(result.metric)})
+    kept = f"{os.path.basename(files.optimal_config)} and {os.path.basename(files.optimal_cmd)} are written" if written else "its experiments are kept"
+    with _writing(files.summary, kept=kept):
+        summary = write_summary(result, results_dir=results_dir, advice=note, budget=budget)
+    data = load_report(storage, plan.study_name, result=result, advice=note, budget=budget)
+    with _writing(files.report, kept=kept):
+        write_report(data, files.report)
+    register_with_dashboard(data, storage, note=summary_markdown(result, advice=note, budget=budget))
     return TuneOutcome(
         result=result,
         summary=summary,

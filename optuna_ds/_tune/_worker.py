@@ -31,6 +31,7 @@ from optuna_ds.storage import create_storage
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import redact_url
 from optuna_ds.storage import storage_failures
+from optuna_ds.storage import tune_choice
 from optuna_ds.storage import tuning_names
 from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
@@ -48,6 +49,16 @@ class WorkerOptions:
     launcher_options: LauncherOptions = LauncherOptions()
     deepspeed_bin: str | None = None
     wait: float = 300.0  # seconds to wait for the tuning to be started, and then for its profile run
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOutcome:
+    """What a worker saw when the tuning was done: the storage's results then, and the optimum
+    tune chose (``{"name", "figure"}``), ``None`` where tune has chosen none yet."""
+
+    result: TuningResult
+    choice: dict[str, str] | None
+    results_dir: str
 
 
 _PLAN_POLL_SECONDS = 0.2  # a waiting worker reads the plan this often: one small query
@@ -111,9 +122,10 @@ def worker_launcher_options(*, mine: LauncherOptions, planned: LauncherOptions) 
     return dataclasses.replace(mine, **merged)
 
 
-def work(options: WorkerOptions, *, observer: TuningObserver | None = None, spawn: Spawn | None = None) -> TuningResult:
+def work(options: WorkerOptions, *, observer: TuningObserver | None = None, spawn: Spawn | None = None) -> WorkerOutcome:
     """Join the tuning stored under ``options.study_name`` and run its experiments on this
-    node's GPUs until it is done. Everything else comes from the plan in the storage.
+    node's GPUs until it is done. Everything else comes from the plan in the storage. The
+    optimum is tune's to choose: the outcome names tune's choice, never one of the worker's.
     ``spawn`` starts each experiment's launcher (a real process by default; benchmarks/product.py
     simulates one)."""
     observer = observer or PrintObserver()
@@ -145,7 +157,9 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None, spaw
                         worker=True, wait=options.wait)
         try:
             with sigterm_raises():
-                return tuning.run()
+                result = tuning.run()
         except KeyboardInterrupt:
             observer.log("interrupted: this worker's experiments were ended and will run again elsewhere")
             raise
+        choice = tune_choice(optuna.load_study(study_name=plan.study_name, storage=storage))
+        return WorkerOutcome(result=result, choice=choice, results_dir=plan.results_dir)

@@ -228,11 +228,12 @@ def worker(storage: str, study_name: str, deepspeed_bin: str | None, wait: float
     options = WorkerOptions(storage=storage, study_name=study_name, launcher_options=_launcher_options_of(launcher_kwargs),
                             deepspeed_bin=deepspeed_bin, wait=wait)
     try:
-        result = work(options, observer=progress)
+        outcome = work(options, observer=progress)
     finally:
         progress.close()
-    best = result.best
-    _say(f"tuning '{study_name}' is done" + (f": optimum {best.name} {best.figure(result.metric)}" if best else ""))
+    choice = outcome.choice
+    _say(f"tuning '{study_name}' is done" + (f": optimum {choice['name']} {choice['figure']} (tune's choice)" if choice else
+                                           f"; tune chooses its optimum and writes it to {outcome.results_dir}"))
 
 
 @cli.command()

@@ -316,6 +316,18 @@ def _from_script(script_args: Sequence[str], mappings: dict[str, str], key: str)
     return int(value)
 
 
+def _check_switch_flag(mappings: dict[str, str]) -> None:
+    """Refuse a checkpointing switch mapped to a flag another key sets (through ``mappings``,
+    or a Trainer's own batch flags): turning the switch on or off would rewrite that flag."""
+    flag = mappings.get(CHECKPOINTING_SWITCH)
+    if flag is None:
+        return
+    for key, other in {**HF_FLAGS, **mappings}.items():
+        if key != CHECKPOINTING_SWITCH and other == flag:
+            raise ConfigError(f"autotuning.arg_mappings maps {CHECKPOINTING_SWITCH} to {flag}, the flag of {key}: the switch "
+                              "needs a flag of its own (the script's, such as --gradient_checkpointing)")
+
+
 def parse_user_config(
     raw: dict[str, Any], *, path: str, script_args: Sequence[str]
 ) -> UserConfig:
@@ -331,6 +343,7 @@ def parse_user_config(
     for key, flag in HF_FLAGS.items():
         if raw.get(key) == "auto" and key not in mappings:
             mappings[key] = flag
+    _check_switch_flag(mappings)
     stages, all_stages = _parse_stages(raw)
     _check_checkpointing_section(raw)
     _check_autotp_section(raw, mp_size=autotuning.mp_size)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 
+from optuna_ds.launcher._raised import error_lines
+
 _SETTING_FAILURES = re.compile(
     r"AutoTP not supported for model\.[^\n]*"
     r"|Not able to determine model policy automatically\.[^\n]*"
     r"|Data inconsistency within the TP group\.[^\n]*"
-    r"|Weight conversions \([^)]*\) with DeepSpeed Tensor Parallelism are not yet implemented"
+    r"|Weight conversions \([^()\n]*\) with DeepSpeed Tensor Parallelism are not yet implemented"
     r"|vocab_parallel_lm_head requires [^\n]*"
 )
 # A failure inside DeepSpeed's AutoTP: its sharding of the model, its layers.
@@ -34,6 +36,6 @@ def autotp_failure(stderr_tail: str, *, crashed: bool = False) -> str:
     if match := _SETTING_FAILURES.search(stderr_tail):
         return match.group(0).strip()
     if crashed and _IN_AUTOTP.search(stderr_tail):
-        lines = [line.strip() for line in stderr_tail.splitlines() if re.search(r"\w(Error|Exception)\b.*:", line)]
+        lines = error_lines(stderr_tail)
         return f"it failed inside DeepSpeed's AutoTP: {lines[-1] if lines else 'see its stderr'}"
     return ""

@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from optuna_ds.launcher._raised import error_lines
+
 _LINES = (
     (re.compile(r"----Partition Activations (\w+), CPU CHECKPOINTING (\w+)"), ("partition_activations", "cpu_checkpointing")),
     (re.compile(r"----contiguous Memory Checkpointing (\w+) with (\w+) total layers"),
@@ -33,7 +35,7 @@ _LINES = (
 # support (``gradient_checkpointing_enable``), or the section's combinations DeepSpeed's
 # ``configure()`` asserts against.
 _SETTING_FAILURES = re.compile(
-    r"\S+ does not support gradient checkpointing\.?"
+    r"(?<!\S)\S+ does not support gradient checkpointing\.?"
     r"|Contiguous Checkpointing is only available with partitioned activations[^\n]*"
     r"|Must specify the number of layers with contiguous memory checkpointing"
 )
@@ -76,7 +78,7 @@ def checkpointing_failure(stderr_tail: str, *, switches: Iterable[str] = (), cra
     if match:
         return match.group(0).strip()
     if crashed and _IN_CHECKPOINTING.search(stderr_tail):
-        lines = [line.strip() for line in stderr_tail.splitlines() if re.search(r"\w(Error|Exception)\b.*:", line)]
+        lines = error_lines(stderr_tail)
         return f"it failed inside DeepSpeed's checkpointing: {lines[-1] if lines else 'see its stderr'}"
     for flag in switches:
         for line in stderr_tail.splitlines():

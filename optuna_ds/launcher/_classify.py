@@ -84,7 +84,15 @@ def last_lines(text: str, n: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-n:])
 
 
-_ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception)\b.*:|out of memory", re.IGNORECASE)
+_ERROR_NAME = re.compile(r"\s*[\w.]*?(?:Error|Exception)\b", re.IGNORECASE)
+_OUT_OF_MEMORY = re.compile(r"out of memory", re.IGNORECASE)
+
+
+def _states_error(line: str) -> bool:
+    """Whether ``line`` begins with an error's or an exception's name (``torch.cuda.XError``,
+    any case) with a colon after it, or says "out of memory"."""
+    named = _ERROR_NAME.match(line)
+    return bool(named and ":" in line[named.end():]) or _OUT_OF_MEMORY.search(line) is not None
 
 
 def telling_line(stderr_tail: str) -> str:
@@ -92,7 +100,7 @@ def telling_line(stderr_tail: str) -> str:
     ``...Error: ...`` line, not a shutdown warning printed after it."""
     lines = [line.strip() for line in stderr_tail.strip().splitlines() if line.strip()]
     for line in reversed(lines):
-        if OOM_PATTERNS.search(line) or _ERROR_LINE.search(line):
+        if OOM_PATTERNS.search(line) or _states_error(line):
             return line
     return lines[-1] if lines else ""
 

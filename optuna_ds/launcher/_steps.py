@@ -28,7 +28,7 @@ from optuna_ds.launcher._classify import read_tail
 from optuna_ds.launcher._paths import ExperimentFiles
 
 _LINE = re.compile(r"time \(ms\)((?: \| [A-Za-z_]+: -?\d+(?:\.\d+)?)+)")
-_FIELD = re.compile(r"([A-Za-z_]+): (-?\d+(?:\.\d+)?)")
+_FIELD = re.compile(r"(?<![A-Za-z_])([A-Za-z_]+): (-?\d+(?:\.\d+)?)")
 _STEP_TIMERS = ("fwd", "bwd", "step")  # DeepSpeed's own step time (its latency) sums these
 # The exit step in metrics.json against the last logged step: beyond this ratio either way, the
 # two are not in the units this module takes them in (DeepSpeed's metrics file in microseconds,

@@ -528,6 +528,9 @@ def autotp_line(result: TuningResult) -> str:
     others = [m for m in result.measured if (m.config.knobs.autotp > 1) != (size > 1)]
     other = metric.best(others, key=lambda m: m.value)
     if size == 1:
+        if other is None and result.measured and all(m.config.stage == 3 for m in result.measured):
+            return ("AutoTP: not launched: it applies at ZeRO stages 0 to 2 only (DeepSpeed's AutoTP training documents no "
+                    "ZeRO-3), and the tuning ran ZeRO-3 only.")
         if other is None:
             return ("AutoTP: not launched: it pays only where the model states or activations bound the micro-batch and the "
                     "throughput curve still rises beyond that size by more than its per-layer all-reduces cost, which the "

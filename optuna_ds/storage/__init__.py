@@ -12,9 +12,11 @@ from optuna_ds.storage._plan import load_plan
 from optuna_ds.storage._plan import load_stage_study
 from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import open_stage_study
+from optuna_ds.storage._plan import set_choice
 from optuna_ds.storage._plan import set_ending
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
+from optuna_ds.storage._plan import tune_choice
 from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
 from optuna_ds.storage._storage import DB_FILENAME
@@ -45,11 +47,13 @@ __all__ = [
     "load_stage_study",
     "open_root_study",
     "open_stage_study",
+    "set_choice",
     "set_ending",
     "redact_url",
     "stage_of",
     "stage_study_name",
     "storage_failures",
+    "tune_choice",
     "tuning_names",
     "tuning_study_names",
 ]

@@ -34,6 +34,13 @@ def _zero(**zero: object) -> dict:
     (base_config(tensorboard={"enabled": True, "output_pth": "tb"}), ["tensorboard.output_pth"]),
     # A top-level key DeepSpeed never reads: it would ignore it and every experiment run its default (issue #35).
     (base_config(train_micro_batch_size_per_gp=4), ["train_micro_batch_size_per_gp", "did you mean 'train_micro_batch_size_per_gpu'"]),
+    # The checkpointing switch mapped to the micro-batch flag: the dimension would silently vanish (issue #50).
+    (base_config(autotuning={"enabled": True, "model_info": {"num_params": 1000000},
+                             "arg_mappings": {"gradient_checkpointing": "--per_device_train_batch_size"}}),
+     ["arg_mappings maps gradient_checkpointing to --per_device_train_batch_size", "the flag of train_micro_batch_size_per_gpu"]),
+    (base_config(autotuning={"enabled": True, "model_info": {"num_params": 1000000},
+                             "arg_mappings": {"gradient_accumulation_steps": "--accum", "gradient_checkpointing": "--accum"}}),
+     ["maps gradient_checkpointing to --accum", "the flag of gradient_accumulation_steps"]),
 ])
 def test_bad_config_values(hws: Hostile, config: dict, words: list[str]) -> None:
     hws.config(config)

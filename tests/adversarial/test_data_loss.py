@@ -260,3 +260,31 @@ def test_a_database_deleted_under_the_tuning_is_said_gone() -> None:
     with pytest.raises(OptunaDSError) as raised, storage_failures("sqlite:////nonexistent/results/optuna-ds.db", advice="resume"):
         raise OperationalError("INSERT", {}, sqlite3.OperationalError("unable to open database file"))
     assert "is gone" in str(raised.value) and "/nonexistent/results/optuna-ds.db" in str(raised.value)
+
+
+def test_a_full_disk_at_the_end_keeps_the_optimal_config_and_names_the_file(hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills as the report is written: the optimal config and its command, written
+    first, are there, and the tuning ends in one line naming the report, never an internal error."""
+    import errno
+
+    replace = os.replace
+
+    def full_for_the_report(src: str, dst: str) -> None:
+        if os.path.basename(dst) == "report.html":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), src, None, dst)
+        replace(src, dst)
+
+    hws.config(base_config())
+    monkeypatch.setattr(os, "replace", full_for_the_report)
+    proc = hws.main()
+    assert_one_line_error(proc, f"cannot write {hws.results / 'report.html'}: {os.strerror(errno.ENOSPC)}",
+                          "ds_config_optimal.json and cmd_optimal.txt are written")
+    assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] in (2, 4)
+    assert "--deepspeed_config" in (hws.results / "cmd_optimal.txt").read_text()
+    assert not [p.name for p in hws.results.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.undo()
+    # The same command again launches nothing and writes the rest.
+    launched = len(hws.experiments())
+    assert hws.main().returncode == 0
+    assert len(hws.experiments()) == launched
+    assert (hws.results / "report.html").is_file()

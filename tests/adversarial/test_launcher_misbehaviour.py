@@ -201,3 +201,46 @@ def test_a_fifo_a_device_or_a_flood_as_metrics_is_a_bad_measurement_not_a_hang(h
     hws.assert_finished_once()
     hws.assert_nothing_left()
     hws.assert_untouched()
+
+
+def test_a_failed_runs_output_is_read_in_linear_time_whatever_it_holds() -> None:
+    """Every pattern run over a run's output takes time linear in its length: 256 KB in one
+    line (the most of a stderr tail read) of any shape takes no longer, within a generous
+    factor, than 32 times 8 KB of it; a quadratic pattern takes 1,024 times as long (minutes)."""
+    import re
+    import time
+
+    from optuna_ds.launcher._autotp import autotp_failure
+    from optuna_ds.launcher._checkpointing import checkpointing_failure
+    from optuna_ds.launcher._checkpointing import read_checkpointing
+    from optuna_ds.launcher._classify import classify
+    from optuna_ds.launcher._classify import telling_line
+    from optuna_ds.launcher._steps import read_step_timers
+
+    crash = ('  File "deepspeed/runtime/activation_checkpointing/checkpointing.py", line 1\n'
+             '  File "deepspeed/module_inject/auto_tp.py", line 2\n')
+
+    def read_all(text: str) -> None:
+        classify(returncode=1, timed_out=False, metrics=None, stdout_tail=text, stderr_tail=text,
+                 switches=("--gradient_checkpointing",), autotp=True)
+        checkpointing_failure(text, crashed=True, switches=("--gradient_checkpointing",))
+        autotp_failure(text, crashed=True)
+        telling_line(text)
+        read_checkpointing(text)
+        read_step_timers(text)
+
+    def seconds(text: str) -> float:
+        start = time.perf_counter()
+        read_all(text)
+        return time.perf_counter() - start
+
+    for unit in ("x", "a.", "'a", "x.error ", "aError ", "Weight conversions (", "time (ms) | fwd"):
+        line = unit * (256 * 1024 // len(unit))
+        baseline = min(seconds(crash + line[: 8 * 1024]) for _ in range(3))
+        assert seconds(crash + line) < max(32 * 20 * baseline, 3.0), f"{unit!r} repeated is read in more than linear time"
+
+    name = "M" * (256 * 1024)
+    assert checkpointing_failure(f"ValueError: {name} does not support gradient checkpointing.") == (
+        f"{name} does not support gradient checkpointing.")
+    assert re.fullmatch(r"it failed inside DeepSpeed's checkpointing: RuntimeError: x", checkpointing_failure(
+        crash + "aError without colon " * 1000 + "\nRuntimeError: x\n", crashed=True))
