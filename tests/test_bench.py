@@ -117,9 +117,9 @@ def test_the_planner_benchmark_prints_each_figure_with_its_interval_and_both_lau
 
 def test_the_planner_benchmark_tunes_through_the_product_as_the_cli_does(capsys) -> None:
     """--agree: the CLI as a process and the product in-process choose alike, launch for launch."""
-    out = subprocess.run([sys.executable, str(BENCH / "planner.py"), "--jobs", "small-plateau", "phys-3", "--agree", "2"],
+    out = subprocess.run([sys.executable, str(BENCH / "planner.py"), "--jobs", "phys-3", "--agree", "1"],
                          capture_output=True, text=True, check=True, timeout=600).stdout
-    assert re.search(r"^agreement: 2 of 2 jobs chose the same config; launches (\d+) vs \1 \(CLI vs in-process\)$", out, re.M), out
+    assert re.search(r"^agreement: 1 of 1 jobs chose the same config; launches (\d+) vs \1 \(CLI vs in-process\)$", out, re.M), out
 
 
 def test_the_planner_audit_counts_every_launch_of_a_job_once() -> None:
