@@ -88,7 +88,7 @@ def test_deepspeeds_autotuner_tunes_a_job_of_more_gpus_than_it_takes_on_one_node
     import search
 
     assert [search._deepspeed_layout(n) for n in (8, 64, 100, 128, 120)] == [(1, 8), (1, 64), (1, 100), (16, 8), (15, 8)]
-    job = surfaces.by_name("blind4-1")  # 128 GPUs: on one node of 128 slots DeepSpeed 0.19.8 asserts before any launch
+    job = surfaces.by_name("blind4-4")  # 128 GPUs: on one node of 128 slots DeepSpeed 0.19.8 asserts before any launch
     assert job.num_gpus == 128
     figures = search.run_tool("deepspeed", job, fast=True, tuner_type="gridsearch", keep=tmp_path)
     assert figures["rc"] == 0 and figures["launches"] > 1 and figures["chosen"] is not None, figures
