@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib
 import io
 import json
@@ -195,6 +196,7 @@ def surface_config(surface: surfaces.Surface, config: Any) -> surfaces.Config:
                            offload_optimizer=bool(config.offload), offload_param=config.offload == "offload-opt-param")
 
 
+@functools.cache
 def _import_all() -> None:
     """Every module of optuna-ds imported now, so that virtual_time.install() reaches them all,
     and DeepSpeed's CPU accelerator, whose device count each simulated node reads as its own."""

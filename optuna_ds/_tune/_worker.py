@@ -161,5 +161,5 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None, spaw
         except KeyboardInterrupt:
             observer.log("interrupted: this worker's experiments were ended and will run again elsewhere")
             raise
-        choice = tune_choice(optuna.load_study(study_name=plan.study_name, storage=storage))
+        choice = tune_choice(tuning.root)
         return WorkerOutcome(result=result, choice=choice, results_dir=plan.results_dir)
