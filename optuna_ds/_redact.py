@@ -2,14 +2,23 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import NamedTuple
 
 # The one place that finds and hides secrets in URLs: every URL printed, logged or put in an error
 # goes through here, and the CLI passes every message it prints through ``redact_text``.
-_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+# Every pattern runs in linear time on any text (a driver's error may quote megabytes): a URL is
+# found from its "://" (:func:`_urls`), never by trying a scheme at every word.
+_SEPARATOR = re.compile("://")
+_BODY = re.compile(r"[^\s'\"<>]*")  # a URL's rest, after its "://"
+_SCHEME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
+_SCHEME_START = re.compile(r"\b[A-Za-z]")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(.*)", re.DOTALL)
-_SECRET_PARAM = re.compile(r"(?i)([?&;][\w.-]*(?:pass|pwd|secret|token|key)[\w.-]*=)([^&]*)")
+_PARAM = re.compile(r"[?&;]([\w.-]*)=")  # a query parameter's name: one run of name characters
+_SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token|key")
+_SECRET_VALUE = re.compile(r"([?&;][\w.-]*=)(.*)", re.DOTALL)  # matched over one parameter only
 HIDDEN = "***"
 
 
@@ -37,7 +46,7 @@ def _split(url: str) -> _Parts | None:
         query_secrets.append(m.group(2))
         return m.group(1) + HIDDEN
 
-    rest = _SECRET_PARAM.sub(hide, rest)
+    rest = _hide_params(rest, hide)
     at = rest.rfind("@")
     if at < 0 or rest.startswith("/"):  # sqlite:////path@x.db has no user info
         return _Parts(scheme, None, None, rest, query_secrets)
@@ -77,4 +86,50 @@ def redact_text(text: str, *, secrets: Iterable[str] = ()) -> str:
     hidden wherever it stands alone, as in a database driver's error message."""
     for secret in sorted(set(secrets), key=len, reverse=True):
         text = text.replace(secret, HIDDEN)
-    return _URL.sub(lambda m: redact_url(m.group(0)), text)
+    out: list[str] = []
+    done = 0
+    for start, end in _urls(text):
+        out += [text[done:start], redact_url(text[start:end])]
+        done = end
+    return "".join(out) + text[done:]
+
+
+def _urls(text: str) -> Iterator[tuple[int, int]]:
+    """Where each URL of ``text`` starts and ends, as ``\\b[A-Za-z][A-Za-z0-9+.-]*://[^\\s'"<>]*``
+    finds them (its leftmost matches), in time linear in ``text``: each "://" is found once, and
+    its scheme read back from it over characters no other URL's scheme reads."""
+    done = 0
+    for separator in _SEPARATOR.finditer(text):
+        at = separator.start()
+        if at < done:
+            continue  # inside the URL before
+        first = at
+        while first > done and text[first - 1] in _SCHEME_CHARS:
+            first -= 1
+        start = _SCHEME_START.search(text, first, at)
+        if start is None:
+            continue
+        body = _BODY.match(text, separator.end())
+        assert body is not None  # it matches the empty string
+        done = body.end()
+        yield start.start(), done
+
+
+def _hide_params(query: str, hide: Callable[[re.Match[str]], str]) -> str:
+    """``query`` with each value of a parameter whose name says it is secret replaced by what
+    ``hide`` makes of the match (group 1: ``?name=``, group 2: the value up to the next ``&``), in
+    time linear in ``query``."""
+    out: list[str] = []
+    done = 0
+    while (param := _PARAM.search(query, done)) is not None:
+        if not _SECRET_NAME.search(param.group(1)):
+            out.append(query[done:param.end()])
+            done = param.end()
+            continue
+        end = query.find("&", param.end())
+        end = len(query) if end < 0 else end
+        whole = _SECRET_VALUE.match(query, param.start(), end)
+        assert whole is not None
+        out += [query[done:param.start()], hide(whole)]
+        done = end
+    return "".join(out) + query[done:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 import urllib.parse
 import uuid
 
@@ -70,6 +71,23 @@ def test_the_user_info_password_is_read_whole(url: str, password: str | None) ->
     if password:
         assert password not in redact_url(url).replace("postgresql+psycopg://u:", ""), redact_url(url)
         assert redact_url(url).startswith("postgresql+psycopg://u:***@")
+
+
+@pytest.mark.parametrize("hostile", [
+    "a." * 30_000,  # a scheme could start at every letter: about 4 s with the pattern tried at each
+    "1." * 30_000 + "://",  # one "://" after them, no letter that may start its scheme
+    "x://db/?" + "pass" * 16_000,  # a query parameter's name a secret's at every 4th character, no "="
+    "x://db/?" + "token." * 10_000 + "x",
+])
+def test_redacting_hostile_text_takes_linear_time(hostile: str) -> None:
+    """A driver's error or a run's output may quote anything: the URL and query patterns read it
+    in linear time (``\\b[A-Za-z][A-Za-z0-9+.-]*://`` tried at every word took seconds on 60 KB),
+    and still find the URL after it."""
+    tail = " then postgresql://u:hunter22@db/t?sslpassword=s3cret&x=1"
+    started = time.perf_counter()
+    shown = redact_text(hostile + tail)
+    assert time.perf_counter() - started < 1.0
+    assert "hunter22" not in shown and "s3cret" not in shown and shown.endswith("postgresql://u:***@db/t?sslpassword=***&x=1")
 
 
 def test_url_secrets_are_every_password_as_written_and_decoded() -> None:
