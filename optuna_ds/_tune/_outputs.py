@@ -168,15 +168,33 @@ def write_outputs(
 def write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage, plan: TuningPlan, resume: str,
                    budget: Budget) -> str:
     """An interrupted tuning's summary, report and dashboard note, marked partial, and no
-    optimal config: the search has not ended."""
+    optimal config: the search has not ended. Returns the summary to show, whose last line names
+    each file that could not be written (a full disk, a folder turned read-only): the others are
+    written, and the interrupt goes on (what finished is in the storage, not in these files)."""
     data = load_report(storage, plan.study_name, result=result)
     finished = sum(is_finished_experiment(t) for study in data.studies.values() for t in study.get_trials(deepcopy=False))
     summary = partial_summary(result, finished=finished, resume=resume, budget=budget)
-    text = save_summary(summary.text, results_dir=plan.results_dir)
+    files = ResultsFiles(plan.results_dir)
+    unwritten: list[str] = []
+    try:
+        text = save_summary(summary.text, results_dir=plan.results_dir)
+    except OSError as e:
+        text = summary.text
+        unwritten.append(_unwritten(e, files.summary))
     data = dataclasses.replace(data, headline=summary.head, notes=summary.notes)
-    write_report(data, ResultsFiles(plan.results_dir).report)
+    try:
+        write_report(data, files.report)
+    except OSError as e:
+        unwritten.append(_unwritten(e, files.report))
     register_with_dashboard(data, storage, note=summary.markdown)
+    if unwritten:
+        text = f"{text.rstrip()}\ncannot write {'; nor '.join(unwritten)}: the experiments that finished are kept\n"
     return text
+
+
+def _unwritten(error: OSError, path: str) -> str:
+    """The file ``error`` could not write (its own, else ``path``) and why, in a few words."""
+    return f"{error.filename if isinstance(error.filename, str) else path} ({error.strerror or error})"
 
 
 def report(*, storage: str, study_name: str, output: str) -> str:

@@ -288,3 +288,44 @@ def test_a_full_disk_at_the_end_keeps_the_optimal_config_and_names_the_file(hws:
     assert hws.main().returncode == 0
     assert len(hws.experiments()) == launched
     assert (hws.results / "report.html").is_file()
+
+
+def test_a_full_disk_as_an_interrupted_tuning_writes_its_summary_is_one_line_naming_it(
+        hws: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills as an interrupted tuning writes its partial summary: the summary is still
+    shown, the report still written, one line names the file, the interrupt ends the tuning as
+    it would have (130), never an internal error; what finished runs not again on resume."""
+    import errno
+
+    from optuna_ds.domain import ExperimentRecord
+    from optuna_ds.domain import is_finished_experiment
+    from optuna_ds.studies import Tuning
+
+    replace, run = os.replace, Tuning.run
+
+    def full_for_the_summary(src: str, dst: str) -> None:
+        if os.path.basename(dst) == "summary.txt":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), src, None, dst)
+        replace(src, dst)
+
+    def interrupted_after_its_experiments(self: Tuning) -> object:
+        run(self)
+        raise KeyboardInterrupt
+
+    hws.config(base_config())
+    monkeypatch.setattr(os, "replace", full_for_the_summary)
+    monkeypatch.setattr(Tuning, "run", interrupted_after_its_experiments)
+    proc = hws.main()
+    assert_no_traceback(proc)
+    assert proc.returncode == 130, proc.stderr
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "summary.txt" in line]
+    assert said == [f"cannot write {hws.results / 'summary.txt'} ({os.strerror(errno.ENOSPC)}): the experiments that "
+                    "finished are kept"], proc.stdout + proc.stderr
+    assert "PARTIAL: interrupted" in proc.stdout + proc.stderr  # the summary, shown
+    assert "PARTIAL: interrupted" in (hws.results / "report.html").read_text()
+    assert not (hws.results / "summary.txt").exists()
+    assert not [p.name for p in hws.results.iterdir() if p.name.endswith(".tmp")]
+    # What finished is in the storage: a resumed tuning runs it not again.
+    finished = [t for s in optuna.get_all_study_names(hws.storage) if s.endswith("-z1")
+                for t in optuna.load_study(study_name=s, storage=hws.storage).get_trials() if is_finished_experiment(t)]
+    assert {ExperimentRecord.from_trial(t).exp_name for t in finished} == {e["name"] for e in hws.experiments()}
