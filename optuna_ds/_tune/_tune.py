@@ -32,6 +32,7 @@ from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
 from optuna_ds.reporting import Budget
 from optuna_ds.samplers import check_tuner_type
+from optuna_ds.space import build_knob_space
 from optuna_ds.storage import DB_FILENAME
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import check_study_name
@@ -129,6 +130,9 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None, spawn:
     resources = discover_resources(options.launcher_options)
     check_gpus(user, total_gpus=resources.total_gpus, gpus_per_node=resources.gpus_per_node)
     check_ports(first=options.launcher_options.base_port, slots=len(resources.slots()))
+    for stage in user.stages:  # a knob space too large to search is refused now, not once the profile run has run
+        build_knob_space(stage, user.zero_section(), fast=a.fast, ranks=max(1, resources.total_gpus // a.mp_size),
+                         ranks_per_node=resources.gpus_per_node)
     check_with_deepspeed(user)
     check_tuner_type(a.tuner_type, fast=a.fast)
     check_build_locks()

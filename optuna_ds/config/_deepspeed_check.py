@@ -64,10 +64,12 @@ def _check_checkpointing(user: UserConfig, *, name: str) -> None:
         return
     lists = {k: v for k, v in section.items() if isinstance(v, list)}
     fixed = {k: v for k, v in section.items() if not isinstance(v, list)}
+    lists = {k: _once(v) for k, v in lists.items()}
+    runs = [combo for combo in map(dict, (zip(lists, c) for c in itertools.product(*lists.values())))
+            if _checkpoints_configure({**fixed, **combo})]
     for key, values in lists.items():
         for value in values:
-            others = [dict(zip(lists, combo)) for combo in itertools.product(*lists.values())]
-            if not any(_checkpoints_configure({**fixed, **combo}) for combo in others if combo[key] == value):
+            if not any(combo[key] == value for combo in runs):
                 raise ConfigError(f"{name} with {CHECKPOINTING_SECTION}.{key} = {value!r}: DeepSpeed's checkpointing refuses it "
                                   "in every setting: contiguous_memory_optimization needs partition_activations true and "
                                   "number_checkpoints set")
@@ -155,7 +157,7 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
     # The activation_checkpointing section's lists: each value through DeepSpeed's parser too.
     section = base.get(CHECKPOINTING_SECTION)  # each list at its first value
     mine = user.raw.get(CHECKPOINTING_SECTION)
-    listed = {k: v for k, v in mine.items() if isinstance(v, list) and v} if isinstance(mine, dict) else {}
+    listed = {k: _once(v) for k, v in mine.items() if isinstance(v, list) and v} if isinstance(mine, dict) else {}
     checkpointing = [({k: v}, f" with {CHECKPOINTING_SECTION}.{k} = {v!r}") for k, vs in listed.items() for v in vs[1:]]
     # The tensor_parallel section's AutoTP sizes: each listed one through DeepSpeed's model too.
     tp = base.get(AUTOTP_SECTION)
@@ -163,7 +165,7 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
     autotp: list[tuple[dict[str, Any], str]] = []
     if isinstance(sizes, list) and sizes:
         base[AUTOTP_SECTION] = {**tp, "autotp_size": sizes[0]}
-        autotp = [({**tp, "autotp_size": v}, f" with {AUTOTP_SECTION}.autotp_size = {v!r}") for v in sizes[1:]]
+        autotp = [({**tp, "autotp_size": v}, f" with {AUTOTP_SECTION}.autotp_size = {v!r}") for v in _once(sizes)[1:]]
     for stage in user.stages:
         at = f" at ZeRO stage {stage}" if len(user.stages) > 1 else ""
         for change, value in variants:
@@ -187,19 +189,31 @@ def _zero_lists(zero: dict[str, Any]) -> Iterator[tuple[tuple[str, ...], list[An
     values the tuning may give the key (the space decides which it tunes where)."""
     for key, value in zero.items():
         if key != "stage" and isinstance(value, list) and value:
-            yield (key,), value
+            yield (key,), _once(value)
         elif key in _LISTING_SECTIONS and isinstance(value, dict):
             for sub, v in value.items():
                 if sub != "device" and isinstance(v, list) and v:
-                    yield (key, sub), v
+                    yield (key, sub), _once(v)
+
+
+def _once(values: list[Any]) -> list[Any]:
+    """``values`` each once, in their order (``1`` and ``true`` are two values: DeepSpeed may
+    take one and refuse the other)."""
+    try:
+        return [v for _, v in dict.fromkeys((type(v), v) for v in values)]
+    except TypeError:  # an object or a list in the list: DeepSpeed's to refuse, as listed
+        return values
 
 
 def _setting(zero: dict[str, Any], values: dict[tuple[str, ...], Any]) -> dict[str, Any]:
-    """A copy of ``zero`` with the value at each path of ``values``."""
-    out = copy.deepcopy(zero)
+    """``zero`` with the value at each path of ``values``: a copy of the sections on those paths
+    only (``base`` is a copy of the user's config already, and DeepSpeed's parser changes
+    nothing in it), so a setting costs its paths, not the whole section."""
+    out = dict(zero)
     for path, value in values.items():
         section = out
         for key in path[:-1]:
+            section[key] = dict(section[key])
             section = section[key]
         section[path[-1]] = value
     return out

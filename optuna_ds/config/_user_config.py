@@ -5,6 +5,7 @@ import dataclasses
 import difflib
 import json
 import os
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,36 @@ def _depth(data: Any) -> int:
             deepest = max(deepest, depth)
             todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
+
+
+# The most values one list of the config may hold: each is a setting to search, an experiment of
+# its own (a stage's knob search runs autotuning.tuner_num_trials of them, 50 by default), and
+# Optuna compares a choice list whole at every trial, so a longer list is refused, not searched.
+MAX_LISTED = 100
+
+
+def _check_list_lengths(raw: dict[str, Any]) -> None:
+    """Refuse a list the tuning would search that holds more than :data:`MAX_LISTED` values, in
+    one line naming it, before any of its values is read."""
+    for name, values in _searched_lists(raw):
+        if len(values) > MAX_LISTED:
+            raise ConfigError(f"{name} lists {len(values)} values, more than the {MAX_LISTED} a tuning searches (each is an "
+                              f"experiment of its own): list at most {MAX_LISTED}")
+
+
+def _searched_lists(raw: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
+    """The lists of ``raw`` a tuning may search, each with its key path: the micro-batch sizes,
+    and those of the ZeRO section (its stages, its knobs, its offload sections' keys), the
+    checkpointing section and the AutoTP section."""
+    if isinstance(raw.get(MBS_KEY), list):
+        yield MBS_KEY, raw[MBS_KEY]
+    zero = raw.get(ZERO_KEY)
+    sections = [(key, raw.get(key)) for key in (ZERO_KEY, CHECKPOINTING_SECTION, AUTOTP_SECTION)]
+    if isinstance(zero, dict):
+        sections += [(f"{ZERO_KEY}.{key}", zero.get(key)) for key in sorted(_ZERO_SECTIONS)]
+    for where, section in sections:
+        if isinstance(section, dict):
+            yield from ((f"{where}.{key}", value) for key, value in section.items() if isinstance(value, list))
 
 
 def _int_or_auto(config: dict[str, Any], key: str, *, allow_list: bool) -> int | list[int] | str | None:
@@ -336,6 +367,7 @@ def parse_user_config(
     ``"auto"`` values are resolved as DeepSpeed's autotuner documents: from the script
     argument that ``arg_mappings`` names, else the default.
     """
+    _check_list_lengths(raw)
     autotuning = parse_autotuning_config(raw.get("autotuning"))
     # An "auto" value is the Trainer's to fill from its own flag; tuned values must reach it
     # there, so that flag is the mapping unless the user names another.

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,10 @@ STAGE3_ONLY = frozenset(
 # Knobs DeepSpeed's stage-3 space tunes although stage 3 ignores them.
 NOT_STAGE3 = frozenset({"allgather_partitions", "allgather_bucket_size", "reduce_scatter"})
 _SCALAR_TYPES = (bool, int, float, str, type(None))
+# The most settings a stage's knob space may hold (its offload variants' included): the
+# model-based sampler scores every one at each decision (half a second for 16,000 on a busy
+# node). DeepSpeed's own spaces hold at most 144; ZeRO++ over nodes and SuperOffload make 2,304.
+MAX_SETTINGS = 16_384
 
 
 def default_tuning_space(stage: int, *, hidden_size: int | None = None) -> dict[str, list[Any]]:
@@ -101,11 +106,7 @@ _LEVERS = (*ZEROPP, ZEROPP_STORED, *(f"{key}." for key in OFFLOAD_KEYS))
 
 def _unique(values: list[Any]) -> list[Any]:
     """``values`` in their one form (:func:`knob_value`: ``5e8`` is ``500000000``), each once."""
-    out: list[Any] = []
-    for v in map(knob_value, values):
-        if v not in out:
-            out.append(v)
-    return out
+    return list(dict.fromkeys(map(knob_value, values)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,4 +222,9 @@ def build_knob_space(
         else:
             place(key, value, fixed)
     proposed = {} if fast or user_offloads(user_zero) else offload_space(stage, {OFFLOAD_DEVICE: "cpu"}, superchip=superchip)
-    return KnobSpace(stage=stage, tuned=tuned, fixed=fixed, offload_tuned=proposed)
+    space = KnobSpace(stage=stage, tuned=tuned, fixed=fixed, offload_tuned=proposed)
+    settings = space.size * math.prod(len(v) for v in proposed.values())
+    if settings > MAX_SETTINGS:
+        raise ConfigError(f"the lists of zero_optimization make {settings:,} knob settings at ZeRO stage {stage}, more than the "
+                          f"{MAX_SETTINGS:,} a knob search chooses from: list fewer values")
+    return space

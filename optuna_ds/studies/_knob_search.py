@@ -26,9 +26,11 @@ from optuna_ds.samplers import knob_candidates
 from optuna_ds.space import KnobSpace
 from optuna_ds.studies._context import StageContext
 
-# Settings a random or model-based sampler proposes at a time (a grid proposes all it has left):
-# the planner scores each at an arm's best sizes, so a few dozen rows per arm.
+# Settings a random or model-based sampler proposes at a time (a grid proposes all it has left,
+# up to _GRID_LIMIT: Optuna compares every choice list at each ask, so asking a grid of thousands
+# of settings took seconds at every decision): the planner scores each at an arm's best sizes.
 _LIMIT = 12
+_GRID_LIMIT = 256
 
 Buffers = Callable[[int, str, Mapping[str, Any]], float]  # (stage, offload, knobs) -> bytes of buckets per GPU
 
@@ -76,7 +78,7 @@ class KnobCandidates:
             mine = [t for t in trials if _knob_trial(t, space, arm.offload)]
             key = (arm.key, tuple((t.number, t.state) for t in mine))
             if key not in self._cache:
-                limit = space.size if self._ctx.tuner_type == "gridsearch" else _LIMIT
+                limit = min(space.size, _GRID_LIMIT) if self._ctx.tuner_type == "gridsearch" else _LIMIT
                 settings = knob_candidates(self._ctx.tuner_type, space.tuned, mine, direction=study.direction,
                                            seed=_seed(study.study_name, arm.offload), limit=limit)
                 # The settings already run stay candidates: the planner may run them at another size.
