@@ -58,6 +58,13 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     for t in failed:
         assert t.user_attrs["reason"] == "oom" and "CUDA out of memory" in t.user_attrs["stderr_tail"]
         assert t.params["train_micro_batch_size_per_gpu"] > 40
+    # Optuna-native: each profiled step's figure an intermediate value (steps 3-5, the exit step 6),
+    # the out-of-memory runs infeasible by Optuna's constraints, the profile run no longer running.
+    for t in complete:
+        assert sorted(t.intermediate_values) == [3, 4, 5, 6] and t.intermediate_values[6] == pytest.approx(t.value)
+        assert t.constraints == {"0": 0.0, "1": 0.0}
+    assert all(t.constraints == {"0": 1.0, "1": 0.0} for t in failed)
+    assert _study(ws, "optuna-ds").user_attrs["profile_run"]["state"] == "finished"
     # The optimum is the planner's choice, by its estimate: near the peak, not only the highest measurement.
     choice = _study(ws, "optuna-ds").user_attrs["choice"]
     best = next(t for t in complete if t.number == choice["trial"])

@@ -13,6 +13,7 @@ step) and how steady the run was; the run-to-run noise is measured from launches
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -34,6 +35,9 @@ _STEP_TIMERS = ("fwd", "bwd", "step")  # DeepSpeed's own step time (its latency)
 # two are not in the units this module takes them in (DeepSpeed's metrics file in microseconds,
 # its lines in milliseconds), and the exit step is not put beside the lines.
 _UNIT_SANITY = 20.0
+# The fall across a profiled window that marks a run still warming up: several times the 1.5% by
+# which the steps of a settled run scatter (docs/steps.md).
+_FALLING = 0.10
 
 
 def read_step_timers(text: str) -> list[dict[str, float]]:
@@ -55,6 +59,16 @@ class StepMeasurement:
     value: float  # the engine's, in the metric's units
     step_times_ms: tuple[float, ...] = ()  # each profiled step, the exit step (the figure's) last; empty: none logged
     timers_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)  # each timer's median over the logged profiled steps
+
+    def figures(self, metric: Metric, *, first_step: int) -> list[tuple[int, float]]:
+        """Each logged step's figure in the metric's units, by its global step (the first
+        profiled one ``first_step``, the exit step last): the engine's figure scaled by the
+        step's time, as the engine computes it from the exit step's."""
+        if not self.step_times_ms:
+            return []
+        exit_ms = self.step_times_ms[-1]
+        return [(first_step + k, self.value * (exit_ms / ms if metric.maximize else ms / exit_ms))
+                for k, ms in enumerate(self.step_times_ms)]
 
     def to_attrs(self) -> dict[str, Any]:
         return {"step_times_ms": [round(t, 3) for t in self.step_times_ms],
@@ -89,6 +103,42 @@ def profiled_steps(ds_config: Mapping[str, Any]) -> int:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
         return 0
     return max(0, end - start + 1)
+
+
+def still_falling(step_times_ms: Sequence[float]) -> float | None:
+    """The share by which a run's step times still fell across its profiled window (the exit
+    step, the figure's, included): its warm-up not over, its figure not its speed; ``None``
+    where they hold (or rise, or fewer than three steps were logged).
+
+    The steps trend when their times fall by at least ``_FALLING`` over the window (the
+    Theil-Sen slope, robust to one slow step) and at most one pair in six runs against it."""
+    times = [float(t) for t in step_times_ms]
+    n = len(times)
+    if n < 3 or min(times) <= 0:
+        return None
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if sum(times[j] >= times[i] for i, j in pairs) > len(pairs) // 6:
+        return None
+    slope = statistics.median((times[j] - times[i]) / (j - i) for i, j in pairs)
+    fell = -slope * (n - 1) / statistics.median(times)
+    return fell if fell >= _FALLING else None
+
+
+def profile_window(ds_config: Mapping[str, Any]) -> tuple[int, int]:
+    """The steps an experiment's config profiles, ``(start_profile_step, end_profile_step)``."""
+    section = ds_config.get("autotuning")
+    section = section if isinstance(section, Mapping) else {}
+    return int(section.get("start_profile_step", 3)), int(section.get("end_profile_step", 5))
+
+
+def later_window(ds_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``ds_config`` with its profiled window moved past every step its launch ran (the exit
+    step included): the same number of steps, measured once the first launch's are over."""
+    start, end = profile_window(ds_config)
+    moved = copy.deepcopy(dict(ds_config))
+    moved["autotuning"] = {**moved.get("autotuning", {}), "start_profile_step": start + end + 1,
+                           "end_profile_step": end + end + 1}
+    return moved
 
 
 def read_finished(result_dir: str, *, metric: Metric, ds_config: Mapping[str, Any]) -> tuple[dict[str, Any], StepMeasurement] | None:

@@ -224,7 +224,8 @@ class Tuning:
         info = {**{k: v for k, v in given.items() if k != "profile" and v is not None},
                 **{k: v for k, v in result.metrics.items() if k != "rank"}}
         RootRecord(model_info=info, profile_duration=round(result.duration, 3),
-                   profile_end=datetime.datetime.now().isoformat()).write(self._root.set_user_attr)
+                   profile_end=datetime.datetime.now().isoformat(),
+                   profile_run={"state": "finished"}).write(self._root.set_user_attr)
         return info
 
     def _wait_for_model_info(self) -> dict[str, Any]:
