@@ -198,8 +198,11 @@ def test_a_stage_left_out_on_one_rank_says_it_partitions_nothing(ws: Workspace) 
     assert {l["stage"] for l in _launched(ws)} == {0}
     summary = (ws.results / "summary.txt").read_text()
     for stage in (1, 2, 3):
-        assert (f"z{stage} skipped: on one data-parallel rank ZeRO-{stage} partitions nothing, so it cannot run faster than z0, "
-                "and offloading was not expected to pay; list the stage in zero_optimization.stage to measure it") in summary
+        # Not "cannot run faster than z0": on the example's CPU job, listed, z1 ran 27% faster than z0 (docs/steps.md).
+        assert (f"z{stage} skipped: on one data-parallel rank ZeRO-{stage} partitions nothing, so it was not measured, and "
+                "offloading was not expected to pay; it may still run faster than z0 (its optimizer steps flat buffers): "
+                "list the stage in zero_optimization.stage to measure it") in summary
+        assert "cannot run faster" not in summary
 
 
 def test_failures_do_not_end_the_search_and_keep_their_reason(ws: Workspace) -> None:
