@@ -26,6 +26,7 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
     script_error   printed to stderr by every run but training, which exits 2 (the script's argparse refusing its arguments)
     fixed_batch the micro-batch size the script trains whatever its config says (its own batch flag, not mapped):
                 its steps take that size's time, and the engine counts the config's samples
+    script_steps  the steps the script trains, then exits 0: a window ending later never writes its metrics
     warmup      {"steps": k, "slow": f, "at": sizes}  the first k steps are slower (step i by 1 + f (1 - (i-1)/k)),
                 at every micro-batch size or those listed: a warm-up that outlasts a short profiled window
     num_params, activation_mem_per_gpu               the model info written by the profile run
@@ -377,7 +378,7 @@ def answer(surface: dict[str, Any], launch: Launch) -> int:
     if mbs in surface.get("error_at", []):
         print("Traceback (most recent call last):\nRuntimeError: NCCL communicator was aborted", file=sys.stderr)
         return 1
-    if mbs in surface.get("no_metrics_at", []):
+    if mbs in surface.get("no_metrics_at", []) or int(launch.autotuning.get("end_profile_step", 5)) >= surface.get("script_steps", 1 << 30):
         return 0
     true = surface_throughput(surface, launch) / (1.0 + _FWD if recompute else 1.0) * (float(split.get("factor", 0.9)) if tp > 1 else 1.0)
     if surface.get("fixed_batch"):

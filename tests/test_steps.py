@@ -118,6 +118,17 @@ def test_a_run_still_warming_up_in_its_window_is_measured_later_in_the_run_and_t
     assert warm.user_attrs["ds_config"]["autotuning"]["start_profile_step"] == 9
     assert warm.value == pytest.approx(120 * 16 / (1 + (16 / 24) ** 2))  # ZeRO-1 at its steady speed
     assert "Warm-up: 1 run(s) still got faster" in run.summary and "steps 9-11" in run.summary, run.summary
+    # A script that trains 8 steps never reaches the later window (no metrics): that judges
+    # nothing, and the first launch's figure stands, marked.
+    short = dataclasses.replace(job, name="short", surface={**job.surface, "script_steps": 8})
+    run = product.simulate(short, costs=product.Costs(decision_s=0.1, launch_s=0.2), keep=tmp_path)
+    storage = f"sqlite:///{tmp_path / short.name / 'autotuning_results' / 'optuna-ds.db'}"
+    (warm,) = [t for t in optuna.load_study(study_name=f"{product.STUDY}-z1", storage=storage).get_trials() if t.user_attrs.get("warmup")]
+    assert warm.state.name == "COMPLETE" and warm.value == pytest.approx(120 * 16 / (1 + (16 / 24) ** 2) / 1.75)
+    assert warm.user_attrs["warmup"] == {"windows": [{"steps": [3, 5], "fell": 0.353}, {"steps": [9, 11], "failed": "no-metrics"}],
+                                         "settled": False}
+    assert warm.user_attrs["ds_config"]["autotuning"]["start_profile_step"] == 3
+    assert "their figures are below their speed: z1_gas1_tmbspg16" in run.summary, run.summary
 
 
 def test_a_micro_batch_size_the_script_ignores_is_said_in_one_line(tmp_path) -> None:

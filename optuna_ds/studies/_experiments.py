@@ -278,17 +278,26 @@ class StageExperiments:
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
             attempt.launched = True
             launch, moves, seconds = experiment, 0, 0.0
+            earlier: tuple[ExperimentResult, StepMeasurement | None, Experiment] | None = None
             windows: list[dict[str, Any]] = []
             figures: list[tuple[int, float]] = []  # each profiled step's figure, by its global step
             while True:
                 with contextlib.ExitStack() as local:
                     result, measured = self._launch(trial, launch, lease, mark=mark, held=local)
                     seconds += result.duration
-                    fell = still_falling(measured.step_times_ms) if measured else None
-                    if measured is not None:
-                        figures += measured.figures(ctx.metric, first_step=profile_window(launch.ds_config)[0])
-                    if measured is not None and (fell is not None or windows):
-                        windows.append({"steps": list(profile_window(launch.ds_config)), "fell": round(fell or 0.0, 3)})
+                    steps = list(profile_window(launch.ds_config))
+                    if earlier is not None and not result.ok:
+                        # A later window that failed (its longer run timed out, say) judges nothing:
+                        # the launch before it stands, its steps still falling.
+                        windows.append({"steps": steps, "failed": result.reason.value if result.reason else "error"})
+                        (result, measured, launch), fell = earlier, None
+                        _store(trial, ExperimentRecord(ds_config=launch.ds_config))
+                    else:
+                        fell = still_falling(measured.step_times_ms) if measured else None
+                        if measured is not None:
+                            figures += measured.figures(ctx.metric, first_step=steps[0])
+                            if fell is not None or windows:
+                                windows.append({"steps": steps, "fell": round(fell or 0.0, 3)})
                     if fell is None or moves >= _WINDOW_MOVES:
                         if hold_signals is not None:
                             hold_signals(local.pop_all())  # held until its trial is told
@@ -299,13 +308,14 @@ class StageExperiments:
                     except BaseException:
                         ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
                         raise
+                earlier = (result, measured, launch)
                 launch, moves = dataclasses.replace(launch, ds_config=later_window(launch.ds_config)), moves + 1
                 start, end = profile_window(launch.ds_config)
                 ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {experiment.name}'s step times still fell "
                                  f"{fell:.0%} across its profiled steps: measured again at steps {start}-{end}")
                 _store(trial, ExperimentRecord(ds_config=launch.ds_config))
             result = dataclasses.replace(result, duration=seconds)
-            warmup = {"windows": windows, "settled": windows[-1]["fell"] == 0.0} if windows else None
+            warmup = {"windows": windows, "settled": windows[-1].get("fell") == 0.0} if windows else None
             outcome = ExperimentRecord.outcome(result, warmup=warmup, **(measured.to_attrs() if measured else {}))
             try:
                 _store(trial, outcome)
