@@ -93,7 +93,8 @@ def test_steps_still_falling_across_the_window_mark_a_warm_up_and_noise_does_not
     from optuna_ds.launcher import still_falling
 
     assert still_falling([2500.0, 2250.0, 2000.0, 1750.0]) == pytest.approx(750 / 2125)  # 3 steps of 250 ms over the median
-    assert still_falling([2500.0, 2600.0, 2000.0, 1750.0]) is not None  # one slow step among them
+    assert still_falling([2500.0, 2600.0, 2250.0, 2000.0, 1750.0]) is not None  # one slow step among five
+    assert still_falling([2500.0, 2600.0, 2000.0, 1750.0]) is None  # among four: noise puts one in six so
     assert still_falling([1000.0, 1010.0, 990.0, 1005.0]) is None  # a settled run's scatter
     assert still_falling([1000.0, 980.0, 970.0, 960.0]) is None  # falling, by less than the steps' noise can matter
     assert still_falling([1750.0, 2000.0, 2250.0, 2500.0]) is None  # rising: no warm-up

@@ -111,13 +111,13 @@ def still_falling(step_times_ms: Sequence[float]) -> float | None:
     where they hold (or rise, or fewer than three steps were logged).
 
     The steps trend when their times fall by at least ``_FALLING`` over the window (the
-    Theil-Sen slope, robust to one slow step) and at most one pair in six runs against it."""
+    Theil-Sen slope, robust to one slow step) and at most one pair in ten runs against it."""
     times = [float(t) for t in step_times_ms]
     n = len(times)
     if n < 3 or min(times) <= 0:
         return None
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
-    if sum(times[j] >= times[i] for i, j in pairs) > len(pairs) // 6:
+    if sum(times[j] >= times[i] for i, j in pairs) > len(pairs) // 10:
         return None
     slope = statistics.median((times[j] - times[i]) / (j - i) for i, j in pairs)
     fell = -slope * (n - 1) / statistics.median(times)
