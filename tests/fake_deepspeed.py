@@ -26,6 +26,8 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
     script_error   printed to stderr by every run but training, which exits 2 (the script's argparse refusing its arguments)
     fixed_batch the micro-batch size the script trains whatever its config says (its own batch flag, not mapped):
                 its steps take that size's time, and the engine counts the config's samples
+    exit_step   {"factor": f, "at": sizes}          the exit step (DeepSpeed's figure) f times the steps' throughput: one
+                step of a loaded machine
     script_steps  the steps the script trains, then exits 0: a window ending later never writes its metrics
     warmup      {"steps": k, "slow": f, "at": sizes}  the first k steps are slower (step i by 1 + f (1 - (i-1)/k)),
                 at every micro-batch size or those listed: a warm-up that outlasts a short profiled window
@@ -399,6 +401,9 @@ def answer(surface: dict[str, Any], launch: Launch) -> int:
     slow = warmup(surface, launch)
     steps = [(steps[k] if k < len(steps) else measured) / slow(k + 1) for k in range(end)]
     measured /= slow(end + 1)
+    blip = surface.get("exit_step") or {}
+    if blip and ("at" not in blip or launch.mbs in blip["at"]):
+        measured *= float(blip["factor"])
     # DeepSpeed's count: each sample once per rank of its AutoTP group.
     report(launch, throughput=measured * tp, steps=[x * tp for x in steps], flops_per_gpu=measured * 1e9, seconds=seconds,
            recompute=recompute)

@@ -154,3 +154,24 @@ def test_the_scripts_own_batch_flag_is_named_unless_arg_mappings_maps_it() -> No
     assert _batch_flag(args, mapped=[]) == "--batch_size 8"
     assert _batch_flag(["--per_device_train_batch_size=4"], mapped=[]) == "--per_device_train_batch_size 4"
     assert _batch_flag(args, mapped=["--batch_size"]) == ""
+
+
+def test_an_exit_step_far_off_its_window_is_not_the_runs_figure(tmp_path) -> None:
+    from optuna_ds.launcher import StepMeasurement
+
+    throughput = Metric.named("throughput")
+    blip = StepMeasurement(value=800.0, step_times_ms=(400.0, 380.0, 420.0, 60.0))  # the exit step 6.7x faster
+    # The median of the four steps' figures, each the engine's scaled by its step's time.
+    assert blip.exit_off and blip.figure(throughput) == pytest.approx((800 * 60 / 400 + 800 * 60 / 380) / 2)
+    assert blip.figure(Metric.named("latency")) == pytest.approx((800 * 380 / 60 + 800 * 400 / 60) / 2)
+    steady = StepMeasurement(value=120.0, step_times_ms=(400.0, 380.0, 420.0, 250.0))
+    assert not steady.exit_off and steady.figure(throughput) == 120.0
+    # Through the tuning: micro-batch 8's last step reads 6 times its steps (5,184 against 864
+    # samples/s), above 16's 1,329: 8 was chosen on one step.
+    job = product.FixedJob(name="blip", surface={"exit_step": {"factor": 6.0, "at": [8]}},
+                           config={"train_micro_batch_size_per_gpu": [8, 16], "zero_optimization": {"stage": 1},
+                                   "autotuning": {"enabled": True, "model_info": {"num_params": 1000}}})
+    run = product.simulate(job, costs=product.Costs(decision_s=0.1, launch_s=0.2))
+    assert run.optimal is not None and run.optimal["train_micro_batch_size_per_gpu"] == 16
+    (line,) = [line for line in run.summary.splitlines() if line.startswith("One-step figures: 1 run(s)")]
+    assert "(z1_gas1_tmbspg8: DeepSpeed's 5,184 samples/s, its steps' 86" in line, line  # 864, as its timer lines round it

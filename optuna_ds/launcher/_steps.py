@@ -4,7 +4,8 @@ In autotuning mode DeepSpeed's engine logs its global timers on rank 0 at every 
 (``time (ms) | fwd: … | bwd: … | bwd_inner: … | bwd_allreduce: … | step: …``), resets them, and
 at step ``end_profile_step + 1`` writes ``metrics.json`` from that one step's timers and exits.
 The run's figure stays the engine's (one figure per run, the one its folder holds): a median
-over the profiled steps measured alike between runs. Runs of one config scatter by what each
+over the profiled steps measured alike between runs; unless its exit step is far off the steps
+before it (:attr:`StepMeasurement.exit_off`, docs/steps.md). Runs of one config scatter by what each
 launch meets (its placement, clocks, neighbours), which all its steps share: on the recorded
 H100 runs (benchmarks/replays) steps scatter 1.5% within a run and runs 4.7%, the median of a
 run's steps 5.3% and its last step 4.8% between runs. So the steps are kept for what they do
@@ -35,6 +36,9 @@ _STEP_TIMERS = ("fwd", "bwd", "step")  # DeepSpeed's own step time (its latency)
 # two are not in the units this module takes them in (DeepSpeed's metrics file in microseconds,
 # its lines in milliseconds), and the exit step is not put beside the lines.
 _UNIT_SANITY = 20.0
+# How far off the median of its window the exit step may be before DeepSpeed's one-step figure
+# is not taken (docs/steps.md).
+_EXIT_OFF = 2.0
 # The fall across a profiled window that marks a run still warming up: several times the 1.5% by
 # which the steps of a settled run scatter (docs/steps.md).
 _FALLING = 0.10
@@ -69,6 +73,23 @@ class StepMeasurement:
         exit_ms = self.step_times_ms[-1]
         return [(first_step + k, self.value * (exit_ms / ms if metric.maximize else ms / exit_ms))
                 for k, ms in enumerate(self.step_times_ms)]
+
+    @property
+    def exit_off(self) -> bool:
+        """Whether the exit step, the one DeepSpeed's figure is made of, took less than half or
+        more than twice the median of the profiled steps before it: one step of a loaded or
+        noisy machine, not the run's speed."""
+        if len(self.step_times_ms) < 3:
+            return False
+        median = statistics.median(self.step_times_ms[:-1])
+        return not median / _EXIT_OFF <= self.step_times_ms[-1] <= median * _EXIT_OFF
+
+    def figure(self, metric: Metric) -> float:
+        """The run's figure: the engine's, unless its exit step is off its window
+        (:attr:`exit_off`); then the median of every logged step's figure (:meth:`figures`)."""
+        if not self.exit_off:
+            return self.value
+        return statistics.median(f for _, f in self.figures(metric, first_step=0))
 
     def to_attrs(self) -> dict[str, Any]:
         return {"step_times_ms": [round(t, 3) for t in self.step_times_ms],

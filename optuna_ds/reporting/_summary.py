@@ -583,6 +583,19 @@ def ignored_batch_line(result: TuningResult) -> str:
             f"so the figures count samples that were not trained and the optimum does not hold; {fix}, and tune again.")
 
 
+def exit_step_line(result: TuningResult) -> str:
+    """Where DeepSpeed's figure, one step, was off the run's other steps (a loaded or noisy
+    machine): the runs' figures are the median of their steps; the line says how many, and how
+    far the first one's was off."""
+    if not result.exit_off:
+        return ""
+    name, engine, value = result.exit_off[0]
+    return (f"One-step figures: {len(result.exit_off)} run(s)' last step, the one DeepSpeed's figure is made of, took less "
+            f"than half or more than twice the median of their profiled steps ({name}: DeepSpeed's "
+            f"{result.metric.with_unit(engine)}, its steps' {result.metric.with_unit(value)}): their figure is the median "
+            "of their steps.")
+
+
 def warmup_line(result: TuningResult) -> str:
     """Where runs' step times still fell across their profiled window (their warm-up not over,
     so DeepSpeed's one-step figure was not their speed): each ran again with its profiled steps
@@ -639,6 +652,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
         lines.append(step)
     if warmup := warmup_line(result):
         lines.append(warmup)
+    if off := exit_step_line(result):
+        lines.append(off)
     if note := optuna_best_note(result):
         lines.append(note)
     lines += stage_notes(result)

@@ -316,11 +316,13 @@ class StageExperiments:
                 _store(trial, ExperimentRecord(ds_config=launch.ds_config))
             result = dataclasses.replace(result, duration=seconds)
             warmup = {"windows": windows, "settled": windows[-1].get("fell") == 0.0} if windows else None
-            outcome = ExperimentRecord.outcome(result, warmup=warmup, **(measured.to_attrs() if measured else {}))
+            engine = measured.value if measured is not None and measured.exit_off else None
+            outcome = ExperimentRecord.outcome(result, warmup=warmup, engine_figure=engine,
+                                               **(measured.to_attrs() if measured else {}))
             try:
                 _store(trial, outcome)
             except optuna.exceptions.UpdateFinishedTrialError:
-                value = measured.value if measured else None
+                value = measured.figure(ctx.metric) if measured else None
                 kept = _keep_stale(self._study, trial, outcome, value=value)
                 ctx.observer.log(f"[z{self._stage}] trial {trial.number}: failed as stale by another process while its experiment "
                                  f"ran (no heartbeat for {GRACE_PERIOD} s); the experiment finished: result kept as trial {kept}")
@@ -341,7 +343,7 @@ class StageExperiments:
                     attempt.stops = result
                 return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
             assert measured is not None
-            value = measured.value
+            value = measured.figure(ctx.metric)
             for step, figure in figures:  # Optuna's intermediate values: the dashboard draws each run's steps
                 trial.report(figure, step)
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,

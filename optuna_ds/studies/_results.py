@@ -571,6 +571,8 @@ class TuningResult:
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
     warmed: tuple[Warmed, ...] = ()  # runs still warming up in their profiled window
     ignored_batch: IgnoredBatch | None = None  # evidence that the micro-batch size did not take effect
+    # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: their steps' median).
+    exit_off: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def num_experiments(self) -> int:
@@ -625,6 +627,9 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
         warmed=tuple(warmed_runs(every)),
+        exit_off=tuple((r.exp_name or "", float(r.engine_figure), float(t.value)) for t in launched(every)
+                       if t.state == TrialState.COMPLETE and t.value is not None
+                       and (r := ExperimentRecord.from_trial(t)).engine_figure is not None),
         ignored_batch=ignored_batch(every, script_args=plan.script_args, mapped=user.arg_mappings.values()),
     )
 
