@@ -24,6 +24,13 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
     profile_fail   the profile run crashes
     profile_gate   a path: the profile run waits until it exists
     script_error   printed to stderr by every run but training, which exits 2 (the script's argparse refusing its arguments)
+    fixed_batch the micro-batch size the script trains whatever its config says (its own batch flag, not mapped):
+                its steps take that size's time, and the engine counts the config's samples
+    exit_step   {"factor": f, "at": sizes}          the exit step (DeepSpeed's figure) f times the steps' throughput: one
+                step of a loaded machine
+    script_steps  the steps the script trains, then exits 0: a window ending later never writes its metrics
+    warmup      {"steps": k, "slow": f, "at": sizes}  the first k steps are slower (step i by 1 + f (1 - (i-1)/k)),
+                at every micro-batch size or those listed: a warm-up that outlasts a short profiled window
     num_params, activation_mem_per_gpu               the model info written by the profile run
     knob_gain   {knob: {value: factor}}              multiplies throughput
     knob_gain_at {stage: {knob: {value: factor}}}    ...at one stage only, on top
@@ -296,6 +303,16 @@ def surface_throughput(surface: dict[str, Any], launch: Launch) -> float:
     return throughput
 
 
+def warmup(surface: dict[str, Any], launch: Launch) -> Any:
+    """By how much the surface's warm-up slows global step ``i`` (1-based) of the launch: a
+    function of the step, 1 from step ``steps + 1`` on."""
+    physics = surface.get("warmup") or {}
+    k, f = int(physics.get("steps", 0)), float(physics.get("slow", 0.0))
+    if not k or ("at" in physics and launch.mbs not in physics["at"]):
+        return lambda i: 1.0
+    return lambda i: 1.0 + f * max(0.0, 1.0 - (i - 1) / k)
+
+
 def answer(surface: dict[str, Any], launch: Launch) -> int:
     """What the engine does with ``launch`` on ``surface``: its files written, its output
     printed, its ``duration`` slept; returns its exit status. benchmarks/product.py calls it
@@ -363,9 +380,14 @@ def answer(surface: dict[str, Any], launch: Launch) -> int:
     if mbs in surface.get("error_at", []):
         print("Traceback (most recent call last):\nRuntimeError: NCCL communicator was aborted", file=sys.stderr)
         return 1
-    if mbs in surface.get("no_metrics_at", []):
+    if mbs in surface.get("no_metrics_at", []) or int(launch.autotuning.get("end_profile_step", 5)) >= surface.get("script_steps", 1 << 30):
         return 0
     true = surface_throughput(surface, launch) / (1.0 + _FWD if recompute else 1.0) * (float(split.get("factor", 0.9)) if tp > 1 else 1.0)
+    if surface.get("fixed_batch"):
+        # The steps train the script's own size; the engine divides the config's samples by their time.
+        fixed = int(surface["fixed_batch"])
+        true = surface_throughput(surface, dataclasses.replace(launch, config={**launch.config, "train_micro_batch_size_per_gpu": fixed}))
+        true *= launch.mbs / fixed
     noise = float(surface.get("noise", 0.0))
     # The measured step: one draw per experiment name, so that repeats differ.
     measured = true * (1.0 + noise * random.Random(launch.name).gauss(0.0, 1.0)) if noise else true
@@ -375,6 +397,13 @@ def answer(surface: dict[str, Any], launch: Launch) -> int:
     # The other steps jitter around this run's draw: the run-to-run noise is the run's (its
     # placement, its neighbours), shared by its steps; a step adds half as much of its own.
     steps = jittered(measured, noise / 2, count=int(launch.autotuning.get("end_profile_step", 5)), seed=f"{launch.name}/steps")
+    end = int(launch.autotuning.get("end_profile_step", 5))
+    slow = warmup(surface, launch)
+    steps = [(steps[k] if k < len(steps) else measured) / slow(k + 1) for k in range(end)]
+    measured /= slow(end + 1)
+    blip = surface.get("exit_step") or {}
+    if blip and ("at" not in blip or launch.mbs in blip["at"]):
+        measured *= float(blip["factor"])
     # DeepSpeed's count: each sample once per rank of its AutoTP group.
     report(launch, throughput=measured * tp, steps=[x * tp for x in steps], flops_per_gpu=measured * 1e9, seconds=seconds,
            recompute=recompute)

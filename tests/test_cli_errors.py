@@ -21,6 +21,9 @@ GOOD = {"train_micro_batch_size_per_gpu": 2, "autotuning": {"enabled": True}}
         ({"train_micro_batch_size_per_gpu": 2}, ("autotuning is not enabled",)),
         ({"train_micro_batch_size_per_gpu": 2, "autotuning": {"enabled": False}}, ("autotuning is not enabled",)),
         ({**GOOD, "zero_optimization": {"stage": 7}}, ("zero_optimization.stage",)),
+        # A cap below the user's own micro-batch was ignored ("your config is the optimum").
+        ({"train_micro_batch_size_per_gpu": 8, "autotuning": {"enabled": True, "max_train_batch_size": 4}},
+         ("autotuning.max_train_batch_size (4) is below the 8 samples a step of your config", "raise it to at least 8")),
     ],
 )
 def test_invalid_configs(ws: Workspace, config: dict, needles: tuple[str, ...]) -> None:

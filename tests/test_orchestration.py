@@ -58,6 +58,13 @@ def test_fast_tuning_records_studies_trials_and_deepspeed_files(ws: Workspace) -
     for t in failed:
         assert t.user_attrs["reason"] == "oom" and "CUDA out of memory" in t.user_attrs["stderr_tail"]
         assert t.params["train_micro_batch_size_per_gpu"] > 40
+    # Optuna-native: each profiled step's figure an intermediate value (steps 3-5, the exit step 6),
+    # the out-of-memory runs infeasible by Optuna's constraints, the profile run no longer running.
+    for t in complete:
+        assert sorted(t.intermediate_values) == [3, 4, 5, 6] and t.intermediate_values[6] == pytest.approx(t.value)
+        assert t.constraints == {"0": 0.0, "1": 0.0}
+    assert all(t.constraints == {"0": 1.0, "1": 0.0} for t in failed)
+    assert _study(ws, "optuna-ds").user_attrs["profile_run"]["state"] == "finished"
     # The optimum is the planner's choice, by its estimate: near the peak, not only the highest measurement.
     choice = _study(ws, "optuna-ds").user_attrs["choice"]
     best = next(t for t in complete if t.number == choice["trial"])
@@ -191,8 +198,11 @@ def test_a_stage_left_out_on_one_rank_says_it_partitions_nothing(ws: Workspace) 
     assert {l["stage"] for l in _launched(ws)} == {0}
     summary = (ws.results / "summary.txt").read_text()
     for stage in (1, 2, 3):
-        assert (f"z{stage} skipped: on one data-parallel rank ZeRO-{stage} partitions nothing, so it cannot run faster than z0, "
-                "and offloading was not expected to pay; list the stage in zero_optimization.stage to measure it") in summary
+        # Not "cannot run faster than z0": on the example's CPU job, listed, z1 ran 27% faster than z0 (docs/steps.md).
+        assert (f"z{stage} skipped: on one data-parallel rank ZeRO-{stage} partitions nothing, so it was not measured, and "
+                "offloading was not expected to pay; it may still run faster than z0 (its optimizer steps flat buffers): "
+                "list the stage in zero_optimization.stage to measure it") in summary
+        assert "cannot run faster" not in summary
 
 
 def test_failures_do_not_end_the_search_and_keep_their_reason(ws: Workspace) -> None:

@@ -393,7 +393,11 @@ def test_studies_carry_what_the_dashboard_shows(tuned: Workspace) -> None:
     # What the dashboard's own figures get wrong comes first.
     assert note.startswith("**Read first:** ") and "gradient_accumulation_steps was 1 in every experiment" in note.split("**Your config")[0]
     root = optuna_dashboard.get_note(optuna.load_study(study_name="optuna-ds", storage=tuned.storage))
-    assert root.startswith("This study holds the tuning's plan") and "`optuna-ds-z1`, `optuna-ds-z2`" in root
+    # The study a person opens first names the optimum first.
+    name = json.loads((tuned.results / "ds_config_optimal.json").read_text())
+    assert root.startswith("**Optimum: z") and "`optuna-ds-z1`, `optuna-ds-z2`" in root
+    assert root.split("\n")[0].endswith(f"of study `optuna-ds-z{name['zero_optimization']['stage']}`.")
+    assert "\n\nThis study holds the tuning's plan" in root
     from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
 
     plots = get_plotly_graph_objects(tuned_storage(tuned).get_study_system_attrs(study._study_id))
@@ -433,6 +437,8 @@ def test_dashboard_serves_the_stage_studies_on_localhost(tuned: Workspace) -> No
         trials = detail["trials"]
         assert len(trials) == len(optuna.load_study(study_name="optuna-ds-z1", storage=tuned.storage).trials)
         assert any(a["key"] == "exp_name" for a in trials[0]["user_attrs"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            landed = r.geturl()  # the first page a person opens
         # Bound to localhost only.
         other = [a for a in socket.gethostbyname_ex(socket.gethostname())[2] if not a.startswith("127.")]
         for addr in other:
@@ -445,6 +451,7 @@ def test_dashboard_serves_the_stage_studies_on_localhost(tuned: Workspace) -> No
     stage = json.loads((tuned.results / "ds_config_optimal.json").read_text())["zero_optimization"]["stage"]
     chosen = f"optuna-ds-z{stage}"
     assert f"best experiments: http://127.0.0.1:{port}/dashboard/studies/{names[chosen]} ({chosen})" in proc.stdout.read()
+    assert landed == f"http://127.0.0.1:{port}/dashboard/studies/{names[chosen]}"
 
 
 def test_dashboard_without_a_storage_is_one_line_and_status_2(tuned: Workspace) -> None:

@@ -1,12 +1,19 @@
 """What a run measured step by step, from the engine's timer lines (in-process)."""
 from __future__ import annotations
 
+import dataclasses
+import sys
+from pathlib import Path
+
 import pytest
 
 from optuna_ds.config import Metric
 from optuna_ds.launcher import measure_steps
 from optuna_ds.launcher import profiled_steps
 from optuna_ds.launcher import read_step_timers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import product  # noqa: E402
 
 # Rank 0's output as DeepSpeed 0.19.8 prints it in autotuning mode (steps 1-6, then metrics.json
 # from step 7), with the script's own lines, a micro-step line (wall_clock_breakdown) and a pdsh
@@ -80,3 +87,91 @@ def test_the_summary_says_where_the_optimums_step_time_goes() -> None:
                                  "backward 600 ms (60%, of which gradient all-reduce 150 ms), optimizer step 100 ms (10%).")
     import dataclasses
     assert step_line(dataclasses.replace(result, best=dataclasses.replace(best, timers_ms={}))) == ""
+
+
+def test_steps_still_falling_across_the_window_mark_a_warm_up_and_noise_does_not() -> None:
+    from optuna_ds.launcher import still_falling
+
+    assert still_falling([2500.0, 2250.0, 2000.0, 1750.0]) == pytest.approx(750 / 2125)  # 3 steps of 250 ms over the median
+    assert still_falling([2500.0, 2600.0, 2250.0, 2000.0, 1750.0]) is not None  # one slow step among five
+    assert still_falling([2500.0, 2600.0, 2000.0, 1750.0]) is None  # among four: noise puts one in six so
+    assert still_falling([1000.0, 1010.0, 990.0, 1005.0]) is None  # a settled run's scatter
+    assert still_falling([1000.0, 980.0, 970.0, 960.0]) is None  # falling, by less than the steps' noise can matter
+    assert still_falling([1750.0, 2000.0, 2250.0, 2500.0]) is None  # rising: no warm-up
+    assert still_falling([2000.0, 1000.0]) is None  # too few steps to tell
+
+
+def test_a_run_still_warming_up_in_its_window_is_measured_later_in_the_run_and_the_summary_says_so(tmp_path) -> None:
+    # Micro-batch 16 is the faster (1,329 against 864 samples/s), but its first 8 steps are slower
+    # (step i by 1 + 2 (1 - (i-1)/8)): DeepSpeed's figure at step 6 reads 760, and 8 was chosen.
+    import optuna
+
+    job = product.FixedJob(name="warm", surface={"warmup": {"steps": 8, "slow": 2.0, "at": [16]}},
+                           config={"train_micro_batch_size_per_gpu": [8, 16], "zero_optimization": {"stage": 1},
+                                   "autotuning": {"enabled": True, "model_info": {"num_params": 1000}}})
+    run = product.simulate(job, costs=product.Costs(decision_s=0.1, launch_s=0.2), keep=tmp_path)
+    assert run.optimal is not None and run.optimal["train_micro_batch_size_per_gpu"] == 16
+    storage = f"sqlite:///{tmp_path / job.name / 'autotuning_results' / 'optuna-ds.db'}"
+    trials = optuna.load_study(study_name=f"{product.STUDY}-z1", storage=storage).get_trials()
+    (warm,) = [t for t in trials if t.user_attrs.get("warmup")]
+    assert warm.params["train_micro_batch_size_per_gpu"] == 16
+    assert warm.user_attrs["warmup"]["settled"] and [w["steps"] for w in warm.user_attrs["warmup"]["windows"]] == [[3, 5], [9, 11]]
+    assert warm.user_attrs["ds_config"]["autotuning"]["start_profile_step"] == 9
+    assert warm.value == pytest.approx(120 * 16 / (1 + (16 / 24) ** 2))  # ZeRO-1 at its steady speed
+    assert "Warm-up: 1 run(s) still got faster" in run.summary and "steps 9-11" in run.summary, run.summary
+    # A script that trains 8 steps never reaches the later window (no metrics): that judges
+    # nothing, and the first launch's figure stands, marked.
+    short = dataclasses.replace(job, name="short", surface={**job.surface, "script_steps": 8})
+    run = product.simulate(short, costs=product.Costs(decision_s=0.1, launch_s=0.2), keep=tmp_path)
+    storage = f"sqlite:///{tmp_path / short.name / 'autotuning_results' / 'optuna-ds.db'}"
+    (warm,) = [t for t in optuna.load_study(study_name=f"{product.STUDY}-z1", storage=storage).get_trials() if t.user_attrs.get("warmup")]
+    assert warm.state.name == "COMPLETE" and warm.value == pytest.approx(120 * 16 / (1 + (16 / 24) ** 2) / 1.75)
+    assert warm.user_attrs["warmup"] == {"windows": [{"steps": [3, 5], "fell": 0.353}, {"steps": [9, 11], "failed": "no-metrics"}],
+                                         "settled": False}
+    assert warm.user_attrs["ds_config"]["autotuning"]["start_profile_step"] == 3
+    assert "their figures are below their speed: z1_gas1_tmbspg16" in run.summary, run.summary
+
+
+def test_a_micro_batch_size_the_script_ignores_is_said_in_one_line(tmp_path) -> None:
+    # The script trains 8 samples a step whatever the config says: DeepSpeed's engine counts the
+    # config's, so 32 reads 4x the samples/s of 8 at the same step time, and was chosen.
+    job = product.FixedJob(name="ignored", surface={"fixed_batch": 8},
+                           config={"train_micro_batch_size_per_gpu": [8, 32], "zero_optimization": {"stage": 0},
+                                   "autotuning": {"enabled": True, "model_info": {"num_params": 1000}}})
+    run = product.simulate(job, costs=product.Costs(decision_s=0.1, launch_s=0.2))
+    (line,) = [line for line in run.summary.splitlines() if "did not take effect" in line]
+    assert "at micro-batch 8 (z0_gas1_tmbspg8)" in line and "at 32 (z0_gas1_tmbspg32)" in line, line
+    assert "the script must train the train_micro_batch_size_per_gpu of the config it is given" in line
+    # A size that took effect says nothing (the forward pass grew with it).
+    normal = product.simulate(dataclasses.replace(job, surface={}), costs=product.Costs(decision_s=0.1, launch_s=0.2))
+    assert "did not take effect" not in normal.summary
+
+
+def test_the_scripts_own_batch_flag_is_named_unless_arg_mappings_maps_it() -> None:
+    from optuna_ds.studies._results import _batch_flag
+
+    args = ["--deepspeed_config", "ds.json", "--batch_size", "8", "--lr", "1e-3"]
+    assert _batch_flag(args, mapped=[]) == "--batch_size 8"
+    assert _batch_flag(["--per_device_train_batch_size=4"], mapped=[]) == "--per_device_train_batch_size 4"
+    assert _batch_flag(args, mapped=["--batch_size"]) == ""
+
+
+def test_an_exit_step_far_off_its_window_is_not_the_runs_figure(tmp_path) -> None:
+    from optuna_ds.launcher import StepMeasurement
+
+    throughput = Metric.named("throughput")
+    blip = StepMeasurement(value=800.0, step_times_ms=(400.0, 380.0, 420.0, 60.0))  # the exit step 6.7x faster
+    # The median of the four steps' figures, each the engine's scaled by its step's time.
+    assert blip.exit_off and blip.figure(throughput) == pytest.approx((800 * 60 / 400 + 800 * 60 / 380) / 2)
+    assert blip.figure(Metric.named("latency")) == pytest.approx((800 * 380 / 60 + 800 * 400 / 60) / 2)
+    steady = StepMeasurement(value=120.0, step_times_ms=(400.0, 380.0, 420.0, 250.0))
+    assert not steady.exit_off and steady.figure(throughput) == 120.0
+    # Through the tuning: micro-batch 8's last step reads 6 times its steps (5,184 against 864
+    # samples/s), above 16's 1,329: 8 was chosen on one step.
+    job = product.FixedJob(name="blip", surface={"exit_step": {"factor": 6.0, "at": [8]}},
+                           config={"train_micro_batch_size_per_gpu": [8, 16], "zero_optimization": {"stage": 1},
+                                   "autotuning": {"enabled": True, "model_info": {"num_params": 1000}}})
+    run = product.simulate(job, costs=product.Costs(decision_s=0.1, launch_s=0.2))
+    assert run.optimal is not None and run.optimal["train_micro_batch_size_per_gpu"] == 16
+    (line,) = [line for line in run.summary.splitlines() if line.startswith("One-step figures: 1 run(s)")]
+    assert "(z1_gas1_tmbspg8: DeepSpeed's 5,184 samples/s, its steps' 86" in line, line  # 864, as its timer lines round it

@@ -257,9 +257,11 @@ def report(storage: str, study_name: str, output: str) -> None:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 def dashboard(storage_url: str | None, storage: str | None, host: str, port: int) -> None:
     """Serve optuna-dashboard on the tuning's storage, as `optuna-dashboard STORAGE` does."""
+    import bottle
     import optuna_dashboard
 
     from optuna_ds.reporting import best_stage_study
+    from optuna_ds.reporting import opening_on
     from optuna_ds.storage import create_storage
     from optuna_ds.storage import redact_url
 
@@ -271,10 +273,12 @@ def dashboard(storage_url: str | None, storage: str | None, host: str, port: int
     store = create_storage(storage, create=False)
     _say(f"optuna-dashboard on http://{host}:{port}/ for {redact_url(storage)} (Ctrl-C to stop)")
     best = best_stage_study(store)
+    app = optuna_dashboard.wsgi(store)
     if best is not None:
         _say(f"best experiments: http://{host}:{port}/dashboard/studies/{best[0]} ({best[1]})")
+        app = opening_on(app, f"/dashboard/studies/{best[0]}")
     try:
-        optuna_dashboard.run_server(store, host=host, port=port)
+        bottle.run(app, host=host, port=port)
     except OSError as e:
         raise click.UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
 

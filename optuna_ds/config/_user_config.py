@@ -446,6 +446,7 @@ def check_gpus(user: UserConfig, *, total_gpus: int, gpus_per_node: int | None =
         if isinstance(size, (int, float)) and not isinstance(size, bool) and size >= 1 and total_gpus % min(int(size), total_gpus):
             raise ConfigError(f"{ZERO_KEY}.{HPZ_KEY} ({size:g}) must divide the {total_gpus} GPU(s) of one experiment "
                               "(DeepSpeed groups the ranks by it): use the GPUs of a node or a divisor of them")
+    _check_batch_cap(user, data_parallel=max(1, total_gpus // (mp * user.own_autotp_size)))
     mbs, gas, tbs = (user.raw.get(k) for k in (MBS_KEY, GAS_KEY, TBS_KEY))
     if isinstance(mbs, int) and isinstance(gas, int) and isinstance(tbs, int) and not any(type(v) is bool for v in (mbs, gas, tbs)):
         dp = total_gpus // mp
@@ -454,6 +455,25 @@ def check_gpus(user: UserConfig, *, total_gpus: int, gpus_per_node: int | None =
                 f"{TBS_KEY} ({tbs}) is not {MBS_KEY} ({mbs}) x {GAS_KEY} ({gas}) x {dp} data-parallel GPU(s) "
                 f"= {mbs * gas * dp}: fix one of them, or leave {TBS_KEY} out"
             )
+
+
+def _check_batch_cap(user: UserConfig, *, data_parallel: int) -> None:
+    """Refuse ``max_train_batch_size`` below the samples a step of the user's own config trains
+    on, or below the smallest micro-batch the config allows on every data-parallel rank: no
+    config could keep to it, and the user's own would be compared with configs that do."""
+    cap = user.autotuning.max_train_batch_size
+    if cap is None:
+        return
+    name = "autotuning.max_train_batch_size"
+    mbs, gas = user.baseline_micro_batch_size, user.gradient_accumulation_steps
+    if mbs is not None and mbs * gas * data_parallel > cap:
+        raise ConfigError(f"{name} ({cap}) is below the {mbs * gas * data_parallel} samples a step of your config "
+                          f"({MBS_KEY} {mbs} x {GAS_KEY} {gas} x {data_parallel} data-parallel GPU(s)): "
+                          f"raise it to at least {mbs * gas * data_parallel}, or lower {MBS_KEY}")
+    if user.min_micro_batch_size * data_parallel > cap:
+        raise ConfigError(f"{name} ({cap}) is below the {user.min_micro_batch_size * data_parallel} samples a step of "
+                          f"the smallest config ({MBS_KEY} {user.min_micro_batch_size} x {data_parallel} "
+                          f"data-parallel GPU(s)): raise it to at least {user.min_micro_batch_size * data_parallel}")
 
 
 def load_user_config(script_args: Sequence[str]) -> UserConfig:

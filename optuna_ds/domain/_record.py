@@ -67,6 +67,12 @@ class ExperimentRecord:
     # figure is the value then).
     step_times_ms: list[float] | None = None
     timers_ms: dict[str, float] | None = None
+    # Where its step times still fell across the profiled window (its warm-up not over): each
+    # launch's window and fall, the last the figure's; "settled" whether its last window held.
+    warmup: dict[str, Any] | None = None
+    # DeepSpeed's own figure where the value is not it: its exit step took less than half or more
+    # than twice the median of its window, and the value is the median of its steps' figures.
+    engine_figure: float | None = None
     # What DeepSpeed's checkpointing logged it configured, where the script configured it.
     checkpointing: dict[str, Any] | None = None
     reason: FailureReason | None = None
@@ -102,13 +108,16 @@ class ExperimentRecord:
 
     @classmethod
     def outcome(cls, result: ExperimentResult, *, step_times_ms: list[float] | None = None,
-                timers_ms: dict[str, float] | None = None) -> ExperimentRecord:
+                timers_ms: dict[str, float] | None = None, warmup: dict[str, Any] | None = None,
+                engine_figure: float | None = None) -> ExperimentRecord:
         """What users look for after a run: the metrics, the steps its value is made of, the
         command, and for a failure its reason and the last lines of stderr."""
         failed = result.reason is not None
         return cls(
             step_times_ms=step_times_ms or None,
             timers_ms=timers_ms or None,
+            warmup=warmup,
+            engine_figure=engine_figure,
             lost=result.reason is FailureReason.INTERRUPTED,  # lost to the node: runs again, a bounded number of times
             metrics=result.metrics,
             cmd=result.cmd,

@@ -98,7 +98,8 @@ class RootRecord:
     profile_duration: float | None = None  # seconds
     profile_end: str | None = None  # ISO time, for the report's timeline
     # The profile run while it has no model info: {"state": "running", "host", "pid", "started"} (its
-    # process), "failed" or "interrupted" with "why"; workers wait for it, or end saying why.
+    # process), "failed" or "interrupted" with "why"; workers wait for it, or end saying why;
+    # "finished" once its model info is stored.
     profile_run: dict[str, Any] | None = None
     elapsed: float | None = None  # the tuning's wall time across its resumed runs, seconds
     stages: Mapping[int, StageRecord] = dataclasses.field(default_factory=dict)

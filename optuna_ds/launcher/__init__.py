@@ -36,7 +36,10 @@ from optuna_ds.launcher._slots import Lease
 from optuna_ds.launcher._slots import SlotPool
 from optuna_ds.launcher._steps import StepMeasurement
 from optuna_ds.launcher._steps import measure_steps
+from optuna_ds.launcher._steps import later_window
+from optuna_ds.launcher._steps import profile_window
 from optuna_ds.launcher._steps import profiled_steps
+from optuna_ds.launcher._steps import still_falling
 from optuna_ds.launcher._steps import read_finished
 from optuna_ds.launcher._steps import read_step_timers
 from optuna_ds.launcher._tracking import MARK_VAR
@@ -61,6 +64,9 @@ __all__ = [
     "StepMeasurement",
     "measure_steps",
     "profiled_steps",
+    "later_window",
+    "profile_window",
+    "still_falling",
     "read_finished",
     "read_step_timers",
     "read_tail",

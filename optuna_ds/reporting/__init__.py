@@ -4,6 +4,7 @@ from optuna_ds.reporting._partial import PartialSummary
 from optuna_ds.reporting._partial import partial_summary
 from optuna_ds.reporting._progress import Progress
 from optuna_ds.reporting._dashboard import best_stage_study
+from optuna_ds.reporting._dashboard import opening_on
 from optuna_ds.reporting._dashboard import register_with_dashboard
 from optuna_ds.reporting._data import ReportData
 from optuna_ds.reporting._data import load_report
@@ -32,6 +33,7 @@ __all__ = [
     "ReportData",
     "ScaledLearningRate",
     "best_stage_study",
+    "opening_on",
     "headline",
     "learning_rate_advice",
     "load_report",

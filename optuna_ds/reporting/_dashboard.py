@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -32,6 +33,31 @@ def optimum_attr(best: Optimum, *, tuning: str, metric: Metric) -> dict[str, Any
             "runs": list(best.trials), "figure": best.figure(metric), "final": best.chosen}
 
 
+def optimum_note(data: ReportData) -> str:
+    """The first line of the root study's note: where the optimum is (the study a person opens
+    first has no trials of its own)."""
+    best = data.best
+    if best is None:
+        return ""
+    chosen = "Optimum" if best.chosen else "Best so far"
+    return (f"**{chosen}: {best.name}** ({best.figure(data.metric)}), trial {best.trial_number} of study "
+            f"`{stage_study_name(data.study_name, best.stage)}`.\n\n")
+
+
+def opening_on(app: Callable[..., Any], path: str) -> Callable[..., Any]:
+    """The WSGI application ``app`` with its root address sending the browser to ``path`` (the
+    optimum's stage study), so the first page a person lands on names the optimum; every other
+    address is ``app``'s."""
+
+    def landing(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO", "/") in ("", "/"):
+            start_response("302 Found", [("Location", path), ("Content-Length", "0")])
+            return [b""]
+        return app(environ, start_response)
+
+    return landing
+
+
 def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStorage, *, note: str) -> None:
     """Give optuna-dashboard what it can show: the summary (a Markdown note with the headline)
     on each study, where the optimum is (a user attr, and a line saying why Optuna's best trial
@@ -40,7 +66,7 @@ def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStora
 
     root = optuna.load_study(study_name=data.study_name, storage=storage)
     stages = ", ".join(f"`{s.study_name}`" for s in data.studies.values()) or "none yet"
-    optuna_dashboard.save_note(root, ROOT_NOTE.format(stages=stages) + "\n" + note)
+    optuna_dashboard.save_note(root, optimum_note(data) + ROOT_NOTE.format(stages=stages) + "\n" + note)
     for fig_id, fig in data.figures.items():
         optuna_dashboard.save_plotly_graph_object(root, fig, graph_object_id=fig_id)
     for stage, study in data.studies.items():

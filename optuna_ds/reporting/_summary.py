@@ -17,6 +17,7 @@ from optuna_ds.config import find_arg
 from optuna_ds.config import format_number
 from optuna_ds.config import set_arg
 from optuna_ds.config import with_integer_sizes
+from optuna_ds.domain import MBS_KEY
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import shell_line
 from optuna_ds.studies import Measured
@@ -568,6 +569,50 @@ def step_line(result: TuningResult) -> str:
     return f"Step time of {best.name} by DeepSpeed's timers (median of its profiled steps): " + ", ".join(parts) + "."
 
 
+def ignored_batch_line(result: TuningResult) -> str:
+    """Where the micro-batch size did not take effect (the forward pass did not grow with it):
+    every figure counted samples the script did not train, so neither the optimum nor its size
+    holds; the line says so, and names the script's own batch flag where it has one."""
+    ignored = result.ignored_batch
+    if ignored is None:
+        return ""
+    fix = (f"the script's {ignored.flag} is not in autotuning.arg_mappings: map it (\"{MBS_KEY}\": "
+           f"\"{ignored.flag.split()[0]}\")" if ignored.flag else f"the script must train the {MBS_KEY} of the config it is given")
+    return (f"The micro-batch size did not take effect: one forward pass took {ignored.small_fwd_ms:,.4g} ms at micro-batch "
+            f"{ignored.small_mbs} ({ignored.small}) and {ignored.large_fwd_ms:,.4g} ms at {ignored.large_mbs} ({ignored.large}), "
+            f"so the figures count samples that were not trained and the optimum does not hold; {fix}, and tune again.")
+
+
+def exit_step_line(result: TuningResult) -> str:
+    """Where DeepSpeed's figure, one step, was off the run's other steps (a loaded or noisy
+    machine): the runs' figures are the median of their steps; the line says how many, and how
+    far the first one's was off."""
+    if not result.exit_off:
+        return ""
+    name, engine, value = result.exit_off[0]
+    return (f"One-step figures: {len(result.exit_off)} run(s)' last step, the one DeepSpeed's figure is made of, took less "
+            f"than half or more than twice the median of their profiled steps ({name}: DeepSpeed's "
+            f"{result.metric.with_unit(engine)}, its steps' {result.metric.with_unit(value)}): their figure is the median "
+            "of their steps.")
+
+
+def warmup_line(result: TuningResult) -> str:
+    """Where runs' step times still fell across their profiled window (their warm-up not over,
+    so DeepSpeed's one-step figure was not their speed): each ran again with its profiled steps
+    later; the line names them, and those still falling then, whose figures stay below their speed."""
+    if not result.warmed:
+        return ""
+    first = result.warmed[0]
+    (start, end), (later, last) = first.windows[0], first.windows[-1]
+    line = (f"Warm-up: {len(result.warmed)} run(s) still got faster across their profiled steps ({first.name}: "
+            f"{first.fell:.0%} over steps {start}-{end}), so DeepSpeed's one-step figure was not their speed: each ran "
+            f"again with its profiled steps later (steps {later}-{last})")
+    unsettled = [w.name for w in result.warmed if not w.settled]
+    if unsettled:
+        return line + f"; still getting faster there, their figures are below their speed: {', '.join(unsettled[:3])}."
+    return line + ", where they held."
+
+
 def _runs(n: int) -> str:
     return f"{n} run{'s' if n > 1 else ''}"
 
@@ -594,6 +639,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
                  f"Each best_metric_val is the mean of its config's runs.")
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
+    if ignored := ignored_batch_line(result):
+        lines.append(ignored)
     lines += choice_lines(result)
     if knobs := knob_line(result):
         lines.append(knobs)
@@ -603,6 +650,10 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
         lines.append(autotp)
     if step := step_line(result):
         lines.append(step)
+    if warmup := warmup_line(result):
+        lines.append(warmup)
+    if off := exit_step_line(result):
+        lines.append(off)
     if note := optuna_best_note(result):
         lines.append(note)
     lines += stage_notes(result)

@@ -42,7 +42,10 @@ from optuna_ds.launcher import Lease
 from optuna_ds.launcher import StepMeasurement
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import measure_steps
+from optuna_ds.launcher import later_window
+from optuna_ds.launcher import profile_window
 from optuna_ds.launcher import profiled_steps
+from optuna_ds.launcher import still_falling
 from optuna_ds.launcher import read_finished
 from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import shell_line
@@ -139,6 +142,11 @@ def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float]) -
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
+# What a run can break, as Optuna constraints (Optuna's system attr ``constraints``, a list): the
+# device's memory, and the trial timeout.
+CONSTRAINTS = (FailureReason.OOM, FailureReason.TIMEOUT)
+_CONSTRAINTS_KEY = "constraints"
+_WINDOW_MOVES = 2  # how often a run whose steps still fall is measured again, later in the run (docs/steps.md)
 OFFLOAD_PARAM = "offload"  # the param a stage study records the offload variant under
 _NO_OFFLOAD = "none"  # its value for none, as the dashboard shows it
 
@@ -218,7 +226,7 @@ class StageExperiments:
         # experiment ended lost its result, and the resumed tuning ran it again).
         with contextlib.ExitStack() as held:
             run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat, why=why,
-                                                   hold_signals=lambda: held.enter_context(deferred_signals())))
+                                                   hold_signals=held.enter_context))
         failed = attempt.stops
         # Recorded (reason "port", "machine" or "script", run again on resume); the other slots are stopped.
         if failed is not None and failed.reason is FailureReason.MACHINE:
@@ -237,7 +245,8 @@ class StageExperiments:
         return attempt.launched
 
     def _objective(self, config: Config, lease: Lease, attempt: Attempt, *, free_since: float,
-                   repeat: int, why: str = "", hold_signals: Callable[[], None] | None = None) -> Callable[[optuna.Trial], float]:
+                   repeat: int, why: str = "",
+                   hold_signals: Callable[[contextlib.ExitStack], Any] | None = None) -> Callable[[optuna.Trial], float]:
         """The trial of ``config``: the objective closes over the planner's config, and its trial
         records it (:func:`record_params`); no sampler is asked anything."""
         ctx = self._ctx
@@ -268,48 +277,62 @@ class StageExperiments:
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
             attempt.launched = True
-            began = time.time()
-            try:
-                result = ctx.runner.run(
-                    experiment,
-                    slot=lease.slot,
-                    slot_index=lease.index,
-                    timeout=ctx.timeout,
-                    on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
-                    on_command=lambda cmd: ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(cmd)}"),
-                    on_retry=lambda why: ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {why}"),
-                    stop=ctx.stop,
-                    pass_fds=lease.fds,
-                    mark=mark,
-                    on_exit=hold_signals,
-                )
-            except optuna.exceptions.UpdateFinishedTrialError:
-                raise  # failed as stale before its launch was recorded: the runner ended the launch
-            except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
-                with deferred_signals():
-                    # Its metrics written before the end (the run had measured, its launcher not
-                    # yet seen to exit): a result, kept and told, as an orphan's is.
-                    before = _measured_before_the_end(experiment, metric=ctx.metric, since=began)
-                    if before is not None:
-                        metrics, steps = before
-                        _store(trial, ExperimentRecord(metrics=metrics, recovered="interrupted after it measured", **steps.to_attrs()))
-                        self._study.tell(trial, steps.value)
+            launch, moves, seconds = experiment, 0, 0.0
+            earlier: tuple[ExperimentResult, StepMeasurement | None, Experiment] | None = None
+            windows: list[dict[str, Any]] = []
+            figures: list[tuple[int, float]] = []  # each profiled step's figure, by its global step
+            while True:
+                with contextlib.ExitStack() as local:
+                    result, measured = self._launch(trial, launch, lease, mark=mark, held=local)
+                    seconds += result.duration
+                    steps = list(profile_window(launch.ds_config))
+                    if earlier is not None and not result.ok:
+                        # A later window that failed (its longer run timed out, say) judges nothing:
+                        # the launch before it stands, its steps still falling.
+                        windows.append({"steps": steps, "failed": result.reason.value if result.reason else "error"})
+                        (result, measured, launch), fell = earlier, None
+                        _store(trial, ExperimentRecord(ds_config=launch.ds_config))
                     else:
+                        fell = still_falling(measured.step_times_ms) if measured else None
+                        if measured is not None:
+                            figures += measured.figures(ctx.metric, first_step=steps[0])
+                            if fell is not None or windows:
+                                windows.append({"steps": steps, "fell": round(fell or 0.0, 3)})
+                    if fell is None or moves >= _WINDOW_MOVES:
+                        if hold_signals is not None:
+                            hold_signals(local.pop_all())  # held until its trial is told
+                        break
+                    # Measured again later in the run: a signal held meanwhile lands as the hold ends.
+                    try:
+                        local.close()
+                    except BaseException:
                         ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
-                raise
-            measured = measure_steps(metric=ctx.metric, metrics=result.metrics, logged=result.logged_steps,
-                                     profiled=profiled_steps(experiment.ds_config)) if result.ok else None
-            outcome = ExperimentRecord.outcome(result, **(measured.to_attrs() if measured else {}))
+                        raise
+                earlier = (result, measured, launch)
+                launch, moves = dataclasses.replace(launch, ds_config=later_window(launch.ds_config)), moves + 1
+                start, end = profile_window(launch.ds_config)
+                ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {experiment.name}'s step times still fell "
+                                 f"{fell:.0%} across its profiled steps: measured again at steps {start}-{end}")
+                _store(trial, ExperimentRecord(ds_config=launch.ds_config))
+            result = dataclasses.replace(result, duration=seconds)
+            warmup = {"windows": windows, "settled": windows[-1].get("fell") == 0.0} if windows else None
+            engine = measured.value if measured is not None and measured.exit_off else None
+            outcome = ExperimentRecord.outcome(result, warmup=warmup, engine_figure=engine,
+                                               **(measured.to_attrs() if measured else {}))
             try:
                 _store(trial, outcome)
             except optuna.exceptions.UpdateFinishedTrialError:
-                value = measured.value if measured else None
+                value = measured.figure(ctx.metric) if measured else None
                 kept = _keep_stale(self._study, trial, outcome, value=value)
                 ctx.observer.log(f"[z{self._stage}] trial {trial.number}: failed as stale by another process while its experiment "
                                  f"ran (no heartbeat for {GRACE_PERIOD} s); the experiment finished: result kept as trial {kept}")
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
                                       duration=result.duration, outcome=f"kept as trial {kept}")
                 raise
+            # Optuna's constraints, in the list form optuna-dashboard reads (``constraints``): each
+            # positive where the run broke it, so the dashboard marks the trial infeasible.
+            storage_of(trial.study).set_trial_system_attr(
+                trial_id(trial), _CONSTRAINTS_KEY, [1.0 if result.reason is reason else 0.0 for reason in CONSTRAINTS])
             if not result.ok:
                 assert result.reason is not None
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
@@ -320,12 +343,53 @@ class StageExperiments:
                     attempt.stops = result
                 return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
             assert measured is not None
-            value = measured.value
+            value = measured.figure(ctx.metric)
+            for step, figure in figures:  # Optuna's intermediate values: the dashboard draws each run's steps
+                trial.report(figure, step)
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
                                   duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
             return value
 
         return objective
+
+    def _launch(self, trial: optuna.Trial, experiment: Experiment, lease: Lease, *, mark: str,
+                held: contextlib.ExitStack) -> tuple[ExperimentResult, StepMeasurement | None]:
+        """One launch of ``experiment`` for ``trial``, and its steps where it measured; from its
+        launcher's exit, SIGINT, SIGTERM and SIGHUP wait in ``held``. Whatever ends the launch (a
+        signal, the stop) leaves the trial marked, with the metrics it wrote before the end."""
+        ctx = self._ctx
+        began = time.time()
+        try:
+            result = ctx.runner.run(
+                experiment,
+                slot=lease.slot,
+                slot_index=lease.index,
+                timeout=ctx.timeout,
+                on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
+                on_command=lambda cmd: ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(cmd)}"),
+                on_retry=lambda why: ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {why}"),
+                stop=ctx.stop,
+                pass_fds=lease.fds,
+                mark=mark,
+                on_exit=lambda: held.enter_context(deferred_signals()),
+            )
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise  # failed as stale before its launch was recorded: the runner ended the launch
+        except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
+            with deferred_signals():
+                # Its metrics written before the end (the run had measured, its launcher not
+                # yet seen to exit): a result, kept and told, as an orphan's is.
+                before = _measured_before_the_end(experiment, metric=ctx.metric, since=began)
+                if before is not None:
+                    metrics, steps = before
+                    _store(trial, ExperimentRecord(metrics=metrics, recovered="interrupted after it measured", **steps.to_attrs()))
+                    self._study.tell(trial, steps.value)
+                else:
+                    ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
+            raise
+        measured = measure_steps(metric=ctx.metric, metrics=result.metrics, logged=result.logged_steps,
+                                 profiled=profiled_steps(experiment.ds_config)) if result.ok else None
+        return result, measured
 
     def _check_settled(self, competitor: FrozenTrial | None) -> None:
         """The planner asks again only for an experiment it saw no result of: standing down twice

@@ -459,6 +459,96 @@ def autotp_outcome(trials: Sequence[FrozenTrial], user: UserConfig) -> AutotpOut
 
 
 @dataclasses.dataclass(frozen=True)
+class Warmed:
+    """A run whose step times still fell across its profiled window: measured again later in
+    the run (``windows``: each launch's steps, the figure's last), ``settled`` where they then held."""
+
+    name: str
+    windows: tuple[tuple[int, int], ...]
+    fell: float  # the fall across its first window, as a share
+    settled: bool
+
+
+def warmed_runs(trials: Iterable[FrozenTrial]) -> list[Warmed]:
+    """The runs of ``trials`` that were still warming up in their profiled window, oldest first."""
+    found = []
+    for t in launched(trials):
+        record = ExperimentRecord.from_trial(t)
+        warmup = record.warmup or {}
+        windows = [w for w in warmup.get("windows", []) if isinstance(w, dict)]
+        if windows and record.exp_name:
+            found.append(Warmed(name=record.exp_name, windows=tuple((int(w["steps"][0]), int(w["steps"][1])) for w in windows),
+                                fell=float(windows[0]["fell"]), settled=bool(warmup.get("settled"))))
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class IgnoredBatch:
+    """Two runs of one config but for its micro-batch size whose forward pass took about the same
+    time, though one trained at least ``_IGNORED_RATIO`` times the other's micro-batch: the
+    script did not train the size the config set (its own batch flag, not in ``arg_mappings``,
+    or a size of its own), and every figure counted samples it did not train."""
+
+    small: str  # the two experiments' names
+    large: str
+    small_mbs: int
+    large_mbs: int
+    small_fwd_ms: float  # the forward pass of one micro-step, the median over each run's steps
+    large_fwd_ms: float
+    flag: str = ""  # the script's own batch argument as given (``--batch_size 8``), where it has one
+
+
+# A forward pass of 4 times the samples in less than 1.1 times the time: no device is that idle
+# at the smaller size and still worth tuning (docs/steps.md).
+_IGNORED_RATIO = 4
+_IGNORED_GROWTH = 1.1
+
+
+def _batch_flag(script_args: Sequence[str], mapped: Iterable[str]) -> str:
+    """The script's own batch-size argument, as given, where it has one that ``arg_mappings``
+    does not map (so no experiment sets it): ``--batch_size 8``."""
+    mapped = set(mapped)
+    for i, arg in enumerate(script_args):
+        flag, _, value = arg.partition("=")
+        if flag.startswith("-") and "batch" in flag.lower() and flag not in mapped:
+            if not value and i + 1 < len(script_args) and not script_args[i + 1].startswith("-"):
+                value = script_args[i + 1]
+            return f"{flag} {value}".strip()
+    return ""
+
+
+def ignored_batch(trials: Iterable[FrozenTrial], *, script_args: Sequence[str] = (),
+                  mapped: Iterable[str] = ()) -> IgnoredBatch | None:
+    """Evidence that the micro-batch size did not take effect (:class:`IgnoredBatch`): of the
+    runs of one config but for its micro-batch size and accumulation, the smallest size against
+    one at least ``_IGNORED_RATIO`` times larger whose forward pass grew less than ``_IGNORED_GROWTH``
+    times, by DeepSpeed's own timers; ``None`` where no such pair ran."""
+    forward: dict[Config, list[float]] = {}
+    names: dict[Config, str] = {}
+    for t in launched(trials):
+        record = ExperimentRecord.from_trial(t)
+        fwd = (record.timers_ms or {}).get("fwd")
+        if t.state == TrialState.COMPLETE and record.config is not None and isinstance(fwd, (int, float)) and fwd > 0:
+            forward.setdefault(record.config, []).append(float(fwd) / record.config.accumulation)
+            names.setdefault(record.config, record.exp_name or record.config.name)
+    groups: dict[Config, list[Config]] = {}
+    for config in forward:
+        groups.setdefault(dataclasses.replace(config, micro_batch=1, accumulation=1), []).append(config)
+    for configs in groups.values():
+        configs.sort(key=lambda c: c.micro_batch)
+        small = configs[0]
+        for large in reversed(configs):
+            if large.micro_batch < _IGNORED_RATIO * small.micro_batch:
+                break
+            fs, fl = statistics.median(forward[small]), statistics.median(forward[large])
+            if fl < _IGNORED_GROWTH * fs:
+                return IgnoredBatch(small=names[small], large=names[large], small_mbs=small.micro_batch,
+                                    large_mbs=large.micro_batch, small_fwd_ms=fs, large_fwd_ms=fl,
+                                    flag=_batch_flag(script_args, mapped))
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
 class TuningResult:
     """Every stage's outcome and the one optimum: what the summary, the report, the dashboard
     notes and the optimal files show."""
@@ -479,6 +569,10 @@ class TuningResult:
     interrupted: tuple[tuple[int, int, str], ...] = ()
     checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
+    warmed: tuple[Warmed, ...] = ()  # runs still warming up in their profiled window
+    ignored_batch: IgnoredBatch | None = None  # evidence that the micro-batch size did not take effect
+    # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: their steps' median).
+    exit_off: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def num_experiments(self) -> int:
@@ -532,6 +626,11 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
+        warmed=tuple(warmed_runs(every)),
+        exit_off=tuple((r.exp_name or "", float(r.engine_figure), float(t.value)) for t in launched(every)
+                       if t.state == TrialState.COMPLETE and t.value is not None
+                       and (r := ExperimentRecord.from_trial(t)).engine_figure is not None),
+        ignored_batch=ignored_batch(every, script_args=plan.script_args, mapped=user.arg_mappings.values()),
     )
 
 

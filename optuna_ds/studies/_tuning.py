@@ -224,7 +224,8 @@ class Tuning:
         info = {**{k: v for k, v in given.items() if k != "profile" and v is not None},
                 **{k: v for k, v in result.metrics.items() if k != "rank"}}
         RootRecord(model_info=info, profile_duration=round(result.duration, 3),
-                   profile_end=datetime.datetime.now().isoformat()).write(self._root.set_user_attr)
+                   profile_end=datetime.datetime.now().isoformat(),
+                   profile_run={"state": "finished"}).write(self._root.set_user_attr)
         return info
 
     def _wait_for_model_info(self) -> dict[str, Any]:
@@ -565,8 +566,9 @@ class Tuning:
         """Why the planner's search ended without a run of ``stage``: on one data-parallel rank a
         ZeRO stage has nothing to partition (a newcomer's ``"all"`` on one device asked why)."""
         if stage >= 1 and self._user.all_stages and self._builder.data_parallel_size == 1:
-            return (f"on one data-parallel rank ZeRO-{stage} partitions nothing, so it cannot run faster than z0, "
-                    "and offloading was not expected to pay; list the stage in zero_optimization.stage to measure it")
+            return (f"on one data-parallel rank ZeRO-{stage} partitions nothing, so it was not measured, and offloading was "
+                    "not expected to pay; it may still run faster than z0 (its optimizer steps flat buffers): list the stage "
+                    "in zero_optimization.stage to measure it")
         return "the planner expected no gain from it"
 
     def _record_outcome(self, coordinator: Coordinator, stages: dict[int, StageExperiments],
