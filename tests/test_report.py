@@ -124,11 +124,14 @@ def test_one_optimum_shown_the_same_way_everywhere(tmp_path: Path) -> None:
     assert result.stages[1].best.value == 12_200.0 and len(result.stages[1].best.runs) == 2
     summary = summary_text(result, advice=None)
     lines = summary.splitlines()
+    # Your config ran once: no speed-up factor, and the line says why.
     assert lines[1] == ("Optimum (z1_gas1_tmbspg16: z1, micro-batch 16, gradient accumulation 1): " + figure
-                        + ", 15.5x faster; run-to-run noise " + f"{result.noise.value:.1%}, measured from 2 repeated configs, 5 runs.")
+                        + "; no speed-up factor: your config ran once and the optimum 3 times; a factor needs 2 runs of each "
+                        "at least, measured alike; run-to-run noise " + f"{result.noise.value:.1%}, measured from 2 repeated "
+                        "configs, 5 runs.")
     assert lines[2] == "Spent: 8 experiment(s), 0.0222 device-hours (CPU)."
-    assert "| z1           |               6 |          15,520 |    3 | z1_gas1_tmbspg16 |" in lines
-    assert "| global       |               8 |          15,520 |    3 | z1_gas1_tmbspg16 |" in lines
+    assert "| z1             |                 6 |             15,520 |      3 | z1_gas1_tmbspg16 |" in lines
+    assert "| global         |                 8 |             15,520 |      3 | z1_gas1_tmbspg16 |" in lines
     # Optuna's own best trial is the lucky single run: said, and why it is not the optimum.
     assert result.optuna_best is not None and result.optuna_best.number == 2
     assert "Optuna's best trial in the z1 study (what `optuna best-trial` and optuna-dashboard show) is trial 2, z1_gas1_tmbspg32" in summary
@@ -177,6 +180,27 @@ def test_one_optimum_shown_the_same_way_everywhere(tmp_path: Path) -> None:
     assert best_stage_study(storage) == (z1._study_id, "optuna-ds-z1")
 
 
+def test_summary_txt_is_deepspeeds_table_alone(tmp_path: Path) -> None:
+    """Issue 49: summary.txt opened with our headline and had a ``runs`` column, and its
+    best_metric_val was a mean: a parser of DeepSpeed's summary broke. It is DeepSpeed's table
+    alone, as DeepSpeed's autotuner writes it (tabulate's pipe format), each best_metric_val the
+    best run of the config its row names; what we add is in a file of our own."""
+    tabulate = pytest.importorskip("tabulate")
+    from optuna_ds.reporting import write_summary
+
+    storage, plan = _store(tmp_path)
+    result = _result(storage, plan)
+    shown = write_summary(result, results_dir=str(tmp_path / "results"), advice=None)
+    text = (tmp_path / "results" / "summary.txt").read_text()
+    table = tabulate.tabulate([["z1", 6, 15_973.2, "z1_gas1_tmbspg16"], ["z2", 2, 12_400.0, "z2_gas1_tmbspg8_r1"],
+                               ["global", 8, 15_973.2, "z1_gas1_tmbspg16"]],
+                              headers=["tuning_space", "num_experiments", "best_metric_val", "best_exp_name"], tablefmt="pipe")
+    assert text == table + "\n\nTuning completed in 0:02:00. Total number of experiments: 8."
+    # Ours, beside it and on the terminal: the headline, each config's mean and runs, the notes.
+    assert (tmp_path / "results" / "optuna_ds_summary.txt").read_text() == shown
+    assert shown.startswith("Your config (z1, micro-batch 2") and "best_config_mean" in shown and "Why z1_gas1_tmbspg16" in shown
+
+
 def test_before_the_planner_chose_the_best_mean_is_shown_as_such(tmp_path: Path) -> None:
     storage, plan = _store(tmp_path, choice=None, device="GPU")
     result = _result(storage, plan)
@@ -185,7 +209,7 @@ def test_before_the_planner_chose_the_best_mean_is_shown_as_such(tmp_path: Path)
     assert best is not None and not best.chosen and best.name == "z1_gas1_tmbspg32" and best.estimate is None
     lines = headline(result)
     assert lines[1].startswith("Best so far (the planner has not chosen yet) (z1_gas1_tmbspg32: ")
-    assert "16,300 samples/s (one run)," in lines[1]
+    assert "16,300 samples/s (one run); run-to-run noise" in lines[1] and "faster" not in lines[1]  # no factor of one run
     assert lines[2].endswith(" GPU-hours.")
 
 
@@ -343,7 +367,7 @@ def test_report_shows_what_a_person_looks_for(tuned: Workspace) -> None:
     assert "CPU device slots: " in page and "device-hours (CPU)" in page and '"name":"profile run"' in page
     # The optimum the summary names is the optimal config, marked in the table and the figures.
     optimal = json.loads((tuned.results / "ds_config_optimal.json").read_text())
-    name = (tuned.results / "summary.txt").read_text().splitlines()[1].split("(", 1)[1].split(":", 1)[0]
+    name = (tuned.results / "optuna_ds_summary.txt").read_text().splitlines()[1].split("(", 1)[1].split(":", 1)[0]
     assert json.loads((tuned.results / name / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == \
         optimal["train_micro_batch_size_per_gpu"]
     assert '<span class="chosen-badge">chosen: ' in page and page.count('"name":"chosen"') >= 4

@@ -28,44 +28,133 @@ from optuna_ds.studies import departures
 from optuna_ds.studies import relative_spread
 from optuna_ds.studies import scatters
 
-SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "runs", "best_exp_name")
+# DeepSpeed's summary table: its columns, in its order (DeepSpeed's autotuner, ``print_tuning_results``).
+SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "best_exp_name")
+# Ours, in our own summary: each row's best config by the mean of its runs.
+RUNS_HEAD = ("tuning_space", "num_experiments", "best_config_mean", "runs", "best_exp_name")
+
+
+def _spaces(result: TuningResult) -> list[tuple[str, int, Optimum | None]]:
+    """Each tuned space with its experiments and its best (:func:`~optuna_ds.studies.leader`:
+    the chosen stage's is the optimum), then ``global``."""
+    rows = [(s.name, s.num_experiments, s.best) for s in result.stages if s.status == "tuned"]
+    return [*rows, ("global", result.num_experiments, result.best)]
 
 
 def summary_rows(result: TuningResult) -> list[tuple[str, ...]]:
-    """DeepSpeed's summary table, without its header: one row per tuned space, each with its
-    best (:func:`~optuna_ds.studies.leader`: the chosen stage's is the optimum), then the optimum."""
+    """DeepSpeed's summary table, without its header: a row per space with a best, as DeepSpeed
+    writes one, ``best_metric_val`` the best single run of the config the row names and
+    ``best_exp_name`` that run's experiment; ``global`` the optimum's."""
     rows: list[tuple[str, ...]] = []
-    for stage in result.stages:
-        if stage.status == "tuned":
-            rows.append((stage.name, str(stage.num_experiments), *_best_cells(stage.best)))
-    rows.append(("global", str(result.num_experiments), *_best_cells(result.best)))
+    for space, experiments, best in _spaces(result):
+        if best is not None:
+            name, value = best.best_run(result.metric)
+            rows.append((space, str(experiments), format(value, "g"), name))
     return rows
 
 
-def _best_cells(best: Optimum | None) -> tuple[str, str, str]:
-    return (format_number(best.value), str(len(best.runs)), best.name) if best is not None else ("-", "-", "-")
+def runs_rows(result: TuningResult) -> list[tuple[str, ...]]:
+    """Our table's rows: each space's best config by the mean of its runs, and how many."""
+    return [(space, str(experiments), *((format_number(b.value), str(len(b.runs)), b.name) if b else ("-", "-", "-")))
+            for space, experiments, b in _spaces(result)]
+
+
+def _after_point(cell: str) -> int:
+    """The characters after a number's point (its exponent's where it has none), -1 for an
+    integer: how tabulate aligns a column of numbers on their points."""
+    if cell.lstrip("-").isdigit():
+        return -1
+    point = cell.rfind(".") if "." in cell else cell.lower().rfind("e")
+    return len(cell) - point - 1
+
+
+def pipe_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: Sequence[bool]) -> str:
+    """``rows`` under ``head`` as tabulate's ``pipe`` format writes them, which DeepSpeed's
+    summary uses: a ``numeric`` column aligned right (on the numbers' points where every cell
+    is a number), the others left."""
+    columns = []
+    for i, (title, right) in enumerate(zip(head, numeric)):
+        cells = [r[i] for r in rows]
+        if right and all(_is_numeral(c) for c in cells):
+            points = [_after_point(c) for c in cells]
+            cells = [c + " " * (max(points, default=0) - p) for c, p in zip(cells, points)]
+        width = max([len(title) + 2, *(len(c) for c in cells)])
+        pad = str.rjust if right else str.ljust
+        rule = ("-" * (width + 1) + ":") if right else (":" + "-" * (width + 1))
+        columns.append([pad(title, width), rule, *(pad(c, width) for c in cells)])
+    lines = ["|" + "|".join(line) + "|" if j == 1 else "| " + " | ".join(line) + " |" for j, line in enumerate(zip(*columns))]
+    return "\n".join(lines)
+
+
+def _is_numeral(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def summary_table(result: TuningResult) -> str:
-    """:func:`summary_rows` as a Markdown table (the text summary and the dashboard's note)."""
-    rows = [SUMMARY_HEAD, *summary_rows(result)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_HEAD))]
-    right = (False, True, True, True, False)
+    """DeepSpeed's summary table (:func:`summary_rows`) as DeepSpeed writes it; ``""`` where no
+    space has a best (DeepSpeed then writes none)."""
+    rows = summary_rows(result)
+    return pipe_table(SUMMARY_HEAD, rows, numeric=(False, True, True, False)) if rows else ""
 
-    def line(cells: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)) + " |"
 
-    sep = "| " + " | ".join((("-" * (w - 1) + ":") if r else (":" + "-" * (w - 1))) for w, r in zip(widths, right)) + " |"
-    return "\n".join([line(rows[0]), sep, *(line(r) for r in rows[1:])])
+def deepspeed_summary(result: TuningResult) -> str:
+    """``summary.txt`` as DeepSpeed's autotuner writes it: its table, then the time and the count
+    of experiments; nothing of ours (that is :func:`summary_text`'s)."""
+    duration = datetime.timedelta(seconds=result.duration)
+    return summary_table(result) + f"\n\nTuning completed in {duration}. Total number of experiments: {result.num_experiments}."
+
+
+def runs_table(result: TuningResult) -> str:
+    """Our table (:func:`runs_rows`), in the same form: the text summary and the dashboard's note."""
+    return pipe_table(RUNS_HEAD, runs_rows(result), numeric=(False, True, True, True, False))
 
 
 def speedup(result: TuningResult) -> float | None:
-    """How much faster the optimum is than the user's own config, both measured here (each the
-    mean of its runs)."""
+    """How much faster the optimum is than the user's own config, each the mean of its runs,
+    where :func:`no_speedup` finds nothing against it; else ``None``."""
     base, best = result.baseline, result.best
-    if base is None or base.value is None or best is None or not base.value or not best.value:
+    if no_speedup(result) or base is None or base.value is None or best is None:
         return None
     return best.value / base.value if result.metric.maximize else base.value / best.value
+
+
+ALIKE_RUNS = 2  # runs of each config a speed-up factor rests on, at least
+
+
+def no_speedup(result: TuningResult) -> str:
+    """Why no speed-up factor is given, or ``""``: a factor compares the final choice with the
+    user's config measured alike, at least :data:`ALIKE_RUNS` runs of each, interleaved in time
+    (so that a change in the machine between them does not read as a speed-up)."""
+    base, best = result.baseline, result.best
+    if best is None:
+        return "no experiment ran successfully"
+    if base is None or base.value is None or not best.value or not base.value:
+        return "your config was not measured"
+    if not best.chosen:
+        return "the planner has not chosen yet"
+    if base.name == best.name:
+        return ""
+    mine, its = len(base.values), len(best.runs)
+    if min(mine, its) < ALIKE_RUNS:
+        return (f"your config ran {_times(mine)} and the optimum {_times(its)}; a factor needs {ALIKE_RUNS} runs of each at "
+                "least, measured alike")
+    if not _interleaved(base.starts, best.run_starts):
+        return ("the runs of your config and of the optimum were not interleaved (all of one's came before the other's), "
+                "so a change in the machine between them would read as a speed-up")
+    return ""
+
+
+def _times(n: int) -> str:
+    return {0: "no time", 1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _interleaved(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two configs' runs (their start times) interleave: neither's all before the other's."""
+    return bool(a) and bool(b) and min(a) < max(b) and min(b) < max(a)
 
 
 def mean_of(runs: int) -> str:
@@ -86,6 +175,8 @@ def optimum_line(result: TuningResult) -> str:
     line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.config.micro_batch}, gradient accumulation "
             f"{best.config.accumulation}{checkpointing}{autotp}): {best.figure(metric)}")
     factor = speedup(result)
+    if best.chosen and (why := no_speedup(result)) and result.baseline is not None and result.baseline.value is not None:
+        line += f"; no speed-up factor: {why}"
     if factor is not None:
         base = result.baseline
         same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
@@ -353,7 +444,7 @@ def scale_learning_rate(advice: LearningRateAdvice, *, config: dict[str, Any], s
 
 def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
     """The headline, DeepSpeed's summary table, then the notes."""
-    return "\n".join([*headline(result, budget), "", summary_table(result), "", *summary_notes(result, advice)]) + "\n"
+    return "\n".join([*headline(result, budget), "", runs_table(result), "", *summary_notes(result, advice)]) + "\n"
 
 
 def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
@@ -363,7 +454,7 @@ def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str |
     first = [f"**Read first:** {line}" for line in dashboard_caveats(result)]
     head = "\n\n".join(f"**{line}**" if i == 0 else line for i, line in enumerate(headline(result, budget)))
     notes = [n for n in summary_notes(result, advice) if n != optuna_best_note(result)]
-    return "\n".join([*(f"{line}\n" for line in first), head, "", summary_table(result), "", *(f"- {n}" for n in notes)]) + "\n"
+    return "\n".join([*(f"{line}\n" for line in first), head, "", runs_table(result), "", *(f"- {n}" for n in notes)]) + "\n"
 
 
 def dashboard_caveats(result: TuningResult) -> list[str]:
@@ -591,7 +682,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     lines = []
     duration = datetime.timedelta(seconds=round(result.duration))
     lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}. "
-                 f"Each best_metric_val is the mean of its config's runs.")
+                 f"Each best_config_mean is the mean of its config's runs; summary.txt, in DeepSpeed's form, gives as "
+                 f"best_metric_val the best single run of that config.")
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     lines += choice_lines(result)
@@ -613,15 +705,19 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
 
 def write_summary(result: TuningResult, *, results_dir: str, advice: LearningRateAdvice | str | None,
                   budget: Budget | None = None) -> str:
-    """Write ``summary.txt`` and return its text."""
-    return save_summary(summary_text(result, advice=advice, budget=budget), results_dir=results_dir)
+    """Write ``summary.txt`` in DeepSpeed's form (:func:`deepspeed_summary`) and our own summary
+    (:func:`summary_text`) beside it; return our own, which the terminal shows."""
+    text = save_summary(summary_text(result, advice=advice, budget=budget), results_dir=results_dir)
+    write_file(ResultsFiles(results_dir).summary, clean_text(deepspeed_summary(result)))
+    return text
 
 
 def save_summary(text: str, *, results_dir: str) -> str:
-    """Write ``text`` as ``summary.txt``, cleaned (a terminal shows it), and return what was written."""
+    """Write ``text`` as our own summary (``ResultsFiles.own_summary``), cleaned (a terminal
+    shows it), and return what was written."""
     text = clean_text(text)
     os.makedirs(results_dir, exist_ok=True)
-    write_file(ResultsFiles(results_dir).summary, text)
+    write_file(ResultsFiles(results_dir).own_summary, text)
     return text
 
 

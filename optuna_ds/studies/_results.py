@@ -87,6 +87,8 @@ class Optimum:
     cmd: list[str]
     runs: tuple[float, ...]
     trials: tuple[int, ...] = ()  # the stage study's trials that ran it
+    run_names: tuple[str, ...] = ()  # each run's experiment, as ``runs``
+    run_starts: tuple[float, ...] = ()  # each run's start (seconds since the epoch), as ``runs``
     estimate: float | None = None  # the planner's, where this is its choice
     chosen: bool = False  # the planner's final choice, not the best mean so far
     peak_memory: int | None = None  # bytes per device, the highest of its runs, where the accelerator reports it
@@ -106,6 +108,12 @@ class Optimum:
     def spread(self) -> float | None:
         """The relative standard deviation of its runs; ``None`` for one run."""
         return relative_spread(self.runs)
+
+    def best_run(self, metric: Metric) -> tuple[str, float]:
+        """Its best single run, named: what DeepSpeed's summary table gives of an experiment."""
+        names = self.run_names if len(self.run_names) == len(self.runs) else (self.name,) * len(self.runs)
+        value, name = metric.best(list(zip(self.runs, names)), key=lambda r: r[0]) or (self.value, self.name)
+        return name, value
 
     @property
     def train_batch_size(self) -> int | None:
@@ -129,6 +137,12 @@ class Optimum:
             return ""
         return (f"Warning: the {len(self.runs)} runs of {self.name} scatter by {self.spread:.1%}, more than "
                 f"{SCATTER_WARNING:g}x the {noise.value:.1%} run-to-run noise: its {metric.name} is uncertain.")
+
+
+def _starts(trials: Sequence[FrozenTrial]) -> tuple[float, ...]:
+    """When each of ``trials`` started (seconds since the epoch); empty where one has no start."""
+    starts = [t.datetime_start.timestamp() for t in trials if t.datetime_start is not None]
+    return tuple(starts) if len(starts) == len(trials) else ()
 
 
 def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecord | None = None) -> Optimum | None:
@@ -166,6 +180,8 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
         cmd=record.cmd or [],
         runs=tuple(float(t.value) for t in picked),  # type: ignore[arg-type]
         trials=tuple(t.number for t in picked),
+        run_names=tuple(ExperimentRecord.from_trial(t).exp_name or record.exp_name for t in picked),
+        run_starts=_starts(picked),
         estimate=estimate,
         chosen=final,
         peak_memory=max(peaks) if peaks else None,
@@ -272,6 +288,7 @@ class Baseline:
     listed: tuple[int, ...] = ()  # the stages the user's config lists
     runs: int = 1  # how many runs ``value`` is the mean of
     values: tuple[float, ...] = ()  # those runs, where they completed
+    starts: tuple[float, ...] = ()  # when each of them started (seconds since the epoch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,6 +361,13 @@ def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
     return _runs_by_config(trials).get(config, [])
 
 
+def _completed_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
+    """Every completed run of ``trial``'s config, in the order of ``trials``."""
+    config = ExperimentRecord.from_trial(trial).config
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
+            and ExperimentRecord.from_trial(t).config == config]
+
+
 def measurement_noise(trials: Iterable[FrozenTrial]) -> Noise:
     """The run-to-run noise this tuning measured, as the planner measures it (relative, from the
     configs that ran more than once): one run says nothing of its noise."""
@@ -379,11 +403,12 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
     t, record = done[0]
     assert record.exp_name is not None
     status = "complete" if t.state == TrialState.COMPLETE or record.reason is None else record.reason.value
-    values = runs_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE else []
+    completed = _completed_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE and record.config else []
+    values = [float(c.value) for c in completed]  # type: ignore[arg-type]
     return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name,
                     value=statistics.fmean(values) if values else t.value, status=status,
                     reason="" if status == "complete" else f"it failed ({status})", listed=listed, runs=max(1, len(values)),
-                    values=tuple(values))
+                    values=tuple(values), starts=_starts(completed))
 
 
 @dataclasses.dataclass(frozen=True)
