@@ -492,3 +492,37 @@ def test_optuna_studies_stays_readable_after_a_tuning(tuned: Workspace) -> None:
     assert max(map(len, lines)) < 1500, max(map(len, lines))
     plan = load_plan(optuna.storages.RDBStorage(tuned.storage), "optuna-ds")
     assert plan is not None and plan.script == str(tuned.script) and plan.user_config["autotuning"]["enabled"]
+
+
+def test_a_listed_value_no_experiment_ran_is_named_with_its_reason(tmp_path: Path) -> None:
+    """Issue 49: ``zero_quantized_weights: [false, true]`` and ``zero_quantized_gradients:
+    [false, true]`` on an 8-rank ZeRO-3 job on one node: ``true`` never ran, and qgZ (no
+    dimension on one node) never appeared, and the summary said nothing of either."""
+    import dataclasses
+
+    from optuna_ds.reporting._summary import summary_notes
+
+    runs = [(3, 2, 1_000.0), (3, 4, 1_900.0), (3, 4, 1_950.0)]
+    storage, plan = _store(tmp_path, runs, choice=(3, 1))
+    zero = {"stage": 3, "zero_quantized_weights": [False, True], "zero_quantized_gradients": [False, True],
+            "offload_optimizer": {"device": "none", "pin_memory": [True, False]}}
+    plan = dataclasses.replace(plan, user_config={**plan.user_config, "zero_optimization": zero,
+                                                  "autotuning": {**plan.user_config["autotuning"], "fast": False}})
+    # The z3 study's knob space, as the tuning records it: qwZ tuned; qgZ no dimension on one node.
+    optuna.load_study(study_name="optuna-ds-z3", storage=storage).set_user_attr(
+        "knob_space", {"stage": 3, "tuned": {"zero_quantized_weights": [False, True]}, "fixed": {}})
+    result = _result(storage, plan)
+    assert {(u.path, u.value) for u in result.unrun} == {("zero_quantized_weights", True), ("zero_quantized_gradients", True),
+                                                         ("offload_optimizer.pin_memory", False)}
+    notes = summary_notes(result, None)
+    assert ("Listed but not run: zero_optimization.zero_quantized_weights true: the planner's search ended without it: it "
+            "expected no gain from it over the settings that ran.") in notes
+    assert ("Listed but not run: zero_optimization.zero_quantized_gradients true: qgZ acts only where the data-parallel ranks "
+            "span nodes (on one node DeepSpeed reduces the gradients unquantized whatever the setting), and this job's ranks "
+            "do not.") in notes
+    assert any(n.startswith("Listed but not run: zero_optimization.offload_optimizer.pin_memory false: offload_optimizer "
+                            "offloads nothing") for n in notes)
+    # Fast mode tunes the micro-batch size alone: every other listed value is named, with why.
+    fast = dataclasses.replace(plan, user_config={**plan.user_config, "autotuning": {**plan.user_config["autotuning"],
+                                                                                     "fast": True}})
+    assert any("zero_quantized_weights true: autotuning.fast is true" in n for n in summary_notes(_result(storage, fast), None))

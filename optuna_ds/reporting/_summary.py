@@ -663,6 +663,16 @@ def _runs(n: int) -> str:
     return f"{n} run{'s' if n > 1 else ''}"
 
 
+def unrun_lines(result: TuningResult) -> list[str]:
+    """A line for each knob listed in ``zero_optimization`` with values no experiment ran with:
+    the values, and why (a listed value is never dropped unsaid)."""
+    by_path: dict[tuple[str, str], list[str]] = {}
+    for u in result.unrun:
+        by_path.setdefault((u.path, u.reason), []).append(u.setting.split("=", 1)[1])
+    return [f"Listed but not run: zero_optimization.{path} {', '.join(values)}: {reason}."
+            for (path, reason), values in by_path.items()]
+
+
 def stage_notes(result: TuningResult) -> list[str]:
     """A line for each stage left out (skipped, or pending where the search did not end) or
     with failures: the summary's and the partial summary's."""
@@ -698,6 +708,7 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     if note := optuna_best_note(result):
         lines.append(note)
     lines += stage_notes(result)
+    lines += unrun_lines(result)
     if advice:
         lines.append(advice if isinstance(advice, str) else advice.text)
     return lines

@@ -36,6 +36,8 @@ from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import load_stage_study
 from optuna_ds.studies._builder import checkpointing_space
 from optuna_ds.studies._coordinator import observation_of
+from optuna_ds.studies._listed import Unrun
+from optuna_ds.studies._listed import unrun_values
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
 # or three runs, scatter beyond the noise itself is common (the noise is their average).
@@ -504,6 +506,7 @@ class TuningResult:
     interrupted: tuple[tuple[int, int, str], ...] = ()
     checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
+    unrun: tuple[Unrun, ...] = ()  # the values listed in zero_optimization no experiment ran with
 
     @property
     def num_experiments(self) -> int:
@@ -517,11 +520,13 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     choice = root.choice
     results = []
     trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
+    spaces: dict[int, dict[str, Any]] = {}
     for stage in user.stages:
         entry = root.stages.get(stage)
         study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
         if study is not None:
             trials[stage] = study.get_trials(deepcopy=False)
+            spaces[stage] = study.user_attrs.get("knob_space") or {}
         if entry is not None and entry.status in ("skipped", "pending"):
             results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
         elif study is not None:
@@ -557,6 +562,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
+        unrun=unrun_values(user.zero_section(), fast=a.fast, spaces=spaces, trials=trials,
+                           skipped={r.stage: r.reason for r in results if r.status == "skipped"}),
     )
 
 
