@@ -310,14 +310,15 @@ def test_the_summary_says_why_the_optimum_and_which_configs_are_as_good() -> Non
                 Measured(name="z1_gas1_tmbspg10", config=Config(stage=1, micro_batch=10), runs=(203.0,)),
                 Measured(name="z1_gas1_tmbspg6", config=Config(stage=1, micro_batch=6), runs=(198.0, 199.0)),
                 Measured(name="z1_gas1_tmbspg2", config=Config(stage=1, micro_batch=2), runs=(50.0,)))
+    # The planner's verdict, which the summary reads: 203 over one run and 198.5 over two it cannot tell from 200; 50 it can.
+    result = dataclasses.replace(result, equivalent=(measured[1].config, measured[2].config))
     why, alike = choice_lines(dataclasses.replace(result, measured=measured))
     assert why == ("Why z1_gas1_tmbspg8: of the 4 configs that ran, it is the best by the planner's estimate, which weighs every "
                    "run of every size and stage (a curve per stage), not one run; z1_gas1_tmbspg10 measured a higher mean "
                    "(203 samples/s, 1 run) that its curve and the noise do not bear out.")
-    # 1% noise per run: 203 over one run and 198.5 over two are within two deviations of 200 over two; 50 is not.
     assert alike == ("Equivalent within the noise (1.0% per run): z1_gas1_tmbspg10 (203 samples/s, 1 run), "
                      "z1_gas1_tmbspg6 (198.5 samples/s, 2 runs); any of them would do as well.")
-    quiet = dataclasses.replace(result, measured=measured[::3], noise=Noise(0.001, 1, 2))
+    quiet = dataclasses.replace(result, measured=measured[::3], noise=Noise(0.001, 1, 2), equivalent=())
     assert choice_lines(quiet)[1] == ("Equivalent within the noise (0.1% per run): none; the next best, z1_gas1_tmbspg2, "
                                       "is 75.0% slower.")
 

@@ -26,6 +26,7 @@ from conftest import assert_one_line_error
 from optuna_ds.config import format_number
 from optuna_ds.config import parse_user_config
 from optuna_ds.domain import MBS_KEY
+from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
@@ -60,9 +61,11 @@ RUNS: list[tuple[int, int, Any]] = [
 
 
 def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple[int, int] | None = (1, 1),
-           device: str = "CPU") -> tuple[optuna.storages.BaseStorage, TuningPlan]:
+           device: str = "CPU", equivalent: tuple[tuple[int, int], ...] = ((1, 32),),
+           noise: float = 0.027) -> tuple[optuna.storages.BaseStorage, TuningPlan]:
     """A tuning as the storage holds it once run, written record by record as the tuning writes
-    them: the plan, each stage's trials, the root's attrs and the planner's choice."""
+    them: the plan, each stage's trials, the root's attrs and the planner's choice, with its
+    verdict: the configs (stage, size) a run cannot tell from it, at ``noise`` a run."""
     config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": [1, 2]},
               "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 64}}
     (root / "train.py").write_text("")
@@ -98,7 +101,8 @@ def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple
         trial.datetime_complete = trial.datetime_start + datetime.timedelta(seconds=10)
         stages[stage].add_trial(trial)
     if choice is not None:
-        study.set_user_attr("choice", {"stage": choice[0], "trial": choice[1], "estimate": 15_400.0})
+        study.set_user_attr("choice", ChoiceRecord(stage=choice[0], trial=choice[1], estimate=15_400.0, noise=noise, equivalent=tuple(
+            Config(stage=s, micro_batch=m) for s, m in equivalent)).attrs())
     return storage, plan
 
 
@@ -526,3 +530,33 @@ def test_a_listed_value_no_experiment_ran_is_named_with_its_reason(tmp_path: Pat
     fast = dataclasses.replace(plan, user_config={**plan.user_config, "autotuning": {**plan.user_config["autotuning"],
                                                                                      "fast": True}})
     assert any("zero_quantized_weights true: autotuning.fast is true" in n for n in summary_notes(_result(storage, fast), None))
+
+
+def test_no_error_bar_spans_a_config_the_text_sets_apart(tmp_path: Path) -> None:
+    """Issue 49: the chosen's error bar (its runs' range) spanned the rival's figure beside
+    "Equivalent within the noise: none". One rule, the planner's verdict, which the text reads
+    and the bars follow (one noise deviation of each mean); and each run a point, no line
+    through sizes that never ran."""
+    runs = [(1, 2, 1_000.0), (1, 16, 16_400.0), (1, 16, 14_600.0), (1, 16, 15_500.0), (1, 8, 14_900.0), (1, 8, 15_000.0),
+            (2, 8, 15_200.0), (2, 8, 15_100.0)]
+    # The planner judged none equivalent at 1% a run: the rivals are 3-4% below the choice, within its runs' range.
+    storage, plan = _store(tmp_path, runs, choice=(1, 1), equivalent=(), noise=0.01)
+    result = _result(storage, plan)
+    best = result.best
+    assert best is not None and best.value == 15_500.0 and result.equivalent == ()
+    assert any(line.startswith("Equivalent within the noise (1.0% per run): none; the next best, z2_gas1_tmbspg8, is 2.3% slower")
+               for line in summary_text(result, advice=None).splitlines())
+    rivals = [m.value for m in result.measured if m.config != best.config and m.value > 10_000]
+    assert min(best.runs) < min(rivals) and max(rivals) < max(best.runs)  # the runs' range spans them all
+    figures = load_report(storage, "optuna-ds", result=result).figures
+    chosen = next(t for t in figures["metric_vs_mbs"].data if t.name == "chosen")
+    low, high = best.value - chosen.error_y.arrayminus[0], best.value + chosen.error_y.array[0]
+    assert all(not low <= r <= high for r in rivals), (low, high, rivals)
+    bars = figures["best_per_stage"].data[0]
+    spans = [(y - m, y + p) for y, m, p in zip(bars.y, bars.error_y.arrayminus, bars.error_y.array)]
+    assert spans[1][1] < best.value and not spans[0][0] <= bars.y[1] <= spans[0][1]  # z2's bar short of z1's mean, and back
+    # Judged equivalent, the rival may lie within the bar; the text names it.
+    (tmp_path / "b").mkdir()
+    same = _result(*_store(tmp_path / "b", runs, choice=(1, 1), equivalent=((2, 8),), noise=0.05))
+    assert "Equivalent within the noise (5.0% per run): z2_gas1_tmbspg8 (15,150 samples/s, 2 runs)" in summary_text(same, advice=None)
+    assert all(t.mode == "markers" for t in figures["metric_vs_mbs"].data if t.name in ("z1", "z2"))

@@ -485,23 +485,30 @@ def optuna_best_note(result: TuningResult) -> str:
             f"configs by all their runs, its estimate and the measured noise.")
 
 
-# Two means differing by less than this many deviations of their difference are equivalent: the
-# planner's own bound on a choice measured below another (PlannerSettings.plausible_z).
-_EQUIVALENT_Z = 2.0
 _NAMED = 4  # equivalent configs named, at most
 
 
-def _equivalent(other: Measured | Optimum, best: Optimum, *, noise: float) -> bool:
-    """Whether ``other``'s mean is ``best``'s within the noise: the two means of their runs
-    differ by less than ``_EQUIVALENT_Z`` deviations of their difference, at ``noise`` a run."""
-    deviation = noise * (1 / len(other.runs) + 1 / len(best.runs)) ** 0.5
-    return abs(other.value - best.value) <= _EQUIVALENT_Z * deviation * best.value
+def _equivalent(result: TuningResult, other: Measured | Optimum) -> bool | None:
+    """Whether the planner judged ``other`` a config a run cannot tell from the optimum (its one
+    rule, ``Decision.equivalent``); ``None`` where it gave no verdict (it has not chosen)."""
+    return None if result.equivalent is None else other.config in result.equivalent
+
+
+def judged_noise(result: TuningResult) -> float | None:
+    """The relative noise of one run the planner judged the configs by (else the measured one)."""
+    return result.judged_noise if result.judged_noise is not None else result.noise.value
+
+
+def _per_run(result: TuningResult) -> str:
+    noise = judged_noise(result)
+    assumed = "" if result.noise.value is not None else ", assumed: not measured"
+    return f"{noise:.1%} per run{assumed}" if noise is not None else "the noise unknown"
 
 
 def choice_lines(result: TuningResult) -> list[str]:
     """Why the optimum is the optimum, and which configs are as good within the noise: what a
     DeepSpeed user, who can predict DeepSpeed's own search, asks of this one."""
-    best, metric, noise = result.best, result.metric, result.noise
+    best, metric = result.best, result.metric
     if best is None or not best.chosen:
         return []
     others = [m for m in result.measured if m.config != best.config]
@@ -511,17 +518,17 @@ def choice_lines(result: TuningResult) -> list[str]:
     if higher is not None:
         why += (f"; {higher.name} measured a higher mean ({metric.with_unit(higher.value)}, {_runs(len(higher.runs))}) "
                 f"that its curve and the noise do not bear out")
-    if noise.value is None:
-        return [why + ".", "Equivalent configs: none can be named, the run-to-run noise was not measured."]
+    if result.equivalent is None:
+        return [why + ".", "Equivalent configs: none can be named, the planner recorded no verdict on them."]
     ranked = sorted(others, key=lambda m: metric.oriented(m.value), reverse=True)
-    alike = [m for m in ranked if _equivalent(m, best, noise=noise.value)]
+    alike = [m for m in ranked if _equivalent(result, m)]
     if alike:
         named = ", ".join(f"{m.name} ({metric.with_unit(m.value)}, {_runs(len(m.runs))})" for m in alike[:_NAMED])
         more = f" and {len(alike) - _NAMED} more" if len(alike) > _NAMED else ""
-        equal = f"Equivalent within the noise ({noise.value:.1%} per run): {named}{more}; any of them would do as well."
+        equal = f"Equivalent within the noise ({_per_run(result)}): {named}{more}; any of them would do as well."
     elif ranked:
         gap = abs(ranked[0].value - best.value) / best.value
-        equal = (f"Equivalent within the noise ({noise.value:.1%} per run): none; the next best, {ranked[0].name}, is "
+        equal = (f"Equivalent within the noise ({_per_run(result)}): none; the next best, {ranked[0].name}, is "
                  f"{gap:.1%} {'slower' if metric.better(best.value, ranked[0].value) else 'apart'}.")
     else:
         equal = "Equivalent configs: none, no other config ran."
@@ -532,7 +539,7 @@ def knob_line(result: TuningResult) -> str:
     """What the optimum's knob settings were worth: its mean against the best config of its
     stage and offload that ran at the defaults (at its own micro-batch size where one ran), by
     the same noise rule as the equivalent configs; "" where it sets none or no such config ran."""
-    best, metric, noise = result.best, result.metric, result.noise
+    best, metric = result.best, result.metric
     if best is None or not (settings := departures(best.config).zero):
         return ""
     # Checkpointing and AutoTP have their own lines: the configs compared share the optimum's.
@@ -548,12 +555,13 @@ def knob_line(result: TuningResult) -> str:
     gap = best.value / other.value - 1
     where = ("at the same micro-batch size" if same
              else f"at micro-batch {other.config.micro_batch} (none was measured at {mbs} without them)")
-    if noise.value is None:
-        verdict = "the run-to-run noise was not measured, so whether they matter is unknown"
-    elif _equivalent(other, best, noise=noise.value):
-        verdict = f"within the noise ({noise.value:.1%} per run)"
+    equivalent = _equivalent(result, other)
+    if equivalent is None:
+        verdict = "the planner has judged no config beside it yet, so whether they matter is unknown"
+    elif equivalent:
+        verdict = f"within the noise ({_per_run(result)})"
     else:
-        verdict = f"more than the noise explains ({noise.value:.1%} per run)"
+        verdict = f"more than the noise explains ({_per_run(result)})"
     return (f"Knobs: {who} settings ({named}) measured {abs(gap):.1%} {'above' if gap >= 0 else 'below'} the best config "
             f"without them {where} ({other.name}: {metric.with_unit(other.value)}, {_runs(len(other.runs))}), {verdict}.")
 
@@ -568,10 +576,9 @@ def _with_it(result: TuningResult, best: Optimum, other: Measured) -> str:
 def _without_it(result: TuningResult, best: Optimum, other: Measured) -> str:
     """The optimum, which uses a setting, against the best config without it: by how much, and
     whether within the noise."""
-    metric, noise = result.metric, result.noise
+    metric = result.metric
     factor = best.value / other.value if metric.maximize else other.value / best.value
-    verdict = ("" if noise.value is None else
-               f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
+    verdict = f", within the noise ({_per_run(result)})" if _equivalent(result, other) else ""
     return (f"{format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
             f"{_runs(len(other.runs))}){verdict}.")
 

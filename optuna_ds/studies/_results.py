@@ -507,6 +507,10 @@ class TuningResult:
     checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
     unrun: tuple[Unrun, ...] = ()  # the values listed in zero_optimization no experiment ran with
+    # The planner's verdict beside its choice: the configs a run cannot tell from it (``None``
+    # where it gave none) and the noise of one run it judged them by.
+    equivalent: tuple[Config, ...] | None = None
+    judged_noise: float | None = None
 
     @property
     def num_experiments(self) -> int:
@@ -562,6 +566,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
+        equivalent=choice.equivalent if choice is not None and best is not None and best.chosen else None,
+        judged_noise=choice.noise if choice is not None else None,
         unrun=unrun_values(user.zero_section(), fast=a.fast, spaces=spaces, trials=trials,
                            skipped={r.stage: r.reason for r in results if r.status == "skipped"}),
     )

@@ -595,7 +595,11 @@ class Tuning:
         if not trials:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
+        # The planner's verdict of which configs a run cannot tell from the choice: what every view
+        # calls equivalent, by the planner's one rule.
+        choice = ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config,
+                              equivalent=tuple(e for e in decision.equivalent if e != c.config), noise=decision.noise)
+        RootRecord(choice=choice).write(self._root.set_user_attr)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
