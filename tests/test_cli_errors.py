@@ -1,6 +1,8 @@
 """Bad input: one line naming the problem, exit status 2, never a traceback."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import FAKE_LAUNCHER
@@ -76,3 +78,16 @@ def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
 def test_a_storage_url_of_another_spelling_names_the_one_that_works(ws: Workspace, url: str, hint: str) -> None:
     ws.config(GOOD)
     assert_one_line_error(ws.tune("ds_config.json", "--storage", url), hint)
+
+
+def test_a_sqlite_url_with_two_slashes_gets_the_three_slash_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 49: sqlite://tmp/x opened x in the current folder ("tmp" read as a host), or failed unexplained.
+    from optuna_ds._errors import OptunaDSError
+    from optuna_ds.storage import create_storage
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OptunaDSError) as e:
+        create_storage("sqlite://tmp/x.db")
+    assert str(e.value) == ("storage sqlite://tmp/x.db: a SQLite URL names no host ('tmp'): write sqlite:///tmp/x.db for "
+                            "tmp/x.db under the current folder, or sqlite:////tmp/x.db for /tmp/x.db")
+    assert e.value.exit_code == 2 and not (tmp_path / "x.db").exists()

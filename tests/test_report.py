@@ -26,7 +26,6 @@ from conftest import assert_one_line_error
 from optuna_ds.config import format_number
 from optuna_ds.config import parse_user_config
 from optuna_ds.domain import MBS_KEY
-from optuna_ds.domain import ChoiceRecord
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
@@ -43,6 +42,7 @@ from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import open_stage_study
+from optuna_ds.storage import set_verdict
 from optuna_ds.studies import TuningResult
 from optuna_ds.studies import load_result
 
@@ -101,8 +101,8 @@ def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple
         trial.datetime_complete = trial.datetime_start + datetime.timedelta(seconds=10)
         stages[stage].add_trial(trial)
     if choice is not None:
-        study.set_user_attr("choice", ChoiceRecord(stage=choice[0], trial=choice[1], estimate=15_400.0, noise=noise, equivalent=tuple(
-            Config(stage=s, micro_batch=m) for s, m in equivalent)).attrs())
+        study.set_user_attr("choice", {"stage": choice[0], "trial": choice[1], "estimate": 15_400.0})
+        set_verdict(study, equivalent=[Config(stage=s, micro_batch=m).name for s, m in equivalent], noise=noise)
     return storage, plan
 
 

@@ -55,16 +55,12 @@ class StageRecord:
 class ChoiceRecord:
     """The planner's final choice: its config (stored as :meth:`Config.to_attrs` writes it), the
     planner's estimate of its metric, and its stage and first run's trial in that stage's study
-    (all a choice an earlier version recorded holds: its config is ``None``, found by the trial);
-    and the planner's verdict on the rest: the measured configs a run cannot tell from it
-    (``equivalent``, ``None`` where not recorded) and the relative noise of one run it judged by."""
+    (all a choice an earlier version recorded holds: its config is ``None``, found by the trial)."""
 
     stage: int
     trial: int
     estimate: float | None = None
     config: Config | None = None
-    equivalent: tuple[Config, ...] | None = None
-    noise: float | None = None
 
     def attrs(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {"stage": self.stage, "trial": self.trial}
@@ -72,20 +68,13 @@ class ChoiceRecord:
             attrs["estimate"] = self.estimate
         if self.config is not None:
             attrs["config"] = self.config.to_attrs()
-        if self.equivalent is not None:
-            attrs["equivalent"] = [c.to_attrs() for c in self.equivalent]
-        if self.noise is not None:
-            attrs["noise"] = self.noise
         return attrs
 
     @classmethod
     def from_attrs(cls, stored: Mapping[str, Any]) -> ChoiceRecord:
-        config, equivalent = stored.get("config"), stored.get("equivalent")
+        config = stored.get("config")
         return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), estimate=stored.get("estimate"),
-                   config=Config.from_attrs(config) if isinstance(config, dict) else None,
-                   equivalent=tuple(e for c in equivalent if isinstance(c, dict) and (e := Config.from_attrs(c)) is not None)
-                   if isinstance(equivalent, list) else None,
-                   noise=stored.get("noise"))
+                   config=Config.from_attrs(config) if isinstance(config, dict) else None)
 
 
 def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from optuna_ds.space import distinct_batch
 from optuna_ds.space import knob_defaults
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import load_stage_study
+from optuna_ds.storage import verdict
 from optuna_ds.studies._builder import checkpointing_space
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._listed import Unrun
@@ -520,7 +521,8 @@ class TuningResult:
 def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: UserConfig) -> TuningResult:
     """Rebuild a tuning's result from the storage alone (``optuna-ds report`` does this)."""
     a = user.autotuning
-    root = RootRecord.from_attrs(optuna.load_study(study_name=plan.study_name, storage=storage).user_attrs)
+    root_study = optuna.load_study(study_name=plan.study_name, storage=storage)
+    root = RootRecord.from_attrs(root_study.user_attrs)
     choice = root.choice
     results = []
     trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
@@ -545,6 +547,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     # The planner's choice; before it chose (an interrupted or running tuning), the best mean so far.
     best = next((b for b in leaders if b.chosen), None) or a.tuned_metric.best(leaders, key=lambda b: b.value)
     every = [t for ts in trials.values() for t in ts]
+    measured = tuple(measured_configs(every))
+    judged = verdict(root_study)
     resources = root.resources or RecordedResources()
     return TuningResult(
         metric=a.tuned_metric,
@@ -561,16 +565,25 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         optuna_best=_optuna_best(storage, plan.study_name, best),
         device_memory=resources.device_memory,
         memory_margin=plan.memory_margin,
-        measured=tuple(measured_configs(every)),
+        measured=measured,
         interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in launched(ts)
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
-        equivalent=choice.equivalent if choice is not None and best is not None and best.chosen else None,
-        judged_noise=choice.noise if choice is not None else None,
+        equivalent=_equivalent_configs(judged, best, measured),
+        judged_noise=judged[1] if judged is not None else None,
         unrun=unrun_values(user.zero_section(), fast=a.fast, spaces=spaces, trials=trials,
                            skipped={r.stage: r.reason for r in results if r.status == "skipped"}),
     )
+
+
+def _equivalent_configs(judged: tuple[tuple[str, ...], float | None] | None, best: Optimum | None,
+                        measured: Sequence[Measured]) -> tuple[Config, ...] | None:
+    """The measured configs the planner judged a run cannot tell from its choice (its verdict,
+    by name); ``None`` where it recorded none."""
+    if judged is None or best is None or not best.chosen:
+        return None
+    return tuple(m.config for m in measured if m.config.name in judged[0])
 
 
 def _optuna_best(storage: optuna.storages.BaseStorage, tuning: str, best: Optimum | None) -> OptunaBest | None:

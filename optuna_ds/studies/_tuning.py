@@ -46,6 +46,7 @@ from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import ending
+from optuna_ds.storage import set_verdict
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import set_choice
 from optuna_ds.storage import set_ending
@@ -595,11 +596,9 @@ class Tuning:
         if not trials:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        # The planner's verdict of which configs a run cannot tell from the choice: what every view
-        # calls equivalent, by the planner's one rule.
-        choice = ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config,
-                              equivalent=tuple(e for e in decision.equivalent if e != c.config), noise=decision.noise)
-        RootRecord(choice=choice).write(self._root.set_user_attr)
+        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
+        # Which configs a run cannot tell from the choice: what every view calls equivalent, by the planner's one rule.
+        set_verdict(self._root, equivalent=[e.name for e in decision.equivalent if e != c.config], noise=decision.noise)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
