@@ -59,7 +59,8 @@ def test_hostfile_errors(ws: Workspace) -> None:
     assert_one_line_error(ws.tune("ds_config.json", "--hostfile", "missing-hostfile"), "hostfile missing-hostfile not found")
     (ws.root / "hostfile").write_text("worker-0 slots=2\nworker-0 slots=2\n")
     assert_one_line_error(ws.tune("ds_config.json", "--hostfile", "hostfile"), "multiple entries for worker-0")
-    assert_one_line_error(ws.tune("ds_config.json", "--num_gpus", "8"), "--num_gpus 8 but a node has only 1")
+    assert_one_line_error(ws.tune("ds_config.json", "--num_gpus", "8"), "--num_gpus 8 but a node has only 1",
+                          "on DeepSpeed's CPU accelerator a node's devices are its NUMA nodes, or LOCAL_SIZE", "LOCAL_SIZE=8 runs 8")
 
 
 def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
@@ -91,3 +92,17 @@ def test_a_sqlite_url_with_two_slashes_gets_the_three_slash_hint(tmp_path: Path,
     assert str(e.value) == ("storage sqlite://tmp/x.db: a SQLite URL names no host ('tmp'): write sqlite:///tmp/x.db for "
                             "tmp/x.db under the current folder, or sqlite:////tmp/x.db for /tmp/x.db")
     assert e.value.exit_code == 2 and not (tmp_path / "x.db").exists()
+
+
+def test_an_option_of_ours_after_the_script_gets_a_hint_when_it_fails_there() -> None:
+    # Issue 49: `optuna-ds tune train.py ... --num_gpus 2` passes --num_gpus to the script, which refuses it.
+    from optuna_ds.cli._main import misplaced_option_hint
+
+    failed = ("z1_gas1_tmbspg2 failed whatever its config (exit status 2: train.py: error: unrecognized arguments: "
+              "--num_gpus 2): every experiment would")
+    options = {"--num_gpus", "--storage", "--overwrite"}
+    args = ("--deepspeed_config", "ds.json", "--num_gpus", "2")
+    assert misplaced_option_hint(failed, script="train.py", script_args=args, options=options) == (
+        "--num_gpus is an optuna-ds option, but it came after train.py, so it went to the script: put it before train.py")
+    assert misplaced_option_hint("a failure of its own", script="train.py", script_args=args, options=options) == ""
+    assert misplaced_option_hint(failed, script="train.py", script_args=("--deepspeed_config", "ds.json"), options=options) == ""
