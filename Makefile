@@ -12,13 +12,14 @@ ifeq ($(HAS_GPU),yes)
 else
   export DS_ACCELERATOR ?= cpu
 endif
-# DeepSpeed JIT-builds the CPU ops its runs load (about two minutes on 2 cores) at the first run
+# DeepSpeed JIT-builds the CPU ops its runs load (4-5 minutes on 2 cores) at the first run
 # that needs them: `venv` builds them once, into the virtual environment's own extensions folder,
 # with its own ninja first on PATH, as optuna-ds's experiments find them (launcher/_ops.py): a
 # run with another folder or another ninja (1.11 and 1.13 read each other's build log as stale)
 # would build them again.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
-CPU_OPS := from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(n).load() for n in ('FusedAdamBuilder', 'ShareMemCommBuilder')]
+# Each op's progress on stderr (launcher/_ops.py), DeepSpeed's own build output dropped.
+CPU_OPS := import sys; from optuna_ds.launcher import build_cpu_ops; build_cpu_ops(say=lambda line: print('make venv:', line, file=sys.stderr, flush=True))
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): the real-DeepSpeed tests run one after another in one of them
 # (tests/conftest.py), the rest beside them. Most tests wait on processes they start.
@@ -44,7 +45,7 @@ $(VENV)/.installed: pyproject.toml
 	if [ "$(HAS_GPU)" != "yes" ]; then $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
 	@echo "make venv: installing optuna-ds, DeepSpeed and the extras (2-5 minutes)"
 	$(BIN)/python -m pip install -q -e '.[test,postgres,mysql,hf,bench,xgboost]'
-	@if [ "$(HAS_GPU)" != "yes" ]; then echo "make venv: building DeepSpeed's CPU ops into $(TORCH_EXTENSIONS_DIR) (about two minutes on 2 cores), so that no tuning waits for them"; fi
+	@if [ "$(HAS_GPU)" != "yes" ]; then echo "make venv: building DeepSpeed's CPU ops into $(TORCH_EXTENSIONS_DIR) (4-5 minutes on 2 cores, its progress shown), so that no tuning waits for them"; fi
 	if [ "$(HAS_GPU)" != "yes" ]; then PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -c "$(CPU_OPS)" >/dev/null; fi
 	touch $@
 	@echo "make venv: done"

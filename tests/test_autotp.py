@@ -145,7 +145,7 @@ def test_a_tuning_where_autotp_pays_runs_it_and_the_optimum_carries_it(ws: Works
     assert split and all(entry["mbs"] > 4 for entry in split)
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["tensor_parallel"] == {"autotp_size": 2} and optimal["train_micro_batch_size_per_gpu"] > 4
-    summary = (ws.results / "summary.txt").read_text()
+    summary = (ws.results / "optuna_ds_summary.txt").read_text()
     assert "AutoTP: the optimum splits each layer over 2 GPUs" in summary and "AutoTP 2)" in summary
     # Measured as samples trained: the engine's metrics file counts each twice, and says so.
     study = optuna.load_study(study_name="optuna-ds-z0", storage=ws.storage)
@@ -162,7 +162,7 @@ def test_autotp_listed_with_zero_3_only_is_told_it_never_applies_there(ws: Works
     p = _tune(ws, config, {})
     assert p.returncode == 0, p.stdout + p.stderr
     assert not [entry for entry in ws.launches() if entry.get("autotp", 1) > 1]
-    summary = (ws.results / "summary.txt").read_text()
+    summary = (ws.results / "optuna_ds_summary.txt").read_text()
     assert "AutoTP: not launched: it applies at ZeRO stages 0 to 2 only" in summary and "the tuning ran ZeRO-3 only" in summary
     assert "pays only where the model states" not in summary
 
@@ -172,7 +172,7 @@ def test_a_script_whose_data_differ_within_a_group_is_reported_once_and_no_size_
     p = _tune(ws, _workspace(ws, (1, 2)), surface)
     assert p.returncode == 0, p.stdout + p.stderr
     assert len([entry for entry in ws.launches() if entry.get("autotp", 1) > 1]) == 1
-    summary = (ws.results / "summary.txt").read_text()
+    summary = (ws.results / "optuna_ds_summary.txt").read_text()
     assert summary.count("Data inconsistency within the TP group") == 1 and "no size tried again" in summary
     assert "tensor_parallel" not in json.loads((ws.results / "ds_config_optimal.json").read_text())
 

@@ -163,7 +163,7 @@ def test_a_tuning_where_checkpointing_pays_runs_it_and_the_optimum_carries_the_f
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     command = shlex.split((ws.results / "cmd_optimal.txt").read_text())
     assert FLAG in command and optimal["train_micro_batch_size_per_gpu"] > 4
-    summary = (ws.results / "summary.txt").read_text()
+    summary = (ws.results / "optuna_ds_summary.txt").read_text()
     assert "Checkpointing: the optimum uses --gradient_checkpointing" in summary and "the best config without it" in summary
     report = (ws.results / "report.html").read_text()
     assert "z0 checkpointing" in report and "Checkpointing: the optimum uses" in report
@@ -175,7 +175,7 @@ def test_a_script_that_ignores_the_switch_is_reported_once_and_explored_no_furth
     assert p.returncode == 0, p.stdout + p.stderr
     on = [entry for entry in ws.launches() if FLAG in entry["args"]]
     assert 1 <= len(on) <= 3
-    summary = (ws.results / "summary.txt").read_text()
+    summary = (ws.results / "optuna_ds_summary.txt").read_text()
     assert summary.count("the script never checkpoints") == 1
     assert FLAG not in shlex.split((ws.results / "cmd_optimal.txt").read_text())
 
@@ -185,7 +185,7 @@ def test_a_model_that_cannot_checkpoint_fails_for_its_own_reason_once(ws: Worksp
     p = ws.tune(_workspace(ws), surface=surface)
     assert p.returncode == 0, p.stdout + p.stderr
     assert len([entry for entry in ws.launches() if FLAG in entry["args"]]) == 1
-    assert "does not support gradient checkpointing" in (ws.results / "summary.txt").read_text()
+    assert "does not support gradient checkpointing" in (ws.results / "optuna_ds_summary.txt").read_text()
 
 
 def test_a_bad_section_value_exits_2_in_one_line(ws: Workspace) -> None:
@@ -205,7 +205,7 @@ def test_a_listed_section_value_is_tuned_for_a_script_that_configures_deepspeeds
     assert p.returncode == 0, p.stdout + p.stderr
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["activation_checkpointing"] == {"cpu_checkpointing": True} and optimal["train_micro_batch_size_per_gpu"] > 4
-    summary = (ws.results / "summary.txt").read_text()
+    summary = (ws.results / "optuna_ds_summary.txt").read_text()
     assert "Checkpointing: the optimum uses activation_checkpointing.cpu_checkpointing=true" in summary
     # Every experiment got the section without its list: DeepSpeed's default where it is not set.
     for folder in ws.results.iterdir():

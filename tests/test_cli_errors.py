@@ -1,6 +1,8 @@
 """Bad input: one line naming the problem, exit status 2, never a traceback."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import FAKE_LAUNCHER
@@ -60,7 +62,8 @@ def test_hostfile_errors(ws: Workspace) -> None:
     assert_one_line_error(ws.tune("ds_config.json", "--hostfile", "missing-hostfile"), "hostfile missing-hostfile not found")
     (ws.root / "hostfile").write_text("worker-0 slots=2\nworker-0 slots=2\n")
     assert_one_line_error(ws.tune("ds_config.json", "--hostfile", "hostfile"), "multiple entries for worker-0")
-    assert_one_line_error(ws.tune("ds_config.json", "--num_gpus", "8"), "--num_gpus 8 but a node has only 1")
+    assert_one_line_error(ws.tune("ds_config.json", "--num_gpus", "8"), "--num_gpus 8 but a node has only 1",
+                          "on DeepSpeed's CPU accelerator a node's devices are its NUMA nodes, or LOCAL_SIZE", "LOCAL_SIZE=8 runs 8")
 
 
 def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
@@ -79,3 +82,30 @@ def test_a_different_plan_under_the_same_study_name(ws: Workspace) -> None:
 def test_a_storage_url_of_another_spelling_names_the_one_that_works(ws: Workspace, url: str, hint: str) -> None:
     ws.config(GOOD)
     assert_one_line_error(ws.tune("ds_config.json", "--storage", url), hint)
+
+
+def test_a_sqlite_url_with_two_slashes_gets_the_three_slash_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 49: sqlite://tmp/x opened x in the current folder ("tmp" read as a host), or failed unexplained.
+    from optuna_ds._errors import OptunaDSError
+    from optuna_ds.storage import create_storage
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OptunaDSError) as e:
+        create_storage("sqlite://tmp/x.db")
+    assert str(e.value) == ("storage sqlite://tmp/x.db: a SQLite URL names no host ('tmp'): write sqlite:///tmp/x.db for "
+                            "tmp/x.db under the current folder, or sqlite:////tmp/x.db for /tmp/x.db")
+    assert e.value.exit_code == 2 and not (tmp_path / "x.db").exists()
+
+
+def test_an_option_of_ours_after_the_script_gets_a_hint_when_it_fails_there() -> None:
+    # Issue 49: `optuna-ds tune train.py ... --num_gpus 2` passes --num_gpus to the script, which refuses it.
+    from optuna_ds.cli._main import misplaced_option_hint
+
+    failed = ("z1_gas1_tmbspg2 failed whatever its config (exit status 2: train.py: error: unrecognized arguments: "
+              "--num_gpus 2): every experiment would")
+    options = {"--num_gpus", "--storage", "--overwrite"}
+    args = ("--deepspeed_config", "ds.json", "--num_gpus", "2")
+    assert misplaced_option_hint(failed, script="train.py", script_args=args, options=options) == (
+        "--num_gpus is an optuna-ds option, but it came after train.py, so it went to the script: put it before train.py")
+    assert misplaced_option_hint("a failure of its own", script="train.py", script_args=args, options=options) == ""
+    assert misplaced_option_hint(failed, script="train.py", script_args=("--deepspeed_config", "ds.json"), options=options) == ""

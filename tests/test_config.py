@@ -226,3 +226,14 @@ def test_tuning_space_overrides_are_typed_before_launch(zero: dict, message: str
     with pytest.raises(ConfigError) as e:
         _user({"zero_optimization": zero, "autotuning": {"enabled": True, "fast": False}})
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_list_of_deepcompile_is_refused_saying_why() -> None:
+    # Issue 49: DeepSpeed's bare "Input should be a valid boolean" named no reason.
+    raw = {"train_micro_batch_size_per_gpu": 2, "compile": {"deepcompile": [False, True]}, "autotuning": {"enabled": True}}
+    with pytest.raises(ConfigError) as e:
+        parse_user_config(raw, path="ds.json", script_args=[])
+    assert str(e.value).startswith("compile.deepcompile = [false, true]: optuna-ds does not tune DeepCompile (the config alone "
+                                   "compiles nothing: DeepSpeed acts on it only in engine.compile()")
+    assert "\n" not in str(e.value)
+    parse_user_config({**raw, "compile": {"deepcompile": True}}, path="ds.json", script_args=[])  # one value is the user's

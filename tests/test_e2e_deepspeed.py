@@ -184,7 +184,7 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     # Its runs: the planner may measure it again when close configs' figures are noisy.
     mine = re.sub(r"_r\d+$", "", min((t for t in ran if t.params["train_micro_batch_size_per_gpu"] == 4), key=lambda t: t.number).user_attrs["exp_name"])
     runs = [t.value for t in ran if t.state == TrialState.COMPLETE and re.sub(r"_r\d+$", "", t.user_attrs["exp_name"]) == mine]
-    summary = (results / "summary.txt").read_text().splitlines()
+    summary = (results / "optuna_ds_summary.txt").read_text().splitlines()
     mean_of = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
     assert summary[0] == f"Your config (z0, micro-batch 4): {format_number(sum(runs) / len(runs))} samples/s{mean_of}.", summary
     # The optimum is the planner's choice, one of its runs; by the model's estimate, so not always

@@ -37,10 +37,11 @@ BEST = Config(stage=3, micro_batch=16, knobs=KNOBS)
 
 
 def _result(*others: Measured, runs: tuple[float, ...] = (1_300.0, 1_318.6), noise: float | None = 0.014,
-            config: Config = BEST) -> TuningResult:
+            config: Config = BEST, equivalent: tuple[Config, ...] | None = ()) -> TuningResult:
+    """``equivalent``: the planner's verdict, the configs a run cannot tell from the optimum."""
     best = Optimum(name=config.name, config=config, trial_number=7, ds_config={}, result_dir="", cmd=[], runs=runs, chosen=True)
     return TuningResult(metric=METRIC, stages=[], duration=1.0, model_info={}, best=best,
-                        noise=Noise(value=noise, configs=3, runs=6),
+                        noise=Noise(value=noise, configs=3, runs=6), equivalent=equivalent,
                         measured=(Measured(name=config.name, config=config, runs=runs), *others))
 
 
@@ -66,14 +67,15 @@ def test_the_note_names_the_settings_and_what_they_were_worth_beyond_the_noise()
 
 
 def test_a_gain_the_noise_explains_is_said_to_be_within_it() -> None:
-    line = knob_line(_result(_ran((1_290.0, 1_292.0)), *RIVALS[1:]))
+    plain = Config(stage=3, micro_batch=16)  # the planner's verdict: a run cannot tell it from the optimum
+    line = knob_line(_result(_ran((1_290.0, 1_292.0)), *RIVALS[1:], equivalent=(plain,)))
     assert "measured 1.4% above the best config without them at the same micro-batch size (z3_gas1_tmbspg16: 1,291 samples/s, " \
            "2 runs), within the noise (1.4% per run)." in line
     # 6.1% on one run each at 2.5% a run is within it (twice 3.5%); a loss reads as one.
-    assert "6.1% above" in (line := knob_line(_result(_ran((1_234.0,)), runs=(1_309.3,), noise=0.025)))
+    assert "6.1% above" in (line := knob_line(_result(_ran((1_234.0,)), runs=(1_309.3,), noise=0.025, equivalent=(plain,))))
     assert line.endswith("within the noise (2.5% per run).")
     assert "% below the best config" in knob_line(_result(_ran((1_400.0, 1_402.0))))
-    assert "the run-to-run noise was not measured" in knob_line(_result(PLAIN, noise=None))
+    assert "so whether they matter is unknown" in knob_line(_result(PLAIN, noise=None, equivalent=None))
 
 
 def test_without_a_default_config_at_its_size_the_note_says_which_it_compares_with() -> None:

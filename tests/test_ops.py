@@ -62,3 +62,25 @@ def test_a_build_lock_of_another_user_is_not_called_stale(tmp_path: Path, monkey
     assert stale_build_locks() == []
     monkeypatch.setattr(os, "geteuid", lambda: mine)
     assert stale_build_locks() == [str((tmp_path / "op" / "lock").resolve())]
+
+
+def test_a_build_of_minutes_shows_its_progress(tmp_path: Path) -> None:
+    """Issue 49: DeepSpeed's op build, 4.5 minutes at set-up, said nothing once announced. While
+    it runs, each op's sources compiled so far are said, until its library is built."""
+    import queue
+
+    from optuna_ds.launcher import watching_build
+
+    (tmp_path / "fused_adam").mkdir()
+    (tmp_path / "fused_adam" / "stale.o").write_text("")  # an earlier build's: not this one's progress
+    os.utime(tmp_path / "fused_adam" / "stale.o", (0, 0))
+    said: queue.Queue[str] = queue.Queue()
+    with watching_build(str(tmp_path), {"fused_adam": 2}, say=said.put, every=0.01):
+        assert said.get(timeout=30).endswith("s so far: fused_adam 0 of 2 sources compiled")
+        (tmp_path / "fused_adam" / "fused_adam.o").write_text("")
+        while not said.get(timeout=30).endswith("fused_adam 1 of 2 sources compiled"):
+            pass
+        (tmp_path / "fused_adam" / "fused_adam.so").write_text("")  # built: the watch ends by itself
+        while not said.empty():
+            said.get()
+    assert said.empty()

@@ -42,6 +42,7 @@ from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import create_storage
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import open_stage_study
+from optuna_ds.storage import set_verdict
 from optuna_ds.studies import TuningResult
 from optuna_ds.studies import load_result
 
@@ -60,9 +61,11 @@ RUNS: list[tuple[int, int, Any]] = [
 
 
 def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple[int, int] | None = (1, 1),
-           device: str = "CPU") -> tuple[optuna.storages.BaseStorage, TuningPlan]:
+           device: str = "CPU", equivalent: tuple[tuple[int, int], ...] = ((1, 32),),
+           noise: float = 0.027) -> tuple[optuna.storages.BaseStorage, TuningPlan]:
     """A tuning as the storage holds it once run, written record by record as the tuning writes
-    them: the plan, each stage's trials, the root's attrs and the planner's choice."""
+    them: the plan, each stage's trials, the root's attrs and the planner's choice, with its
+    verdict: the configs (stage, size) a run cannot tell from it, at ``noise`` a run."""
     config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": [1, 2]},
               "autotuning": {"enabled": True, "max_train_micro_batch_size_per_gpu": 64}}
     (root / "train.py").write_text("")
@@ -99,6 +102,7 @@ def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple
         stages[stage].add_trial(trial)
     if choice is not None:
         study.set_user_attr("choice", {"stage": choice[0], "trial": choice[1], "estimate": 15_400.0})
+        set_verdict(study, equivalent=[Config(stage=s, micro_batch=m).name for s, m in equivalent], noise=noise)
     return storage, plan
 
 
@@ -124,11 +128,14 @@ def test_one_optimum_shown_the_same_way_everywhere(tmp_path: Path) -> None:
     assert result.stages[1].best.value == 12_200.0 and len(result.stages[1].best.runs) == 2
     summary = summary_text(result, advice=None)
     lines = summary.splitlines()
+    # Your config ran once: no speed-up factor, and the line says why.
     assert lines[1] == ("Optimum (z1_gas1_tmbspg16: z1, micro-batch 16, gradient accumulation 1): " + figure
-                        + ", 15.5x faster; run-to-run noise " + f"{result.noise.value:.1%}, measured from 2 repeated configs, 5 runs.")
+                        + "; no speed-up factor: your config ran once and the optimum 3 times; a factor needs 2 runs of each "
+                        "at least, measured alike; run-to-run noise " + f"{result.noise.value:.1%}, measured from 2 repeated "
+                        "configs, 5 runs.")
     assert lines[2] == "Spent: 8 experiment(s), 0.0222 device-hours (CPU)."
-    assert "| z1           |               6 |          15,520 |    3 | z1_gas1_tmbspg16 |" in lines
-    assert "| global       |               8 |          15,520 |    3 | z1_gas1_tmbspg16 |" in lines
+    assert "| z1             |                 6 |             15,520 |      3 | z1_gas1_tmbspg16 |" in lines
+    assert "| global         |                 8 |             15,520 |      3 | z1_gas1_tmbspg16 |" in lines
     # Optuna's own best trial is the lucky single run: said, and why it is not the optimum.
     assert result.optuna_best is not None and result.optuna_best.number == 2
     assert "Optuna's best trial in the z1 study (what `optuna best-trial` and optuna-dashboard show) is trial 2, z1_gas1_tmbspg32" in summary
@@ -177,6 +184,27 @@ def test_one_optimum_shown_the_same_way_everywhere(tmp_path: Path) -> None:
     assert best_stage_study(storage) == (z1._study_id, "optuna-ds-z1")
 
 
+def test_summary_txt_is_deepspeeds_table_alone(tmp_path: Path) -> None:
+    """Issue 49: summary.txt opened with our headline and had a ``runs`` column, and its
+    best_metric_val was a mean: a parser of DeepSpeed's summary broke. It is DeepSpeed's table
+    alone, as DeepSpeed's autotuner writes it (tabulate's pipe format), each best_metric_val the
+    best run of the config its row names; what we add is in a file of our own."""
+    tabulate = pytest.importorskip("tabulate")
+    from optuna_ds.reporting import write_summary
+
+    storage, plan = _store(tmp_path)
+    result = _result(storage, plan)
+    shown = write_summary(result, results_dir=str(tmp_path / "results"), advice=None)
+    text = (tmp_path / "results" / "summary.txt").read_text()
+    table = tabulate.tabulate([["z1", 6, 15_973.2, "z1_gas1_tmbspg16"], ["z2", 2, 12_400.0, "z2_gas1_tmbspg8_r1"],
+                               ["global", 8, 15_973.2, "z1_gas1_tmbspg16"]],
+                              headers=["tuning_space", "num_experiments", "best_metric_val", "best_exp_name"], tablefmt="pipe")
+    assert text == table + "\n\nTuning completed in 0:02:00. Total number of experiments: 8."
+    # Ours, beside it and on the terminal: the headline, each config's mean and runs, the notes.
+    assert (tmp_path / "results" / "optuna_ds_summary.txt").read_text() == shown
+    assert shown.startswith("Your config (z1, micro-batch 2") and "best_config_mean" in shown and "Why z1_gas1_tmbspg16" in shown
+
+
 def test_before_the_planner_chose_the_best_mean_is_shown_as_such(tmp_path: Path) -> None:
     storage, plan = _store(tmp_path, choice=None, device="GPU")
     result = _result(storage, plan)
@@ -185,7 +213,7 @@ def test_before_the_planner_chose_the_best_mean_is_shown_as_such(tmp_path: Path)
     assert best is not None and not best.chosen and best.name == "z1_gas1_tmbspg32" and best.estimate is None
     lines = headline(result)
     assert lines[1].startswith("Best so far (the planner has not chosen yet) (z1_gas1_tmbspg32: ")
-    assert "16,300 samples/s (one run)," in lines[1]
+    assert "16,300 samples/s (one run); run-to-run noise" in lines[1] and "faster" not in lines[1]  # no factor of one run
     assert lines[2].endswith(" GPU-hours.")
 
 
@@ -343,7 +371,7 @@ def test_report_shows_what_a_person_looks_for(tuned: Workspace) -> None:
     assert "CPU device slots: " in page and "device-hours (CPU)" in page and '"name":"profile run"' in page
     # The optimum the summary names is the optimal config, marked in the table and the figures.
     optimal = json.loads((tuned.results / "ds_config_optimal.json").read_text())
-    name = (tuned.results / "summary.txt").read_text().splitlines()[1].split("(", 1)[1].split(":", 1)[0]
+    name = (tuned.results / "optuna_ds_summary.txt").read_text().splitlines()[1].split("(", 1)[1].split(":", 1)[0]
     assert json.loads((tuned.results / name / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == \
         optimal["train_micro_batch_size_per_gpu"]
     assert '<span class="chosen-badge">chosen: ' in page and page.count('"name":"chosen"') >= 4
@@ -475,3 +503,67 @@ def test_optuna_studies_stays_readable_after_a_tuning(tuned: Workspace) -> None:
     assert max(map(len, lines)) < 1500, max(map(len, lines))
     plan = load_plan(optuna.storages.RDBStorage(tuned.storage), "optuna-ds")
     assert plan is not None and plan.script == str(tuned.script) and plan.user_config["autotuning"]["enabled"]
+
+
+def test_a_listed_value_no_experiment_ran_is_named_with_its_reason(tmp_path: Path) -> None:
+    """Issue 49: ``zero_quantized_weights: [false, true]`` and ``zero_quantized_gradients:
+    [false, true]`` on an 8-rank ZeRO-3 job on one node: ``true`` never ran, and qgZ (no
+    dimension on one node) never appeared, and the summary said nothing of either."""
+    import dataclasses
+
+    from optuna_ds.reporting._summary import summary_notes
+
+    runs = [(3, 2, 1_000.0), (3, 4, 1_900.0), (3, 4, 1_950.0)]
+    storage, plan = _store(tmp_path, runs, choice=(3, 1))
+    zero = {"stage": 3, "zero_quantized_weights": [False, True], "zero_quantized_gradients": [False, True],
+            "offload_optimizer": {"device": "none", "pin_memory": [True, False]}}
+    plan = dataclasses.replace(plan, user_config={**plan.user_config, "zero_optimization": zero,
+                                                  "autotuning": {**plan.user_config["autotuning"], "fast": False}})
+    # The z3 study's knob space, as the tuning records it: qwZ tuned; qgZ no dimension on one node.
+    optuna.load_study(study_name="optuna-ds-z3", storage=storage).set_user_attr(
+        "knob_space", {"stage": 3, "tuned": {"zero_quantized_weights": [False, True]}, "fixed": {}})
+    result = _result(storage, plan)
+    assert {(u.path, u.value) for u in result.unrun} == {("zero_quantized_weights", True), ("zero_quantized_gradients", True),
+                                                         ("offload_optimizer.pin_memory", False)}
+    notes = summary_notes(result, None)
+    assert ("Listed but not run: zero_optimization.zero_quantized_weights true: the planner's search ended without it: it "
+            "expected no gain from it over the settings that ran.") in notes
+    assert ("Listed but not run: zero_optimization.zero_quantized_gradients true: qgZ acts only where the data-parallel ranks "
+            "span nodes (on one node DeepSpeed reduces the gradients unquantized whatever the setting), and this job's ranks "
+            "do not.") in notes
+    assert any(n.startswith("Listed but not run: zero_optimization.offload_optimizer.pin_memory false: offload_optimizer "
+                            "offloads nothing") for n in notes)
+    # Fast mode tunes the micro-batch size alone: every other listed value is named, with why.
+    fast = dataclasses.replace(plan, user_config={**plan.user_config, "autotuning": {**plan.user_config["autotuning"],
+                                                                                     "fast": True}})
+    assert any("zero_quantized_weights true: autotuning.fast is true" in n for n in summary_notes(_result(storage, fast), None))
+
+
+def test_no_error_bar_spans_a_config_the_text_sets_apart(tmp_path: Path) -> None:
+    """Issue 49: the chosen's error bar (its runs' range) spanned the rival's figure beside
+    "Equivalent within the noise: none". One rule, the planner's verdict, which the text reads
+    and the bars follow (one noise deviation of each mean); and each run a point, no line
+    through sizes that never ran."""
+    runs = [(1, 2, 1_000.0), (1, 16, 16_400.0), (1, 16, 14_600.0), (1, 16, 15_500.0), (1, 8, 14_900.0), (1, 8, 15_000.0),
+            (2, 8, 15_200.0), (2, 8, 15_100.0)]
+    # The planner judged none equivalent at 1% a run: the rivals are 3-4% below the choice, within its runs' range.
+    storage, plan = _store(tmp_path, runs, choice=(1, 1), equivalent=(), noise=0.01)
+    result = _result(storage, plan)
+    best = result.best
+    assert best is not None and best.value == 15_500.0 and result.equivalent == ()
+    assert any(line.startswith("Equivalent within the noise (1.0% per run): none; the next best, z2_gas1_tmbspg8, is 2.3% slower")
+               for line in summary_text(result, advice=None).splitlines())
+    rivals = [m.value for m in result.measured if m.config != best.config and m.value > 10_000]
+    assert min(best.runs) < min(rivals) and max(rivals) < max(best.runs)  # the runs' range spans them all
+    figures = load_report(storage, "optuna-ds", result=result).figures
+    chosen = next(t for t in figures["metric_vs_mbs"].data if t.name == "chosen")
+    low, high = best.value - chosen.error_y.arrayminus[0], best.value + chosen.error_y.array[0]
+    assert all(not low <= r <= high for r in rivals), (low, high, rivals)
+    bars = figures["best_per_stage"].data[0]
+    spans = [(y - m, y + p) for y, m, p in zip(bars.y, bars.error_y.arrayminus, bars.error_y.array)]
+    assert spans[1][1] < best.value and not spans[0][0] <= bars.y[1] <= spans[0][1]  # z2's bar short of z1's mean, and back
+    # Judged equivalent, the rival may lie within the bar; the text names it.
+    (tmp_path / "b").mkdir()
+    same = _result(*_store(tmp_path / "b", runs, choice=(1, 1), equivalent=((2, 8),), noise=0.05))
+    assert "Equivalent within the noise (5.0% per run): z2_gas1_tmbspg8 (15,150 samples/s, 2 runs)" in summary_text(same, advice=None)
+    assert all(t.mode == "markers" for t in figures["metric_vs_mbs"].data if t.name in ("z1", "z2"))

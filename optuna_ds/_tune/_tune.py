@@ -27,7 +27,10 @@ from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import ResultsFiles
 from optuna_ds.launcher import Spawn
 from optuna_ds.launcher import check_ports
+from optuna_ds.launcher import cpu_op_sources
 from optuna_ds.launcher import cpu_ops_to_build
+from optuna_ds.launcher import extensions_root
+from optuna_ds.launcher import watching_build
 from optuna_ds.launcher import deferred_signals
 from optuna_ds.launcher import discover_resources
 from optuna_ds.reporting import Budget
@@ -168,12 +171,13 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None, spawn:
         runner = experiment_runner(plan, user, resources, deepspeed_bin, options.launcher_options, spawn=spawn)
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer)
         log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
-        if missing := cpu_ops_to_build():
+        ops = cpu_op_sources(missing) if (missing := cpu_ops_to_build()) else {}
+        if ops:
             log(f"the first experiment builds DeepSpeed's CPU ops {', '.join(missing)} once, for this environment "
-                "(about two minutes on 2 cores; `make venv` builds them beforehand)")
+                "(minutes: 4 to 5 on 2 busy cores; its progress is shown; `make venv` builds them beforehand)")
         # The outputs too: a SIGTERM or SIGHUP while they are written unwinds as Ctrl-C does (told,
         # exit 128 + signal, no temp file left), instead of killing the process where it stands.
-        with sigterm_raises():
+        with sigterm_raises(), watching_build(extensions_root(), ops, say=log):
             try:
                 result = tuning.run()
             except KeyboardInterrupt:

@@ -359,6 +359,18 @@ def _check_switch_flag(mappings: dict[str, str]) -> None:
                               "needs a flag of its own (the script's, such as --gradient_checkpointing)")
 
 
+def _check_compile_section(raw: dict[str, Any]) -> None:
+    """A list in ``compile`` is refused, saying why: DeepCompile is no dimension (the config
+    alone compiles nothing: DeepSpeed acts on it only in ``engine.compile()``, which the script
+    must call), and DeepSpeed's own refusal of a list there names no reason."""
+    section = raw.get("compile")
+    for key, value in (section.items() if isinstance(section, dict) else ()):
+        if isinstance(value, list):
+            raise ConfigError(f"compile.{key} = {json.dumps(value)}: optuna-ds does not tune DeepCompile (the config alone "
+                              "compiles nothing: DeepSpeed acts on it only in engine.compile(), which your script must call, so "
+                              "its runs would measure noise); set it to one value")
+
+
 def parse_user_config(
     raw: dict[str, Any], *, path: str, script_args: Sequence[str]
 ) -> UserConfig:
@@ -377,6 +389,7 @@ def parse_user_config(
             mappings[key] = flag
     _check_switch_flag(mappings)
     stages, all_stages = _parse_stages(raw)
+    _check_compile_section(raw)
     _check_checkpointing_section(raw)
     _check_autotp_section(raw, mp_size=autotuning.mp_size)
 

@@ -11,7 +11,11 @@ from optuna_ds.launcher._commands import shell_line
 from optuna_ds.launcher._environment import child_environment
 from optuna_ds.launcher._gpu_memory import PeakGpuMemory
 from optuna_ds.launcher._gpu_memory import gpu_memory_support
+from optuna_ds.launcher._ops import build_cpu_ops
+from optuna_ds.launcher._ops import cpu_op_sources
 from optuna_ds.launcher._ops import cpu_ops_to_build
+from optuna_ds.launcher._ops import extensions_root
+from optuna_ds.launcher._ops import watching_build
 from optuna_ds.launcher._ops import ops_environment
 from optuna_ds.launcher._ops import release_build_locks
 from optuna_ds.launcher._ops import stale_build_locks
@@ -75,7 +79,11 @@ __all__ = [
     "check_ports",
     "child_environment",
     "classify",
+    "build_cpu_ops",
+    "cpu_op_sources",
     "cpu_ops_to_build",
+    "extensions_root",
+    "watching_build",
     "deferred_signals",
     "dies_with_this_process",
     "end_marked",

@@ -5,6 +5,10 @@ import glob
 import os
 import shutil
 import sys
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Mapping
 
 # The ops DeepSpeed's CPU accelerator JIT-builds in an experiment (shared-memory collectives,
@@ -58,6 +62,83 @@ def cpu_ops_to_build(environ: Mapping[str, str] | None = None) -> list[str]:
         if not glob.glob(pattern):
             missing.append(name)
     return missing
+
+
+def extensions_root(environ: Mapping[str, str] | None = None) -> str:
+    """The extension folder an experiment builds DeepSpeed's ops in (:func:`ops_environment`'s,
+    else ``TORCH_EXTENSIONS_DIR``, else torch's default for this Python and device)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    environ = os.environ if environ is None else environ
+    root = ops_environment(environ).get("TORCH_EXTENSIONS_DIR") or environ.get("TORCH_EXTENSIONS_DIR")
+    # torch's own folder for a CPU build (``_get_build_directory``): one per Python.
+    return root or os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}"
+                                                          f"{getattr(sys, 'abiflags', '')}_cpu")
+
+
+def build_progress(root: str, ops: Mapping[str, int], *, since: float) -> str:
+    """How far the build of ``ops`` (each op's name, with its count of sources) has come in the
+    extension folder ``root`` since ``since`` (``time.time()``): each op's sources compiled since
+    then, until its library is built again; ``""`` once every one is."""
+    parts = []
+    for name, sources in ops.items():
+        folder = os.path.join(root, name)
+        if _made_since(os.path.join(folder, f"{name}.so"), since):
+            continue
+        compiled = sum(_made_since(o, since) for o in glob.glob(os.path.join(glob.escape(folder), "*.o")))
+        parts.append(f"{name} {min(compiled, sources)} of {sources} sources compiled")
+    return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def watching_build(root: str, ops: Mapping[str, int], *, say: Callable[[str], None], every: float = 30.0) -> Iterator[None]:
+    """While the block runs, say every ``every`` seconds how far the build of ``ops`` has come
+    (:func:`build_progress`) and how long it has taken, until all are built: a build of minutes
+    shows that it moves."""
+    if not ops:
+        yield
+        return
+    done = threading.Event()
+    since, start = time.time(), time.monotonic()
+
+    def watch() -> None:
+        while not done.wait(every):
+            progress = build_progress(root, ops, since=since)
+            if not progress:
+                return
+            say(f"building DeepSpeed's CPU ops, {round(time.monotonic() - start)} s so far: {progress}")
+
+    thread = threading.Thread(target=watch, name="ops-build-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def cpu_op_sources(names: list[str] | None = None) -> dict[str, int]:
+    """DeepSpeed's CPU ops (:data:`CPU_OPS`), or those of ``names``, each with its count of
+    sources: what :func:`build_progress` counts against."""
+    from deepspeed.accelerator import get_accelerator
+
+    builders = [get_accelerator().create_op_builder(b) for b in CPU_OPS]
+    return {b.name: len(b.sources()) for b in builders if names is None or b.name in names}
+
+
+def build_cpu_ops(*, say: Callable[[str], None], every: float = 30.0) -> None:
+    """Build DeepSpeed's CPU ops into the extension folder experiments use (what ``make venv``
+    runs), one after the other, saying how far each has come every ``every`` seconds."""
+    from deepspeed.accelerator import get_accelerator
+
+    root = extensions_root()
+    for i, builder_name in enumerate(CPU_OPS, 1):
+        builder = get_accelerator().create_op_builder(builder_name)
+        say(f"building {builder.name} ({i} of {len(CPU_OPS)}, {len(builder.sources())} sources)")
+        start = time.monotonic()
+        with watching_build(root, {builder.name: len(builder.sources())}, say=say, every=every):
+            builder.load()
+        say(f"built {builder.name} in {round(time.monotonic() - start)} s")
 
 
 def stale_build_locks(*, since: float | None = None) -> list[str]:

@@ -68,7 +68,13 @@ class ResultsFiles:
 
     @property
     def summary(self) -> str:
+        """DeepSpeed's ``summary.txt``: its table alone, in its form."""
         return os.path.join(self.results_dir, "summary.txt")
+
+    @property
+    def own_summary(self) -> str:
+        """Ours: the headline, the table with each config's runs, and the notes."""
+        return os.path.join(self.results_dir, "optuna_ds_summary.txt")
 
     @property
     def optimal_config(self) -> str:
@@ -84,4 +90,4 @@ class ResultsFiles:
 
     def outputs(self) -> tuple[str, ...]:
         """What ``--overwrite`` removes besides the experiments."""
-        return (self.summary, self.optimal_config, self.optimal_cmd)
+        return (self.summary, self.own_summary, self.optimal_config, self.optimal_cmd)

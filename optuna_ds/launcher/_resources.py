@@ -135,7 +135,8 @@ def discover_resources(options: LauncherOptions) -> Resources:
     nodes = options.num_nodes if options.num_nodes > 0 else len(active)
     fewest = min(len(ids) for ids in active.values())
     if options.num_gpus > fewest:
-        raise ResourceError(f"--num_gpus {options.num_gpus} but a node has only {fewest} GPU(s)")
+        raise ResourceError(f"--num_gpus {options.num_gpus} but a node has only {fewest} GPU(s)"
+                            + (_cpu_devices(options.num_gpus) if not multi_node else ""))
     per_node = options.num_gpus if options.num_gpus > 0 else fewest
     resources = Resources(
         hosts=dict(active),
@@ -147,6 +148,15 @@ def discover_resources(options: LauncherOptions) -> Resources:
     )
     _check_backend(options, resources)
     return resources
+
+
+def _cpu_devices(wanted: int) -> str:
+    """On DeepSpeed's CPU accelerator, where its devices come from: its NUMA nodes, or
+    ``LOCAL_SIZE``; ``""`` on any other accelerator."""
+    if str(_accelerator().device_name()) != "cpu":
+        return ""
+    return (f": on DeepSpeed's CPU accelerator a node's devices are its NUMA nodes, or LOCAL_SIZE of them where set "
+            f"(LOCAL_SIZE={wanted} runs {wanted} processes)")
 
 
 def visible_devices() -> list[int]:

@@ -20,7 +20,7 @@ from optuna_ds.reporting._summary import Budget
 from optuna_ds.reporting._summary import LearningRateAdvice
 from optuna_ds.reporting._summary import headline
 from optuna_ds.reporting._summary import summary_notes
-from optuna_ds.reporting._summary import summary_rows
+from optuna_ds.reporting._summary import runs_rows
 from optuna_ds.storage import load_plan
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
@@ -66,4 +66,4 @@ def load_report(storage: optuna.storages.BaseStorage, study_name: str, *, result
                        if spend.device == "GPU" else f"Peak memory per experiment: not measured on this accelerator ({spend.noun}).")
     return ReportData(study_name=study_name, metric=metric, studies=studies, rows=rows, figures=drawn, title=title,
                       headline=tuple(headline(result, budget)), memory_note=memory_note, baseline=baseline.name if baseline else "",
-                      best=best, summary_rows=tuple(summary_rows(result)), notes=tuple(summary_notes(result, advice)))
+                      best=best, summary_rows=tuple(runs_rows(result)), notes=tuple(summary_notes(result, advice)))

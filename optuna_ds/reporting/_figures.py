@@ -1,10 +1,11 @@
-"""The report's figures (plotly), which optuna-dashboard shows too: one colour, dash and marker
-per ZeRO stage throughout, the optimum a red ring in each."""
+"""The report's figures (plotly), which optuna-dashboard shows too: one colour and marker per
+ZeRO stage throughout, each run a point, the optimum a red ring in each."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import warnings
 from typing import Any
 
@@ -25,15 +26,15 @@ from optuna_ds.domain import ZERO_KEY
 from optuna_ds.domain import is_checkpointing
 from optuna_ds.reporting._rows import ExperimentRow
 from optuna_ds.reporting._rows import format_value
+from optuna_ds.reporting._summary import judged_noise
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
 
 
 _MIN_TRIALS_FOR_IMPORTANCE = 4
-# One colour, line dash and marker per ZeRO stage, shared by its line, its knob experiments,
-# its failures and its timeline bars.
+# One colour and marker per ZeRO stage, shared by its runs, its knob experiments, its failures
+# and its timeline bars.
 _STAGE_COLORS = {0: "#1f77b4", 1: "#e8710a", 2: "#2ca02c", 3: "#9467bd"}
-_STAGE_DASH = {0: "solid", 1: "dash", 2: "dot", 3: "dashdot"}
 _STAGE_SYMBOL = {0: "circle", 1: "square", 2: "triangle-up", 3: "pentagon"}
 _FAILURE_SYMBOL = {"oom": "x", "timeout": "hourglass", "no-metrics": "circle-open", "interrupted": "asterisk-open"}
 _BASELINE_MARKER = {"symbol": "star", "size": 18, "color": "#ffd60a", "line": {"color": "#000", "width": 1.5}}
@@ -65,10 +66,16 @@ def _chosen_label(best: Optimum, metric: Metric) -> str:
     return _safe(f"{CHOSEN}: {best.name}") + "<br>" + _safe(best.figure(metric))
 
 
-def _error_bars(best: Optimum) -> dict[str, Any]:
-    """Its runs' range about their mean."""
-    return {"type": "data", "symmetric": False, "array": [max(best.runs) - best.value], "arrayminus": [best.value - min(best.runs)],
-            "color": _CHOSEN_COLOR, "thickness": 2, "width": 8}
+def _noise_bars(configs: list[Optimum], noise: float | None, **style: Any) -> dict[str, Any] | None:
+    """One noise deviation of each config's mean about it, in log (``noise`` a run over its
+    runs), the planner's measure: a config it did not judge equivalent to the choice lies beyond
+    the choice's bar (and the choice beyond its), so no bar spans a figure the text sets apart.
+    ``None`` where the noise is unknown."""
+    if noise is None:
+        return None
+    spreads = [noise / math.sqrt(len(c.runs)) for c in configs]
+    return {"type": "data", "symmetric": False, "array": [c.value * math.expm1(d) for c, d in zip(configs, spreads)],
+            "arrayminus": [-c.value * math.expm1(-d) for c, d in zip(configs, spreads)], **style}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,7 @@ class _Context:
     device: str  # "GPU", "CPU device"...
     mine: float | None = None  # the mean of its runs: the figure of the headline
     mine_runs: int = 1
+    noise: float | None = None  # of one run, as the planner judged the configs by it
 
     def is_mine(self, row: ExperimentRow) -> bool:
         """Whether ``row`` is a run of the user's config (its first or a re-run)."""
@@ -117,21 +125,21 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
         curve = [r for r in ok if r.phase != "knobs" and r not in checkpointed and Knobs(r.knobs).autotp == 1]
         knobs = [r for r in ok if r.phase == "knobs"]
         group = _stage_name(stage)
+        # Each run a point: a line through them would draw sizes that never ran.
         fig.add_trace(go.Scatter(
-            x=[r.mbs for r in curve], y=[r.value for r in curve], mode="lines+markers", name=group, legendgroup=group,
-            line={"color": color, "dash": _STAGE_DASH.get(stage, "solid"), "width": 2},
+            x=[r.mbs for r in curve], y=[r.value for r in curve], mode="markers", name=group, legendgroup=group,
             marker={"symbol": _STAGE_SYMBOL.get(stage, "circle"), "size": 8, "color": color},
             text=[_safe(r.name) for r in curve], hovertemplate=hover))
         if checkpointed:
             fig.add_trace(go.Scatter(
-                x=[r.mbs for r in checkpointed], y=[r.value for r in checkpointed], mode="lines+markers", name=f"{group} checkpointing",
-                legendgroup=group, line={"color": color, "dash": "dot", "width": 1},
+                x=[r.mbs for r in checkpointed], y=[r.value for r in checkpointed], mode="markers", name=f"{group} checkpointing",
+                legendgroup=group,
                 marker={"symbol": f"{_STAGE_SYMBOL.get(stage, 'circle')}-open", "size": 9, "color": color, "line": {"width": 2}},
                 text=[_safe(r.name) for r in checkpointed], hovertemplate=hover))
         for t, runs in split.items():
             fig.add_trace(go.Scatter(
-                x=[r.mbs for r in runs], y=[r.value for r in runs], mode="lines+markers", name=f"{group} AutoTP {t}",
-                legendgroup=group, line={"color": color, "dash": "dashdot", "width": 1},
+                x=[r.mbs for r in runs], y=[r.value for r in runs], mode="markers", name=f"{group} AutoTP {t}",
+                legendgroup=group,
                 marker={"symbol": "triangle-up-open", "size": 9, "color": color, "line": {"width": 2}},
                 text=[_safe(r.name) for r in runs], hovertemplate=hover))
         if knobs:
@@ -160,8 +168,9 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
                                  cliponaxis=False, hovertemplate=_safe(f"{baseline.name}<br>{ctx.mine_label}") + "<extra></extra>"))
     if ctx.best is not None:
         best = ctx.best
+        bars = _noise_bars([best], ctx.noise, color=_CHOSEN_COLOR, thickness=2, width=8)
         fig.add_trace(go.Scatter(x=[best.config.micro_batch], y=[best.value], mode="markers+text", name=CHOSEN, marker=_CHOSEN_MARKER,
-                                 error_y=_error_bars(best), text=[CHOSEN], textposition=_beside(best.config.micro_batch, sizes, "bottom"),
+                                 error_y=bars, text=[CHOSEN], textposition=_beside(best.config.micro_batch, sizes, "bottom"),
                                  cliponaxis=False, hovertemplate=_chosen_label(best, metric) + "<extra></extra>"))
     fig.update_layout(title=_title(f"{_safe(label)} against micro-batch size per {ctx.device}"),
                       xaxis_title=f"micro-batch size per {ctx.device}", yaxis_title=_safe(label), **_FIGURE_LAYOUT)
@@ -170,7 +179,7 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
 
 def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
     """Each stage's best config (the chosen stage's is the optimum) by the mean of its runs,
-    with their range."""
+    with one noise deviation of it (:func:`_noise_bars`)."""
     metric, baseline = ctx.metric, ctx.baseline
     stages = sorted(leaders)
     label = metric.label
@@ -178,8 +187,7 @@ def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
     fig = go.Figure(go.Bar(
         x=[_stage_name(s) for s in stages], y=[leaders[s].value for s in stages], name="best",
         marker_color=[_STAGE_COLORS.get(s, "#333") for s in stages],
-        error_y={"type": "data", "symmetric": False, "array": [max(leaders[s].runs) - leaders[s].value for s in stages],
-                 "arrayminus": [leaders[s].value - min(leaders[s].runs) for s in stages]},
+        error_y=_noise_bars([leaders[s] for s in stages], ctx.noise),
         text=[("<b>chosen</b><br>" if s == chosen else "") + f"{format_number(leaders[s].value)}<br>mbs {leaders[s].config.micro_batch}"
               for s in stages],
         textposition="outside", cliponaxis=False, showlegend=False,
@@ -195,7 +203,8 @@ def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
         fig.add_hline(y=ctx.mine, line=line)
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=line, name=_safe(ctx.mine_label), hoverinfo="skip"))
     top = max((max(b.runs) for b in leaders.values()), default=1.0)
-    fig.update_layout(title=_title(f"Best {_safe(metric.name)} per ZeRO stage (mean of each config's runs)"), xaxis_title="ZeRO stage",
+    bar = ", ± one noise deviation of it" if ctx.noise is not None else ""
+    fig.update_layout(title=_title(f"Best {_safe(metric.name)} per ZeRO stage (mean of each config's runs{bar})"), xaxis_title="ZeRO stage",
                       yaxis_title=_safe(label), showlegend=True, yaxis_range=[0, top * 1.3], barmode="overlay", **_FIGURE_LAYOUT)
     return fig
 
@@ -343,7 +352,7 @@ def figures(result: TuningResult, *, studies: dict[int, optuna.Study], rows: lis
     base = result.baseline
     mine = base.value if base is not None and baseline is not None and base.name == baseline.name else None
     ctx = _Context(metric=result.metric, baseline=baseline, best=result.best, device=spend.noun, mine=mine,
-                   mine_runs=base.runs if base is not None else 1)
+                   mine_runs=base.runs if base is not None else 1, noise=judged_noise(result))
     out = {
         "metric_vs_mbs": _metric_vs_mbs(rows, ctx),
         "best_per_stage": _best_per_stage({s.stage: s.best for s in result.stages if s.best is not None}, ctx),

@@ -19,7 +19,7 @@ from optuna_ds.reporting._data import ReportData
 from optuna_ds.reporting._figures import CHOSEN
 from optuna_ds.reporting._rows import ExperimentRow
 from optuna_ds.reporting._rows import format_value
-from optuna_ds.reporting._summary import SUMMARY_HEAD
+from optuna_ds.reporting._summary import RUNS_HEAD
 
 
 _PLOTLY_CONFIG = {"responsive": True, "displaylogo": False, "displayModeBar": "hover"}
@@ -91,7 +91,7 @@ def render_report(data: ReportData, *, base_dir: str = "") -> str:
                                                    config=_PLOTLY_CONFIG))
                for i, (fig_id, fig) in enumerate(data.figures.items())]
     heads, rows = _table(data, base_dir=base_dir)
-    return _page().render(title=data.title or data.study_name, headline=data.headline, figures=figures, summary_head=SUMMARY_HEAD,
+    return _page().render(title=data.title or data.study_name, headline=data.headline, figures=figures, summary_head=RUNS_HEAD,
                         summary_rows=data.summary_rows, best=data.best, notes=data.notes, memory_note=data.memory_note,
                         heads=heads, rows=rows)
 

@@ -6,7 +6,7 @@ from optuna_ds.reporting._summary import Budget
 from optuna_ds.reporting._summary import budget_lines
 from optuna_ds.reporting._summary import mean_of
 from optuna_ds.reporting._summary import stage_notes
-from optuna_ds.reporting._summary import summary_table
+from optuna_ds.reporting._summary import runs_table
 from optuna_ds.studies import TuningResult
 
 
@@ -47,4 +47,4 @@ def partial_summary(result: TuningResult, *, finished: int, resume: str, budget:
     head.append(f"Spent so far: {spend.hours}.")
     head += budget_lines(result, budget)
     notes = stage_notes(result)
-    return PartialSummary(head=tuple(head), body=(summary_table(result), *(("", *notes) if notes else ())), notes=tuple(notes))
+    return PartialSummary(head=tuple(head), body=(runs_table(result), *(("", *notes) if notes else ())), notes=tuple(notes))

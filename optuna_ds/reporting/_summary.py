@@ -29,44 +29,133 @@ from optuna_ds.studies import departures
 from optuna_ds.studies import relative_spread
 from optuna_ds.studies import scatters
 
-SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "runs", "best_exp_name")
+# DeepSpeed's summary table: its columns, in its order (DeepSpeed's autotuner, ``print_tuning_results``).
+SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "best_exp_name")
+# Ours, in our own summary: each row's best config by the mean of its runs.
+RUNS_HEAD = ("tuning_space", "num_experiments", "best_config_mean", "runs", "best_exp_name")
+
+
+def _spaces(result: TuningResult) -> list[tuple[str, int, Optimum | None]]:
+    """Each tuned space with its experiments and its best (:func:`~optuna_ds.studies.leader`:
+    the chosen stage's is the optimum), then ``global``."""
+    rows = [(s.name, s.num_experiments, s.best) for s in result.stages if s.status == "tuned"]
+    return [*rows, ("global", result.num_experiments, result.best)]
 
 
 def summary_rows(result: TuningResult) -> list[tuple[str, ...]]:
-    """DeepSpeed's summary table, without its header: one row per tuned space, each with its
-    best (:func:`~optuna_ds.studies.leader`: the chosen stage's is the optimum), then the optimum."""
+    """DeepSpeed's summary table, without its header: a row per space with a best, as DeepSpeed
+    writes one, ``best_metric_val`` the best single run of the config the row names and
+    ``best_exp_name`` that run's experiment; ``global`` the optimum's."""
     rows: list[tuple[str, ...]] = []
-    for stage in result.stages:
-        if stage.status == "tuned":
-            rows.append((stage.name, str(stage.num_experiments), *_best_cells(stage.best)))
-    rows.append(("global", str(result.num_experiments), *_best_cells(result.best)))
+    for space, experiments, best in _spaces(result):
+        if best is not None:
+            name, value = best.best_run(result.metric)
+            rows.append((space, str(experiments), format(value, "g"), name))
     return rows
 
 
-def _best_cells(best: Optimum | None) -> tuple[str, str, str]:
-    return (format_number(best.value), str(len(best.runs)), best.name) if best is not None else ("-", "-", "-")
+def runs_rows(result: TuningResult) -> list[tuple[str, ...]]:
+    """Our table's rows: each space's best config by the mean of its runs, and how many."""
+    return [(space, str(experiments), *((format_number(b.value), str(len(b.runs)), b.name) if b else ("-", "-", "-")))
+            for space, experiments, b in _spaces(result)]
+
+
+def _after_point(cell: str) -> int:
+    """The characters after a number's point (its exponent's where it has none), -1 for an
+    integer: how tabulate aligns a column of numbers on their points."""
+    if cell.lstrip("-").isdigit():
+        return -1
+    point = cell.rfind(".") if "." in cell else cell.lower().rfind("e")
+    return len(cell) - point - 1
+
+
+def pipe_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: Sequence[bool]) -> str:
+    """``rows`` under ``head`` as tabulate's ``pipe`` format writes them, which DeepSpeed's
+    summary uses: a ``numeric`` column aligned right (on the numbers' points where every cell
+    is a number), the others left."""
+    columns = []
+    for i, (title, right) in enumerate(zip(head, numeric)):
+        cells = [r[i] for r in rows]
+        if right and all(_is_numeral(c) for c in cells):
+            points = [_after_point(c) for c in cells]
+            cells = [c + " " * (max(points, default=0) - p) for c, p in zip(cells, points)]
+        width = max([len(title) + 2, *(len(c) for c in cells)])
+        pad = str.rjust if right else str.ljust
+        rule = ("-" * (width + 1) + ":") if right else (":" + "-" * (width + 1))
+        columns.append([pad(title, width), rule, *(pad(c, width) for c in cells)])
+    lines = ["|" + "|".join(line) + "|" if j == 1 else "| " + " | ".join(line) + " |" for j, line in enumerate(zip(*columns))]
+    return "\n".join(lines)
+
+
+def _is_numeral(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def summary_table(result: TuningResult) -> str:
-    """:func:`summary_rows` as a Markdown table (the text summary and the dashboard's note)."""
-    rows = [SUMMARY_HEAD, *summary_rows(result)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_HEAD))]
-    right = (False, True, True, True, False)
+    """DeepSpeed's summary table (:func:`summary_rows`) as DeepSpeed writes it; ``""`` where no
+    space has a best (DeepSpeed then writes none)."""
+    rows = summary_rows(result)
+    return pipe_table(SUMMARY_HEAD, rows, numeric=(False, True, True, False)) if rows else ""
 
-    def line(cells: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)) + " |"
 
-    sep = "| " + " | ".join((("-" * (w - 1) + ":") if r else (":" + "-" * (w - 1))) for w, r in zip(widths, right)) + " |"
-    return "\n".join([line(rows[0]), sep, *(line(r) for r in rows[1:])])
+def deepspeed_summary(result: TuningResult) -> str:
+    """``summary.txt`` as DeepSpeed's autotuner writes it: its table, then the time and the count
+    of experiments; nothing of ours (that is :func:`summary_text`'s)."""
+    duration = datetime.timedelta(seconds=result.duration)
+    return summary_table(result) + f"\n\nTuning completed in {duration}. Total number of experiments: {result.num_experiments}."
+
+
+def runs_table(result: TuningResult) -> str:
+    """Our table (:func:`runs_rows`), in the same form: the text summary and the dashboard's note."""
+    return pipe_table(RUNS_HEAD, runs_rows(result), numeric=(False, True, True, True, False))
 
 
 def speedup(result: TuningResult) -> float | None:
-    """How much faster the optimum is than the user's own config, both measured here (each the
-    mean of its runs)."""
+    """How much faster the optimum is than the user's own config, each the mean of its runs,
+    where :func:`no_speedup` finds nothing against it; else ``None``."""
     base, best = result.baseline, result.best
-    if base is None or base.value is None or best is None or not base.value or not best.value:
+    if no_speedup(result) or base is None or base.value is None or best is None:
         return None
     return best.value / base.value if result.metric.maximize else base.value / best.value
+
+
+ALIKE_RUNS = 2  # runs of each config a speed-up factor rests on, at least
+
+
+def no_speedup(result: TuningResult) -> str:
+    """Why no speed-up factor is given, or ``""``: a factor compares the final choice with the
+    user's config measured alike, at least :data:`ALIKE_RUNS` runs of each, interleaved in time
+    (so that a change in the machine between them does not read as a speed-up)."""
+    base, best = result.baseline, result.best
+    if best is None:
+        return "no experiment ran successfully"
+    if base is None or base.value is None or not best.value or not base.value:
+        return "your config was not measured"
+    if not best.chosen:
+        return "the planner has not chosen yet"
+    if base.name == best.name:
+        return ""
+    mine, its = len(base.values), len(best.runs)
+    if min(mine, its) < ALIKE_RUNS:
+        return (f"your config ran {_times(mine)} and the optimum {_times(its)}; a factor needs {ALIKE_RUNS} runs of each at "
+                "least, measured alike")
+    if not _interleaved(base.starts, best.run_starts):
+        return ("the runs of your config and of the optimum were not interleaved (all of one's came before the other's), "
+                "so a change in the machine between them would read as a speed-up")
+    return ""
+
+
+def _times(n: int) -> str:
+    return {0: "no time", 1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _interleaved(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two configs' runs (their start times) interleave: neither's all before the other's."""
+    return bool(a) and bool(b) and min(a) < max(b) and min(b) < max(a)
 
 
 def mean_of(runs: int) -> str:
@@ -87,6 +176,8 @@ def optimum_line(result: TuningResult) -> str:
     line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.config.micro_batch}, gradient accumulation "
             f"{best.config.accumulation}{checkpointing}{autotp}): {best.figure(metric)}")
     factor = speedup(result)
+    if best.chosen and (why := no_speedup(result)) and result.baseline is not None and result.baseline.value is not None:
+        line += f"; no speed-up factor: {why}"
     if factor is not None:
         base = result.baseline
         same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
@@ -354,7 +445,7 @@ def scale_learning_rate(advice: LearningRateAdvice, *, config: dict[str, Any], s
 
 def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
     """The headline, DeepSpeed's summary table, then the notes."""
-    return "\n".join([*headline(result, budget), "", summary_table(result), "", *summary_notes(result, advice)]) + "\n"
+    return "\n".join([*headline(result, budget), "", runs_table(result), "", *summary_notes(result, advice)]) + "\n"
 
 
 def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
@@ -364,7 +455,7 @@ def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str |
     first = [f"**Read first:** {line}" for line in dashboard_caveats(result)]
     head = "\n\n".join(f"**{line}**" if i == 0 else line for i, line in enumerate(headline(result, budget)))
     notes = [n for n in summary_notes(result, advice) if n != optuna_best_note(result)]
-    return "\n".join([*(f"{line}\n" for line in first), head, "", summary_table(result), "", *(f"- {n}" for n in notes)]) + "\n"
+    return "\n".join([*(f"{line}\n" for line in first), head, "", runs_table(result), "", *(f"- {n}" for n in notes)]) + "\n"
 
 
 def dashboard_caveats(result: TuningResult) -> list[str]:
@@ -395,23 +486,30 @@ def optuna_best_note(result: TuningResult) -> str:
             f"configs by all their runs, its estimate and the measured noise.")
 
 
-# Two means differing by less than this many deviations of their difference are equivalent: the
-# planner's own bound on a choice measured below another (PlannerSettings.plausible_z).
-_EQUIVALENT_Z = 2.0
 _NAMED = 4  # equivalent configs named, at most
 
 
-def _equivalent(other: Measured | Optimum, best: Optimum, *, noise: float) -> bool:
-    """Whether ``other``'s mean is ``best``'s within the noise: the two means of their runs
-    differ by less than ``_EQUIVALENT_Z`` deviations of their difference, at ``noise`` a run."""
-    deviation = noise * (1 / len(other.runs) + 1 / len(best.runs)) ** 0.5
-    return abs(other.value - best.value) <= _EQUIVALENT_Z * deviation * best.value
+def _equivalent(result: TuningResult, other: Measured | Optimum) -> bool | None:
+    """Whether the planner judged ``other`` a config a run cannot tell from the optimum (its one
+    rule, ``Decision.equivalent``); ``None`` where it gave no verdict (it has not chosen)."""
+    return None if result.equivalent is None else other.config in result.equivalent
+
+
+def judged_noise(result: TuningResult) -> float | None:
+    """The relative noise of one run the planner judged the configs by (else the measured one)."""
+    return result.judged_noise if result.judged_noise is not None else result.noise.value
+
+
+def _per_run(result: TuningResult) -> str:
+    noise = judged_noise(result)
+    assumed = "" if result.noise.value is not None else ", assumed: not measured"
+    return f"{noise:.1%} per run{assumed}" if noise is not None else "the noise unknown"
 
 
 def choice_lines(result: TuningResult) -> list[str]:
     """Why the optimum is the optimum, and which configs are as good within the noise: what a
     DeepSpeed user, who can predict DeepSpeed's own search, asks of this one."""
-    best, metric, noise = result.best, result.metric, result.noise
+    best, metric = result.best, result.metric
     if best is None or not best.chosen:
         return []
     others = [m for m in result.measured if m.config != best.config]
@@ -421,17 +519,17 @@ def choice_lines(result: TuningResult) -> list[str]:
     if higher is not None:
         why += (f"; {higher.name} measured a higher mean ({metric.with_unit(higher.value)}, {_runs(len(higher.runs))}) "
                 f"that its curve and the noise do not bear out")
-    if noise.value is None:
-        return [why + ".", "Equivalent configs: none can be named, the run-to-run noise was not measured."]
+    if result.equivalent is None:
+        return [why + ".", "Equivalent configs: none can be named, the planner recorded no verdict on them."]
     ranked = sorted(others, key=lambda m: metric.oriented(m.value), reverse=True)
-    alike = [m for m in ranked if _equivalent(m, best, noise=noise.value)]
+    alike = [m for m in ranked if _equivalent(result, m)]
     if alike:
         named = ", ".join(f"{m.name} ({metric.with_unit(m.value)}, {_runs(len(m.runs))})" for m in alike[:_NAMED])
         more = f" and {len(alike) - _NAMED} more" if len(alike) > _NAMED else ""
-        equal = f"Equivalent within the noise ({noise.value:.1%} per run): {named}{more}; any of them would do as well."
+        equal = f"Equivalent within the noise ({_per_run(result)}): {named}{more}; any of them would do as well."
     elif ranked:
         gap = abs(ranked[0].value - best.value) / best.value
-        equal = (f"Equivalent within the noise ({noise.value:.1%} per run): none; the next best, {ranked[0].name}, is "
+        equal = (f"Equivalent within the noise ({_per_run(result)}): none; the next best, {ranked[0].name}, is "
                  f"{gap:.1%} {'slower' if metric.better(best.value, ranked[0].value) else 'apart'}.")
     else:
         equal = "Equivalent configs: none, no other config ran."
@@ -442,7 +540,7 @@ def knob_line(result: TuningResult) -> str:
     """What the optimum's knob settings were worth: its mean against the best config of its
     stage and offload that ran at the defaults (at its own micro-batch size where one ran), by
     the same noise rule as the equivalent configs; "" where it sets none or no such config ran."""
-    best, metric, noise = result.best, result.metric, result.noise
+    best, metric = result.best, result.metric
     if best is None or not (settings := departures(best.config).zero):
         return ""
     # Checkpointing and AutoTP have their own lines: the configs compared share the optimum's.
@@ -458,12 +556,13 @@ def knob_line(result: TuningResult) -> str:
     gap = best.value / other.value - 1
     where = ("at the same micro-batch size" if same
              else f"at micro-batch {other.config.micro_batch} (none was measured at {mbs} without them)")
-    if noise.value is None:
-        verdict = "the run-to-run noise was not measured, so whether they matter is unknown"
-    elif _equivalent(other, best, noise=noise.value):
-        verdict = f"within the noise ({noise.value:.1%} per run)"
+    equivalent = _equivalent(result, other)
+    if equivalent is None:
+        verdict = "the planner has judged no config beside it yet, so whether they matter is unknown"
+    elif equivalent:
+        verdict = f"within the noise ({_per_run(result)})"
     else:
-        verdict = f"more than the noise explains ({noise.value:.1%} per run)"
+        verdict = f"more than the noise explains ({_per_run(result)})"
     return (f"Knobs: {who} settings ({named}) measured {abs(gap):.1%} {'above' if gap >= 0 else 'below'} the best config "
             f"without them {where} ({other.name}: {metric.with_unit(other.value)}, {_runs(len(other.runs))}), {verdict}.")
 
@@ -478,10 +577,9 @@ def _with_it(result: TuningResult, best: Optimum, other: Measured) -> str:
 def _without_it(result: TuningResult, best: Optimum, other: Measured) -> str:
     """The optimum, which uses a setting, against the best config without it: by how much, and
     whether within the noise."""
-    metric, noise = result.metric, result.noise
+    metric = result.metric
     factor = best.value / other.value if metric.maximize else other.value / best.value
-    verdict = ("" if noise.value is None else
-               f", within the noise ({noise.value:.1%} per run)" if _equivalent(other, best, noise=noise.value) else "")
+    verdict = f", within the noise ({_per_run(result)})" if _equivalent(result, other) else ""
     return (f"{format_number(factor, 3)}x the best config without it, {other.name} ({metric.with_unit(other.value)}, "
             f"{_runs(len(other.runs))}){verdict}.")
 
@@ -617,6 +715,16 @@ def _runs(n: int) -> str:
     return f"{n} run{'s' if n > 1 else ''}"
 
 
+def unrun_lines(result: TuningResult) -> list[str]:
+    """A line for each knob listed in ``zero_optimization`` with values no experiment ran with:
+    the values, and why (a listed value is never dropped unsaid)."""
+    by_path: dict[tuple[str, str], list[str]] = {}
+    for u in result.unrun:
+        by_path.setdefault((u.path, u.reason), []).append(u.setting.split("=", 1)[1])
+    return [f"Listed but not run: zero_optimization.{path} {', '.join(values)}: {reason}."
+            for (path, reason), values in by_path.items()]
+
+
 def stage_notes(result: TuningResult) -> list[str]:
     """A line for each stage left out (skipped, or pending where the search did not end) or
     with failures: the summary's and the partial summary's."""
@@ -636,7 +744,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     lines = []
     duration = datetime.timedelta(seconds=round(result.duration))
     lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}. "
-                 f"Each best_metric_val is the mean of its config's runs.")
+                 f"Each best_config_mean is the mean of its config's runs; summary.txt, in DeepSpeed's form, gives as "
+                 f"best_metric_val the best single run of that config.")
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     if ignored := ignored_batch_line(result):
@@ -657,6 +766,7 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     if note := optuna_best_note(result):
         lines.append(note)
     lines += stage_notes(result)
+    lines += unrun_lines(result)
     if advice:
         lines.append(advice if isinstance(advice, str) else advice.text)
     return lines
@@ -664,15 +774,19 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
 
 def write_summary(result: TuningResult, *, results_dir: str, advice: LearningRateAdvice | str | None,
                   budget: Budget | None = None) -> str:
-    """Write ``summary.txt`` and return its text."""
-    return save_summary(summary_text(result, advice=advice, budget=budget), results_dir=results_dir)
+    """Write ``summary.txt`` in DeepSpeed's form (:func:`deepspeed_summary`) and our own summary
+    (:func:`summary_text`) beside it; return our own, which the terminal shows."""
+    text = save_summary(summary_text(result, advice=advice, budget=budget), results_dir=results_dir)
+    write_file(ResultsFiles(results_dir).summary, clean_text(deepspeed_summary(result)))
+    return text
 
 
 def save_summary(text: str, *, results_dir: str) -> str:
-    """Write ``text`` as ``summary.txt``, cleaned (a terminal shows it), and return what was written."""
+    """Write ``text`` as our own summary (``ResultsFiles.own_summary``), cleaned (a terminal
+    shows it), and return what was written."""
     text = clean_text(text)
     os.makedirs(results_dir, exist_ok=True)
-    write_file(ResultsFiles(results_dir).summary, text)
+    write_file(ResultsFiles(results_dir).own_summary, text)
     return text
 
 

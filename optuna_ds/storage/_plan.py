@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -26,6 +27,7 @@ _ENDING_ATTR = "optuna_ds:ending"
 # On the root study: tune's choice ({"name", "figure"}), recorded once it wrote the optimal config;
 # {} while its search is open. What a worker names as the tuning's optimum.
 _CHOICE_ATTR = "optuna_ds:choice"
+_VERDICT_ATTR = "optuna_ds:verdict"  # system attr: `optuna studies` prints every user attr on one line
 # Optuna's study_name column holds 512 characters; stage studies add "-z<stage>".
 MAX_STUDY_NAME = 500
 _STAGE_SUFFIX = re.compile(r"-z[0-9]$")
@@ -300,3 +302,18 @@ def tune_choice(root: optuna.Study) -> dict[str, str] | None:
     if not isinstance(choice, dict) or not all(isinstance(choice.get(k), str) for k in ("name", "figure")):
         return None
     return {"name": choice["name"], "figure": choice["figure"]}
+
+
+def set_verdict(root: optuna.Study, *, equivalent: Sequence[str], noise: float | None) -> None:
+    """Record on the root study the planner's verdict beside its choice: the configs (by
+    ``Config.name``) a run cannot tell from it, and the relative noise of one run it judged by."""
+    storage_of(root).set_study_system_attr(id_of(root), _VERDICT_ATTR, {"equivalent": list(equivalent), "noise": noise})
+
+
+def verdict(root: optuna.Study) -> tuple[tuple[str, ...], float | None] | None:
+    """The planner's verdict recorded by :func:`set_verdict`; ``None`` where none is."""
+    stored = storage_of(root).get_study_system_attrs(id_of(root)).get(_VERDICT_ATTR)
+    if not isinstance(stored, dict) or not isinstance(stored.get("equivalent"), list):
+        return None
+    noise = stored.get("noise")
+    return tuple(str(e) for e in stored["equivalent"]), float(noise) if isinstance(noise, (int, float)) else None

@@ -34,8 +34,11 @@ from optuna_ds.space import distinct_batch
 from optuna_ds.space import knob_defaults
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import load_stage_study
+from optuna_ds.storage import verdict
 from optuna_ds.studies._builder import checkpointing_space
 from optuna_ds.studies._coordinator import observation_of
+from optuna_ds.studies._listed import Unrun
+from optuna_ds.studies._listed import unrun_values
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
 # or three runs, scatter beyond the noise itself is common (the noise is their average).
@@ -87,6 +90,8 @@ class Optimum:
     cmd: list[str]
     runs: tuple[float, ...]
     trials: tuple[int, ...] = ()  # the stage study's trials that ran it
+    run_names: tuple[str, ...] = ()  # each run's experiment, as ``runs``
+    run_starts: tuple[float, ...] = ()  # each run's start (seconds since the epoch), as ``runs``
     estimate: float | None = None  # the planner's, where this is its choice
     chosen: bool = False  # the planner's final choice, not the best mean so far
     peak_memory: int | None = None  # bytes per device, the highest of its runs, where the accelerator reports it
@@ -106,6 +111,12 @@ class Optimum:
     def spread(self) -> float | None:
         """The relative standard deviation of its runs; ``None`` for one run."""
         return relative_spread(self.runs)
+
+    def best_run(self, metric: Metric) -> tuple[str, float]:
+        """Its best single run, named: what DeepSpeed's summary table gives of an experiment."""
+        names = self.run_names if len(self.run_names) == len(self.runs) else (self.name,) * len(self.runs)
+        value, name = metric.best(list(zip(self.runs, names)), key=lambda r: r[0]) or (self.value, self.name)
+        return name, value
 
     @property
     def train_batch_size(self) -> int | None:
@@ -129,6 +140,12 @@ class Optimum:
             return ""
         return (f"Warning: the {len(self.runs)} runs of {self.name} scatter by {self.spread:.1%}, more than "
                 f"{SCATTER_WARNING:g}x the {noise.value:.1%} run-to-run noise: its {metric.name} is uncertain.")
+
+
+def _starts(trials: Sequence[FrozenTrial]) -> tuple[float, ...]:
+    """When each of ``trials`` started (seconds since the epoch); empty where one has no start."""
+    starts = [t.datetime_start.timestamp() for t in trials if t.datetime_start is not None]
+    return tuple(starts) if len(starts) == len(trials) else ()
 
 
 def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecord | None = None) -> Optimum | None:
@@ -166,6 +183,8 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
         cmd=record.cmd or [],
         runs=tuple(float(t.value) for t in picked),  # type: ignore[arg-type]
         trials=tuple(t.number for t in picked),
+        run_names=tuple(ExperimentRecord.from_trial(t).exp_name or record.exp_name for t in picked),
+        run_starts=_starts(picked),
         estimate=estimate,
         chosen=final,
         peak_memory=max(peaks) if peaks else None,
@@ -272,6 +291,7 @@ class Baseline:
     listed: tuple[int, ...] = ()  # the stages the user's config lists
     runs: int = 1  # how many runs ``value`` is the mean of
     values: tuple[float, ...] = ()  # those runs, where they completed
+    starts: tuple[float, ...] = ()  # when each of them started (seconds since the epoch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,6 +364,13 @@ def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
     return _runs_by_config(trials).get(config, [])
 
 
+def _completed_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
+    """Every completed run of ``trial``'s config, in the order of ``trials``."""
+    config = ExperimentRecord.from_trial(trial).config
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
+            and ExperimentRecord.from_trial(t).config == config]
+
+
 def measurement_noise(trials: Iterable[FrozenTrial]) -> Noise:
     """The run-to-run noise this tuning measured, as the planner measures it (relative, from the
     configs that ran more than once): one run says nothing of its noise."""
@@ -379,11 +406,12 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
     t, record = done[0]
     assert record.exp_name is not None
     status = "complete" if t.state == TrialState.COMPLETE or record.reason is None else record.reason.value
-    values = runs_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE else []
+    completed = _completed_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE and record.config else []
+    values = [float(c.value) for c in completed]  # type: ignore[arg-type]
     return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name,
                     value=statistics.fmean(values) if values else t.value, status=status,
                     reason="" if status == "complete" else f"it failed ({status})", listed=listed, runs=max(1, len(values)),
-                    values=tuple(values))
+                    values=tuple(values), starts=_starts(completed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -573,6 +601,11 @@ class TuningResult:
     ignored_batch: IgnoredBatch | None = None  # evidence that the micro-batch size did not take effect
     # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: their steps' median).
     exit_off: tuple[tuple[str, float, float], ...] = ()
+    unrun: tuple[Unrun, ...] = ()  # the values listed in zero_optimization no experiment ran with
+    # The planner's verdict beside its choice: the configs a run cannot tell from it (``None``
+    # where it gave none) and the noise of one run it judged them by.
+    equivalent: tuple[Config, ...] | None = None
+    judged_noise: float | None = None
 
     @property
     def num_experiments(self) -> int:
@@ -582,15 +615,18 @@ class TuningResult:
 def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: UserConfig) -> TuningResult:
     """Rebuild a tuning's result from the storage alone (``optuna-ds report`` does this)."""
     a = user.autotuning
-    root = RootRecord.from_attrs(optuna.load_study(study_name=plan.study_name, storage=storage).user_attrs)
+    root_study = optuna.load_study(study_name=plan.study_name, storage=storage)
+    root = RootRecord.from_attrs(root_study.user_attrs)
     choice = root.choice
     results = []
     trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
+    spaces: dict[int, dict[str, Any]] = {}
     for stage in user.stages:
         entry = root.stages.get(stage)
         study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
         if study is not None:
             trials[stage] = study.get_trials(deepcopy=False)
+            spaces[stage] = study.user_attrs.get("knob_space") or {}
         if entry is not None and entry.status in ("skipped", "pending"):
             results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
         elif study is not None:
@@ -605,6 +641,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     # The planner's choice; before it chose (an interrupted or running tuning), the best mean so far.
     best = next((b for b in leaders if b.chosen), None) or a.tuned_metric.best(leaders, key=lambda b: b.value)
     every = [t for ts in trials.values() for t in ts]
+    measured = tuple(measured_configs(every))
+    judged = verdict(root_study)
     resources = root.resources or RecordedResources()
     return TuningResult(
         metric=a.tuned_metric,
@@ -621,7 +659,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         optuna_best=_optuna_best(storage, plan.study_name, best),
         device_memory=resources.device_memory,
         memory_margin=plan.memory_margin,
-        measured=tuple(measured_configs(every)),
+        measured=measured,
         interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in launched(ts)
                           if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
         checkpointing=checkpointing_outcome(every, user),
@@ -631,7 +669,20 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
                        if t.state == TrialState.COMPLETE and t.value is not None
                        and (r := ExperimentRecord.from_trial(t)).engine_figure is not None),
         ignored_batch=ignored_batch(every, script_args=plan.script_args, mapped=user.arg_mappings.values()),
+        equivalent=_equivalent_configs(judged, best, measured),
+        judged_noise=judged[1] if judged is not None else None,
+        unrun=unrun_values(user.zero_section(), fast=a.fast, spaces=spaces, trials=trials,
+                           skipped={r.stage: r.reason for r in results if r.status == "skipped"}),
     )
+
+
+def _equivalent_configs(judged: tuple[tuple[str, ...], float | None] | None, best: Optimum | None,
+                        measured: Sequence[Measured]) -> tuple[Config, ...] | None:
+    """The measured configs the planner judged a run cannot tell from its choice (its verdict,
+    by name); ``None`` where it recorded none."""
+    if judged is None or best is None or not best.chosen:
+        return None
+    return tuple(m.config for m in measured if m.config.name in judged[0])
 
 
 def _optuna_best(storage: optuna.storages.BaseStorage, tuning: str, best: Optimum | None) -> OptunaBest | None:

@@ -46,6 +46,7 @@ from optuna_ds.space import offload_sections
 from optuna_ds.space import user_offloads
 from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import ending
+from optuna_ds.storage import set_verdict
 from optuna_ds.storage import open_root_study
 from optuna_ds.storage import set_choice
 from optuna_ds.storage import set_ending
@@ -426,7 +427,9 @@ class Tuning:
             sizes=tuple(self._user.micro_batch_sizes) if self._user.micro_batch_sizes else None,
             baseline=self._user.baseline_micro_batch_size,
             per_sample=float(per_sample) if per_sample else None,
-            explicit=not self._user.all_stages,
+            # "all" lists every stage, as DeepSpeed's: on one rank, where the planner would
+            # expect nothing of a stage that partitions nothing, each is measured as if listed.
+            explicit=not self._user.all_stages or self._builder.data_parallel_size == 1,
             max_batch=self._builder.max_batch_per_gpu(),
             min_batch=self._builder.min_batch_per_gpu(),
             accumulation=self._user.gradient_accumulation_steps,
@@ -562,15 +565,6 @@ class Tuning:
                 self._pool.release(lease)
         return True
 
-    def _unexplored(self, stage: int) -> str:
-        """Why the planner's search ended without a run of ``stage``: on one data-parallel rank a
-        ZeRO stage has nothing to partition (a newcomer's ``"all"`` on one device asked why)."""
-        if stage >= 1 and self._user.all_stages and self._builder.data_parallel_size == 1:
-            return (f"on one data-parallel rank ZeRO-{stage} partitions nothing, so it was not measured, and offloading was "
-                    "not expected to pay; it may still run faster than z0 (its optimizer steps flat buffers): list the stage "
-                    "in zero_optimization.stage to measure it")
-        return "the planner expected no gain from it"
-
     def _record_outcome(self, coordinator: Coordinator, stages: dict[int, StageExperiments],
                         estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
         """Each stage's status, the chosen config and the noise, on the root study. A stage left
@@ -583,7 +577,7 @@ class Tuning:
             memory = estimates[stage].to_dict()
             if not mine:
                 if ended:
-                    self._record_stage(stage, StageRecord(status="skipped", reason=self._unexplored(stage), memory=memory))
+                    self._record_stage(stage, StageRecord(status="skipped", reason="the planner expected no gain from it", memory=memory))
                 elif stage not in recorded:
                     self._record_stage(stage, StageRecord(status="pending", reason="not reached yet", memory=memory))
                 continue
@@ -604,6 +598,8 @@ class Tuning:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
         RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
+        # Which configs a run cannot tell from the choice: what every view calls equivalent, by the planner's one rule.
+        set_verdict(self._root, equivalent=[e.name for e in decision.equivalent if e != c.config], noise=decision.noise)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")

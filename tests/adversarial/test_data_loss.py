@@ -218,7 +218,7 @@ def test_a_trial_failed_as_stale_while_its_experiment_ran_keeps_its_result(hws: 
     assert kept.value == 40.0 and "stale" in kept.user_attrs["recovered"]
     assert kept.user_attrs["mark"] == stale.user_attrs["mark"]
     assert json.loads((hws.results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] == 4
-    summary = (hws.results / "summary.txt").read_text()
+    summary = (hws.results / "optuna_ds_summary.txt").read_text()
     assert "failed" not in summary, summary
     hws.assert_finished_once()
     hws.assert_untouched()

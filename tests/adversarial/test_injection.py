@@ -22,7 +22,7 @@ def test_an_optimizer_type_holding_a_command_and_escapes_stays_a_comment(hws: Ho
     lines = (hws.results / "cmd_optimal.txt").read_text().splitlines()
     assert len(lines) == 2 and lines[0].startswith("# learning rate scaled") and "touch PWNED" in lines[0], lines
     assert not lines[1].startswith("#") and "touch" not in lines[1], lines
-    for text in ("\n".join(lines), (hws.results / "summary.txt").read_text(), proc.stdout, proc.stderr):
+    for text in ("\n".join(lines), (hws.results / "optuna_ds_summary.txt").read_text(), proc.stdout, proc.stderr):
         assert not any(c in text for c in _DRIVERS), repr(text[-800:])
         # The type is quoted inside a sentence: no line of its own, where it could pose as ours.
         assert not any(line.startswith("touch") for line in text.splitlines()), repr(text[-800:])

@@ -98,7 +98,7 @@ def test_extreme_and_tied_measurements_never_break_the_choice(hws: Hostile) -> N
     assert reasons[2] == "bad-metrics" and reasons[4] is None and reasons[6] is None and reasons[8] is None, reasons
     optimal = json.loads((hws.results / "ds_config_optimal.json").read_text())
     assert optimal["train_micro_batch_size_per_gpu"] == 8
-    summary = (hws.results / "summary.txt").read_text()
+    summary = (hws.results / "optuna_ds_summary.txt").read_text()
     assert "nan" not in summary.lower() and "inf " not in summary.lower(), summary
     hws.assert_finished_once()
     hws.assert_nothing_left()

@@ -139,7 +139,7 @@ def test_sighup_with_the_terminal_gone_ends_the_tuning_as_sigterm_does(hws: Host
             os.close(master)
         if tuner.poll() is None:
             tuner.kill()
-    assert (hws.results / "summary.txt").read_text().startswith("PARTIAL: interrupted after 1 experiment(s)")
+    assert (hws.results / "optuna_ds_summary.txt").read_text().startswith("PARTIAL: interrupted after 1 experiment(s)")
     assert not (hws.results / "ds_config_optimal.json").exists()
     assert "RUNNING" not in _study_states(hws)
     _resumes_to_its_choice(hws)
