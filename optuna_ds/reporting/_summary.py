@@ -671,12 +671,13 @@ def _runs(n: int) -> str:
 
 
 def unrun_lines(result: TuningResult) -> list[str]:
-    """A line for each knob listed in ``zero_optimization`` with values no experiment ran with:
-    the values, and why (a listed value is never dropped unsaid)."""
+    """A line for each key listed with values no experiment ran with (a knob of
+    ``zero_optimization``, the micro-batch size): the values, and why (a listed value is never
+    dropped unsaid)."""
     by_path: dict[tuple[str, str], list[str]] = {}
     for u in result.unrun:
         by_path.setdefault((u.path, u.reason), []).append(u.setting.split("=", 1)[1])
-    return [f"Listed but not run: zero_optimization.{path} {', '.join(values)}: {reason}."
+    return [f"Listed but not run: {path} {', '.join(values)}: {reason}."
             for (path, reason), values in by_path.items()]
 
 

@@ -1,5 +1,5 @@
-"""Every value a user lists in ``zero_optimization``, accounted for: the ones no experiment ran
-with, each with its reason."""
+"""Every value a user lists (``zero_optimization``'s knobs, micro-batch sizes), accounted for:
+the ones no experiment ran with, each with its reason."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import FailureReason
 from optuna_ds.domain import knob_value
 from optuna_ds.domain import launched
 from optuna_ds.space import OFFLOAD_KEYS
@@ -22,7 +23,7 @@ from optuna_ds.space import KnobSpace
 
 @dataclasses.dataclass(frozen=True)
 class Unrun:
-    """A value listed under ``zero_optimization.<path>`` that no experiment ran with, and why."""
+    """A value listed at ``path`` (dotted, from the config's top) that no experiment ran with, and why."""
 
     path: str
     value: Any
@@ -112,5 +113,24 @@ def unrun_values(zero: Mapping[str, Any], *, fast: bool, spaces: Mapping[int, Ma
                 reason = "; ".join(f"z{s}, where it is tuned, was skipped: {skipped[s]}" for s in tuned_at)
             else:
                 reason = "the planner's search ended without it: it expected no gain from it over the settings that ran"
-            out.append(Unrun(path=path, value=value, reason=reason))
+            out.append(Unrun(path=f"zero_optimization.{path}", value=value, reason=reason))
+    return tuple(out)
+
+
+def unrun_sizes(sizes: Iterable[int], *, trials: Mapping[int, Iterable[FrozenTrial]]) -> tuple[Unrun, ...]:
+    """Each listed micro-batch size no launched experiment ran with, and why: the planner tries a
+    listed size at every stage it explores unless its memory model says it cannot fit there
+    (after a smaller size ran out of memory, where one did)."""
+    records = [ExperimentRecord.from_trial(t) for ts in trials.values() for t in launched(ts)]
+    ran = {r.config.micro_batch for r in records if r.config is not None}
+    out = []
+    for size in sizes:
+        if size in ran:
+            continue
+        oom = sorted((r.config.micro_batch, r.config.stage) for r in records
+                     if r.config is not None and r.reason is FailureReason.OOM and r.config.micro_batch <= size)
+        reason = "the planner's memory model says it cannot fit at any stage it explored"
+        if oom:
+            reason += f" (z{oom[0][1]} ran out of memory at micro-batch {oom[0][0]})"
+        out.append(Unrun(path="train_micro_batch_size_per_gpu", value=size, reason=reason))
     return tuple(out)

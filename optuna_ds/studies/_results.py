@@ -38,6 +38,7 @@ from optuna_ds.storage import verdict
 from optuna_ds.studies._builder import checkpointing_space
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._listed import Unrun
+from optuna_ds.studies._listed import unrun_sizes
 from optuna_ds.studies._listed import unrun_values
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
@@ -573,7 +574,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         equivalent=_equivalent_configs(judged, best, measured),
         judged_noise=judged[1] if judged is not None else None,
         unrun=unrun_values(user.zero_section(), fast=a.fast, spaces=spaces, trials=trials,
-                           skipped={r.stage: r.reason for r in results if r.status == "skipped"}),
+                           skipped={r.stage: r.reason for r in results if r.status == "skipped"})
+        + unrun_sizes(user.micro_batch_sizes or (), trials=trials),
     )
 
 
