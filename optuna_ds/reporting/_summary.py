@@ -314,12 +314,17 @@ def budget_lines(result: TuningResult, budget: Budget | None) -> list[str]:
         return f"{_duration(seconds)} ({format_number(hours, 3)} {noun}s{money})"
 
     parts = []
-    if base is not None and base.value:
+    # Two times side by side are a speed-up factor: given under the factor's rule alone.
+    alike = not no_speedup(result)
+    if base is not None and base.value and alike:
         parts.append(f"your config {cost(base.value)}")
     if best is not None and best.value:
         parts.append(f"the optimum {cost(best.value)}")
     if parts:
-        lines.append(f"Training {what} on {gpus} {spend.noun}(s): " + ", ".join(parts) + ".")
+        lines.append(f"Training {what} on {gpus} {spend.noun}(s): " + ", ".join(parts)
+                     + ("" if alike or base is None or not base.value
+                        else "; your config's is left out, as the speed-up factor is")
+                     + ".")
     return lines
 
 
