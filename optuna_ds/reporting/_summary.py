@@ -158,14 +158,12 @@ def no_speedup(result: TuningResult) -> str:
     if min(mine, its) < ALIKE_RUNS:
         return (
             f"your config ran {_times(mine)} and the optimum {_times(its)}; "
-            f"a factor needs {ALIKE_RUNS} runs of each at "
-            "least, measured alike"
+            f"a factor needs {ALIKE_RUNS} runs of each at least, measured alike"
         )
     if not _interleaved(base.starts, best.run_starts):
         return (
-            "the runs of your config and of the optimum were not interleaved "
-            "(all of one's came before the other's), "
-            "so a change in the machine between them would read as a speed-up"
+            "the runs of your config and of the optimum were not interleaved (all of one's came "
+            "before the other's), so a change in the machine between them would read as a speed-up"
         )
     return ""
 
@@ -471,7 +469,8 @@ def scale_learning_rate(advice: LearningRateAdvice, *, config: dict[str, Any], s
 
 
 def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
-    """The headline, DeepSpeed's summary table, then the notes."""
+    """Our own summary (``optuna_ds_summary.txt``, the terminal's): the headline, each space's
+    best config with its mean and runs, then the notes."""
     notes = summary_notes(result, advice)
     return "\n".join([*headline(result, budget), "", runs_table(result), "", *notes]) + "\n"
 
