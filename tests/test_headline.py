@@ -232,10 +232,10 @@ def _memory_result(peak: int | None, *, budget_metric: str = "throughput") -> Tu
     from optuna_ds.studies import Optimum
 
     best = Optimum(name="z1_gas1_tmbspg8", config=Config(stage=1, micro_batch=8), trial_number=3, ds_config={}, result_dir="",
-                   cmd=[], runs=(200.0, 200.0), trials=(3, 5), chosen=True, peak_memory=peak)
+                   cmd=[], runs=(200.0, 200.0), trials=(3, 5), chosen=True, peak_memory=peak, run_starts=(10.0, 30.0))
     return TuningResult(metric=Metric.named(budget_metric), stages=[StageResult(stage=1, status="tuned", best=best)], duration=1.0,
                         model_info={}, baseline=Baseline(stage=1, micro_batch_size=2, name="z1_gas1_tmbspg2", value=50.0,
-                                                         status="complete"),
+                                                         status="complete", runs=2, values=(50.0, 50.0), starts=(0.0, 20.0)),
                         spend=Spend(experiments=5, gpu_seconds=2 * 3600.0, device="GPU", gpus_per_experiment=2),
                         noise=Noise(0.01, 1, 2), best=best, device_memory=80 * 2**30, memory_margin=0.05)
 
@@ -295,7 +295,7 @@ def test_the_summary_gives_the_trainings_time_and_cost(ws: Workspace) -> None:
     summary = (ws.results / "optuna_ds_summary.txt").read_text()
     assert "Cost of the tuning: " in summary and " at 3.00 per device-hour." in summary
     # 1000 steps of the user's global batch (micro-batch 2, one device).
-    assert "Training 1,000 steps of your config (2,000 samples) on 1 CPU device(s): your config " in summary
+    assert "Training 1,000 steps of your config (2,000 samples) on 1 CPU device(s): " in summary
     assert "Memory: the peak is not measured on this CPU device" in summary
 
 
@@ -429,6 +429,12 @@ def test_a_speed_up_factor_needs_the_choice_and_your_config_measured_alike() -> 
     apart = headline(_alike_result((0.0, 5.0), (10.0, 30.0, 40.0)))[1]
     assert ("no speed-up factor: the runs of your config and of the optimum were not interleaved (all of one's came before "
             "the other's)") in apart and "faster" not in apart
+    # Two training times side by side are a factor too: your config's is left out with it.
+    from optuna_ds.reporting import Budget
+
+    training = headline(_alike_result((0.0,), (10.0, 30.0)), Budget(train_samples=3_600_000))[-1]
+    assert training.startswith("Training 3,600,000 samples on 1 device(s): the optimum ") and "your config 5:" not in training
+    assert training.endswith("; your config's is left out, as the speed-up factor is.")
     unknown = dataclasses.replace(_alike_result((0.0, 20.0), (10.0, 30.0)), baseline=dataclasses.replace(
         _alike_result((0.0, 20.0), (10.0, 30.0)).baseline, starts=()))  # no start recorded: not known alike
     assert "no speed-up factor" in headline(unknown)[1] and "faster" not in headline(unknown)[1]

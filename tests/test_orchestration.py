@@ -196,7 +196,7 @@ def test_all_stages_on_one_rank_lists_every_stage_as_deepspeed_does(ws: Workspac
     p = ws.tune("ds_config.json", "--num_gpus", "1", surface={"num_params": 1_000_000, "activation_mem_per_gpu": 1_000_000})
     assert p.returncode == 0, p.stderr
     assert {l["stage"] for l in _launched(ws)} == {0, 1, 2, 3}
-    rows = [line.split("|")[1].strip() for line in (ws.results / "optuna_ds_summary.txt").read_text().splitlines()[2:] if line.startswith("|")]
+    rows = [line.split("|")[1].strip() for line in (ws.results / "summary.txt").read_text().splitlines()[2:] if line.startswith("|")]
     assert rows == ["z0", "z1", "z2", "z3", "global"]
     assert "partitions nothing" not in (ws.results / "optuna_ds_summary.txt").read_text()
 

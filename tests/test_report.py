@@ -523,8 +523,9 @@ def test_a_listed_value_no_experiment_ran_is_named_with_its_reason(tmp_path: Pat
     optuna.load_study(study_name="optuna-ds-z3", storage=storage).set_user_attr(
         "knob_space", {"stage": 3, "tuned": {"zero_quantized_weights": [False, True]}, "fixed": {}})
     result = _result(storage, plan)
-    assert {(u.path, u.value) for u in result.unrun} == {("zero_quantized_weights", True), ("zero_quantized_gradients", True),
-                                                         ("offload_optimizer.pin_memory", False)}
+    assert {(u.path, u.value) for u in result.unrun} == {("zero_optimization.zero_quantized_weights", True),
+                                                         ("zero_optimization.zero_quantized_gradients", True),
+                                                         ("zero_optimization.offload_optimizer.pin_memory", False)}
     notes = summary_notes(result, None)
     assert ("Listed but not run: zero_optimization.zero_quantized_weights true: the planner's search ended without it: it "
             "expected no gain from it over the settings that ran.") in notes
@@ -537,6 +538,16 @@ def test_a_listed_value_no_experiment_ran_is_named_with_its_reason(tmp_path: Pat
     fast = dataclasses.replace(plan, user_config={**plan.user_config, "autotuning": {**plan.user_config["autotuning"],
                                                                                      "fast": True}})
     assert any("zero_quantized_weights true: autotuning.fast is true" in n for n in summary_notes(_result(storage, fast), None))
+    # A listed micro-batch size that never ran: named, with the out-of-memory run that bounds it.
+    sizes = dataclasses.replace(plan, user_config={**plan.user_config, "train_micro_batch_size_per_gpu": [2, 4, 64, 128]})
+    assert ("Listed but not run: train_micro_batch_size_per_gpu 64, 128: the planner's memory model says it cannot fit at any "
+            "stage it explored.") in summary_notes(_result(storage, sizes), None)
+    from optuna_ds.studies._listed import unrun_sizes
+
+    oom = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=ExperimentRecord(
+        config=Config(stage=1, micro_batch=32), exp_name="z1_gas1_tmbspg32", reason=FailureReason.OOM).attrs())
+    assert [u.reason for u in unrun_sizes([32, 64], trials={1: [oom]})] == [
+        "the planner's memory model says it cannot fit at any stage it explored (z1 ran out of memory at micro-batch 32)"]
 
 
 def test_no_error_bar_spans_a_config_the_text_sets_apart(tmp_path: Path) -> None:

@@ -173,8 +173,9 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None, spawn:
         log(f"storage {redact_url(url)}, study {options.study_name}; results in {results_dir}")
         ops = cpu_op_sources(missing) if (missing := cpu_ops_to_build()) else {}
         if ops:
-            log(f"the first experiment builds DeepSpeed's CPU ops {', '.join(missing)} once, for this environment "
-                "(minutes: 4 to 5 on 2 busy cores; its progress is shown; `make venv` builds them beforehand)")
+            log(f"the first experiment builds DeepSpeed's CPU ops {', '.join(missing)} once, for this "
+                "environment (minutes: 4 to 5 on 2 busy cores; its progress is shown; `make venv` "
+                "builds them beforehand)")
         # The outputs too: a SIGTERM or SIGHUP while they are written unwinds as Ctrl-C does (told,
         # exit 128 + signal, no temp file left), instead of killing the process where it stands.
         with sigterm_raises(), watching_build(extensions_root(), ops, say=log):

@@ -139,15 +139,16 @@ def _tuner_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def misplaced_option_hint(message: str, *, script: str, script_args: tuple[str, ...], options: set[str]) -> str:
+def misplaced_option_hint(message: str, *, script: str, script_args: tuple[str, ...],
+                          options: set[str]) -> str:
     """A hint where ``message`` (why the tuning failed) names an optuna-ds option that came after
     the script, so that it went to the script (``--num_gpus 2 train.py`` is optuna-ds's,
     ``train.py --num_gpus 2`` the script's); ``""`` where none does."""
     for arg in script_args:
         name = arg.split("=", 1)[0]
         if name in options and name in message:
-            return (f"{name} is an optuna-ds option, but it came after {script}, so it went to the script: put it before "
-                    f"{script}")
+            return (f"{name} is an optuna-ds option, but it came after {script}, so it went to the "
+                    f"script: put it before {script}")
     return ""
 
 
@@ -164,8 +165,10 @@ def _tune_from_cli(kwargs: dict[str, Any], script: str, script_args: tuple[str, 
     try:
         outcome = tune(options, observer=progress)
     except OptunaDSError as e:
-        known = {o for p in click.get_current_context().command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
-        if hint := misplaced_option_hint(str(e), script=script, script_args=script_args, options=known):
+        params = click.get_current_context().command.params
+        known = {o for p in params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+        hint = misplaced_option_hint(str(e), script=script, script_args=script_args, options=known)
+        if hint:
             e.args = (f"{e}; {hint}",)
         raise
     finally:

@@ -366,9 +366,10 @@ def _check_compile_section(raw: dict[str, Any]) -> None:
     section = raw.get("compile")
     for key, value in (section.items() if isinstance(section, dict) else ()):
         if isinstance(value, list):
-            raise ConfigError(f"compile.{key} = {json.dumps(value)}: optuna-ds does not tune DeepCompile (the config alone "
-                              "compiles nothing: DeepSpeed acts on it only in engine.compile(), which your script must call, so "
-                              "its runs would measure noise); set it to one value")
+            raise ConfigError(f"compile.{key} = {json.dumps(value)}: optuna-ds does not tune "
+                              "DeepCompile (the config alone compiles nothing: DeepSpeed acts on it "
+                              "only in engine.compile(), which your script must call, so its runs "
+                              "would measure noise); set it to one value")
 
 
 def parse_user_config(

@@ -70,10 +70,11 @@ def extensions_root(environ: Mapping[str, str] | None = None) -> str:
     from torch.utils.cpp_extension import get_default_build_root
 
     environ = os.environ if environ is None else environ
-    root = ops_environment(environ).get("TORCH_EXTENSIONS_DIR") or environ.get("TORCH_EXTENSIONS_DIR")
+    root = ops_environment(environ).get("TORCH_EXTENSIONS_DIR")
+    root = root or environ.get("TORCH_EXTENSIONS_DIR")
     # torch's own folder for a CPU build (``_get_build_directory``): one per Python.
-    return root or os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}"
-                                                          f"{getattr(sys, 'abiflags', '')}_cpu")
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return root or os.path.join(get_default_build_root(), f"{python}_cpu")
 
 
 def build_progress(root: str, ops: Mapping[str, int], *, since: float) -> str:
@@ -85,13 +86,15 @@ def build_progress(root: str, ops: Mapping[str, int], *, since: float) -> str:
         folder = os.path.join(root, name)
         if _made_since(os.path.join(folder, f"{name}.so"), since):
             continue
-        compiled = sum(_made_since(o, since) for o in glob.glob(os.path.join(glob.escape(folder), "*.o")))
+        objects = glob.glob(os.path.join(glob.escape(folder), "*.o"))
+        compiled = sum(_made_since(o, since) for o in objects)
         parts.append(f"{name} {min(compiled, sources)} of {sources} sources compiled")
     return ", ".join(parts)
 
 
 @contextlib.contextmanager
-def watching_build(root: str, ops: Mapping[str, int], *, say: Callable[[str], None], every: float = 30.0) -> Iterator[None]:
+def watching_build(root: str, ops: Mapping[str, int], *, say: Callable[[str], None],
+                   every: float = 30.0) -> Iterator[None]:
     """While the block runs, say every ``every`` seconds how far the build of ``ops`` has come
     (:func:`build_progress`) and how long it has taken, until all are built: a build of minutes
     shows that it moves."""
@@ -106,7 +109,8 @@ def watching_build(root: str, ops: Mapping[str, int], *, say: Callable[[str], No
             progress = build_progress(root, ops, since=since)
             if not progress:
                 return
-            say(f"building DeepSpeed's CPU ops, {round(time.monotonic() - start)} s so far: {progress}")
+            elapsed = round(time.monotonic() - start)
+            say(f"building DeepSpeed's CPU ops, {elapsed} s so far: {progress}")
 
     thread = threading.Thread(target=watch, name="ops-build-progress", daemon=True)
     thread.start()

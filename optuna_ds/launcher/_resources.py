@@ -155,8 +155,8 @@ def _cpu_devices(wanted: int) -> str:
     ``LOCAL_SIZE``; ``""`` on any other accelerator."""
     if str(_accelerator().device_name()) != "cpu":
         return ""
-    return (f": on DeepSpeed's CPU accelerator a node's devices are its NUMA nodes, or LOCAL_SIZE of them where set "
-            f"(LOCAL_SIZE={wanted} runs {wanted} processes)")
+    return (": on DeepSpeed's CPU accelerator a node's devices are its NUMA nodes, or LOCAL_SIZE "
+            f"of them where set (LOCAL_SIZE={wanted} runs {wanted} processes)")
 
 
 def visible_devices() -> list[int]:

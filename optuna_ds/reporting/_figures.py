@@ -66,7 +66,8 @@ def _chosen_label(best: Optimum, metric: Metric) -> str:
     return _safe(f"{CHOSEN}: {best.name}") + "<br>" + _safe(best.figure(metric))
 
 
-def _noise_bars(configs: list[Optimum], noise: float | None, **style: Any) -> dict[str, Any] | None:
+def _noise_bars(configs: list[Optimum], noise: float | None,
+                **style: Any) -> dict[str, Any] | None:
     """One noise deviation of each config's mean about it, in log (``noise`` a run over its
     runs), the planner's measure: a config it did not judge equivalent to the choice lies beyond
     the choice's bar (and the choice beyond its), so no bar spans a figure the text sets apart.
@@ -74,8 +75,9 @@ def _noise_bars(configs: list[Optimum], noise: float | None, **style: Any) -> di
     if noise is None:
         return None
     spreads = [noise / math.sqrt(len(c.runs)) for c in configs]
-    return {"type": "data", "symmetric": False, "array": [c.value * math.expm1(d) for c, d in zip(configs, spreads)],
-            "arrayminus": [-c.value * math.expm1(-d) for c, d in zip(configs, spreads)], **style}
+    pairs = list(zip(configs, spreads))
+    return {"type": "data", "symmetric": False, "array": [c.value * math.expm1(d) for c, d in pairs],
+            "arrayminus": [-c.value * math.expm1(-d) for c, d in pairs], **style}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +206,8 @@ def _best_per_stage(leaders: dict[int, Optimum], ctx: _Context) -> go.Figure:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=line, name=_safe(ctx.mine_label), hoverinfo="skip"))
     top = max((max(b.runs) for b in leaders.values()), default=1.0)
     bar = ", ± one noise deviation of it" if ctx.noise is not None else ""
-    fig.update_layout(title=_title(f"Best {_safe(metric.name)} per ZeRO stage (mean of each config's runs{bar})"), xaxis_title="ZeRO stage",
+    title = _title(f"Best {_safe(metric.name)} per ZeRO stage (mean of each config's runs{bar})")
+    fig.update_layout(title=title, xaxis_title="ZeRO stage",
                       yaxis_title=_safe(label), showlegend=True, yaxis_range=[0, top * 1.3], barmode="overlay", **_FIGURE_LAYOUT)
     return fig
 

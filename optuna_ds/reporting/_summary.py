@@ -29,7 +29,7 @@ from optuna_ds.studies import departures
 from optuna_ds.studies import relative_spread
 from optuna_ds.studies import scatters
 
-# DeepSpeed's summary table: its columns, in its order (DeepSpeed's autotuner, ``print_tuning_results``).
+# DeepSpeed's summary table: its columns, in its order (its autotuner's print_tuning_results).
 SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "best_exp_name")
 # Ours, in our own summary: each row's best config by the mean of its runs.
 RUNS_HEAD = ("tuning_space", "num_experiments", "best_config_mean", "runs", "best_exp_name")
@@ -56,8 +56,14 @@ def summary_rows(result: TuningResult) -> list[tuple[str, ...]]:
 
 def runs_rows(result: TuningResult) -> list[tuple[str, ...]]:
     """Our table's rows: each space's best config by the mean of its runs, and how many."""
-    return [(space, str(experiments), *((format_number(b.value), str(len(b.runs)), b.name) if b else ("-", "-", "-")))
-            for space, experiments, b in _spaces(result)]
+    return [
+        (
+            space,
+            str(experiments),
+            *((format_number(b.value), str(len(b.runs)), b.name) if b else ("-", "-", "-")),
+        )
+        for space, experiments, b in _spaces(result)
+    ]
 
 
 def _after_point(cell: str) -> int:
@@ -69,7 +75,9 @@ def _after_point(cell: str) -> int:
     return len(cell) - point - 1
 
 
-def pipe_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: Sequence[bool]) -> str:
+def pipe_table(
+    head: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: Sequence[bool]
+) -> str:
     """``rows`` under ``head`` as tabulate's ``pipe`` format writes them, which DeepSpeed's
     summary uses: a ``numeric`` column aligned right (on the numbers' points where every cell
     is a number), the others left."""
@@ -83,7 +91,10 @@ def pipe_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: S
         pad = str.rjust if right else str.ljust
         rule = ("-" * (width + 1) + ":") if right else (":" + "-" * (width + 1))
         columns.append([pad(title, width), rule, *(pad(c, width) for c in cells)])
-    lines = ["|" + "|".join(line) + "|" if j == 1 else "| " + " | ".join(line) + " |" for j, line in enumerate(zip(*columns))]
+    lines = [
+        "|" + "|".join(line) + "|" if j == 1 else "| " + " | ".join(line) + " |"
+        for j, line in enumerate(zip(*columns))
+    ]
     return "\n".join(lines)
 
 
@@ -106,11 +117,16 @@ def deepspeed_summary(result: TuningResult) -> str:
     """``summary.txt`` as DeepSpeed's autotuner writes it: its table, then the time and the count
     of experiments; nothing of ours (that is :func:`summary_text`'s)."""
     duration = datetime.timedelta(seconds=result.duration)
-    return summary_table(result) + f"\n\nTuning completed in {duration}. Total number of experiments: {result.num_experiments}."
+    return (
+        summary_table(result)
+        + f"\n\nTuning completed in {duration}. "
+        + f"Total number of experiments: {result.num_experiments}."
+    )
 
 
 def runs_table(result: TuningResult) -> str:
-    """Our table (:func:`runs_rows`), in the same form: the text summary and the dashboard's note."""
+    """Our table (:func:`runs_rows`), in the same form: the text summary and the dashboard's
+    note."""
     return pipe_table(RUNS_HEAD, runs_rows(result), numeric=(False, True, True, True, False))
 
 
@@ -141,11 +157,15 @@ def no_speedup(result: TuningResult) -> str:
         return ""
     mine, its = len(base.values), len(best.runs)
     if min(mine, its) < ALIKE_RUNS:
-        return (f"your config ran {_times(mine)} and the optimum {_times(its)}; a factor needs {ALIKE_RUNS} runs of each at "
-                "least, measured alike")
+        return (
+            f"your config ran {_times(mine)} and the optimum {_times(its)}; "
+            f"a factor needs {ALIKE_RUNS} runs of each at least, measured alike"
+        )
     if not _interleaved(base.starts, best.run_starts):
-        return ("the runs of your config and of the optimum were not interleaved (all of one's came before the other's), "
-                "so a change in the machine between them would read as a speed-up")
+        return (
+            "the runs of your config and of the optimum were not interleaved (all of one's came "
+            "before the other's), so a change in the machine between them would read as a speed-up"
+        )
     return ""
 
 
@@ -154,7 +174,8 @@ def _times(n: int) -> str:
 
 
 def _interleaved(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Whether two configs' runs (their start times) interleave: neither's all before the other's."""
+    """Whether two configs' runs (their start times) interleave: neither's all before the
+    other's."""
     return bool(a) and bool(b) and min(a) < max(b) and min(b) < max(a)
 
 
@@ -176,10 +197,10 @@ def optimum_line(result: TuningResult) -> str:
     line = (f"{what} ({best.name}: z{best.stage}, micro-batch {best.config.micro_batch}, gradient accumulation "
             f"{best.config.accumulation}{checkpointing}{autotp}): {best.figure(metric)}")
     factor = speedup(result)
-    if best.chosen and (why := no_speedup(result)) and result.baseline is not None and result.baseline.value is not None:
+    base = result.baseline
+    if best.chosen and (why := no_speedup(result)) and base is not None and base.value is not None:
         line += f"; no speed-up factor: {why}"
     if factor is not None:
-        base = result.baseline
         same = " (your config is the optimum)" if base is not None and base.name == best.name else ""
         spread = speedup_uncertainty(result)
         if spread is not None and spread.deviation >= _RANGE_FROM and not same:
@@ -292,12 +313,17 @@ def budget_lines(result: TuningResult, budget: Budget | None) -> list[str]:
         return f"{_duration(seconds)} ({format_number(hours, 3)} {noun}s{money})"
 
     parts = []
-    if base is not None and base.value:
+    # Two times side by side are a speed-up factor: given under the factor's rule alone.
+    alike = not no_speedup(result)
+    if base is not None and base.value and alike:
         parts.append(f"your config {cost(base.value)}")
     if best is not None and best.value:
         parts.append(f"the optimum {cost(best.value)}")
     if parts:
-        lines.append(f"Training {what} on {gpus} {spend.noun}(s): " + ", ".join(parts) + ".")
+        lines.append(f"Training {what} on {gpus} {spend.noun}(s): " + ", ".join(parts)
+                     + ("" if alike or base is None or not base.value
+                        else "; your config's is left out, as the speed-up factor is")
+                     + ".")
     return lines
 
 
@@ -444,8 +470,10 @@ def scale_learning_rate(advice: LearningRateAdvice, *, config: dict[str, Any], s
 
 
 def summary_text(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
-    """The headline, DeepSpeed's summary table, then the notes."""
-    return "\n".join([*headline(result, budget), "", runs_table(result), "", *summary_notes(result, advice)]) + "\n"
+    """Our own summary (``optuna_ds_summary.txt``, the terminal's): the headline, each space's
+    best config with its mean and runs, then the notes."""
+    notes = summary_notes(result, advice)
+    return "\n".join([*headline(result, budget), "", runs_table(result), "", *notes]) + "\n"
 
 
 def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str | None, budget: Budget | None = None) -> str:
@@ -455,7 +483,9 @@ def summary_markdown(result: TuningResult, *, advice: LearningRateAdvice | str |
     first = [f"**Read first:** {line}" for line in dashboard_caveats(result)]
     head = "\n\n".join(f"**{line}**" if i == 0 else line for i, line in enumerate(headline(result, budget)))
     notes = [n for n in summary_notes(result, advice) if n != optuna_best_note(result)]
-    return "\n".join([*(f"{line}\n" for line in first), head, "", runs_table(result), "", *(f"- {n}" for n in notes)]) + "\n"
+    listed = [f"- {n}" for n in notes]
+    lines = [*(f"{line}\n" for line in first), head, "", runs_table(result), "", *listed]
+    return "\n".join(lines) + "\n"
 
 
 def dashboard_caveats(result: TuningResult) -> list[str]:
@@ -520,16 +550,19 @@ def choice_lines(result: TuningResult) -> list[str]:
         why += (f"; {higher.name} measured a higher mean ({metric.with_unit(higher.value)}, {_runs(len(higher.runs))}) "
                 f"that its curve and the noise do not bear out")
     if result.equivalent is None:
-        return [why + ".", "Equivalent configs: none can be named, the planner recorded no verdict on them."]
+        unknown = "Equivalent configs: none can be named, the planner recorded no verdict on them."
+        return [why + ".", unknown]
     ranked = sorted(others, key=lambda m: metric.oriented(m.value), reverse=True)
     alike = [m for m in ranked if _equivalent(result, m)]
     if alike:
         named = ", ".join(f"{m.name} ({metric.with_unit(m.value)}, {_runs(len(m.runs))})" for m in alike[:_NAMED])
         more = f" and {len(alike) - _NAMED} more" if len(alike) > _NAMED else ""
-        equal = f"Equivalent within the noise ({_per_run(result)}): {named}{more}; any of them would do as well."
+        equal = (f"Equivalent within the noise ({_per_run(result)}): {named}{more}; any of them "
+                 "would do as well.")
     elif ranked:
         gap = abs(ranked[0].value - best.value) / best.value
-        equal = (f"Equivalent within the noise ({_per_run(result)}): none; the next best, {ranked[0].name}, is "
+        equal = (f"Equivalent within the noise ({_per_run(result)}): none; the next best, "
+                 f"{ranked[0].name}, is "
                  f"{gap:.1%} {'slower' if metric.better(best.value, ranked[0].value) else 'apart'}.")
     else:
         equal = "Equivalent configs: none, no other config ran."
@@ -558,7 +591,8 @@ def knob_line(result: TuningResult) -> str:
              else f"at micro-batch {other.config.micro_batch} (none was measured at {mbs} without them)")
     equivalent = _equivalent(result, other)
     if equivalent is None:
-        verdict = "the planner has judged no config beside it yet, so whether they matter is unknown"
+        verdict = ("the planner has judged no config beside it yet, so whether they matter is "
+                   "unknown")
     elif equivalent:
         verdict = f"within the noise ({_per_run(result)})"
     else:
@@ -716,12 +750,13 @@ def _runs(n: int) -> str:
 
 
 def unrun_lines(result: TuningResult) -> list[str]:
-    """A line for each knob listed in ``zero_optimization`` with values no experiment ran with:
-    the values, and why (a listed value is never dropped unsaid)."""
+    """A line for each key listed with values no experiment ran with (a knob of
+    ``zero_optimization``, the micro-batch size): the values, and why (a listed value is never
+    dropped unsaid)."""
     by_path: dict[tuple[str, str], list[str]] = {}
     for u in result.unrun:
         by_path.setdefault((u.path, u.reason), []).append(u.setting.split("=", 1)[1])
-    return [f"Listed but not run: zero_optimization.{path} {', '.join(values)}: {reason}."
+    return [f"Listed but not run: {path} {', '.join(values)}: {reason}."
             for (path, reason), values in by_path.items()]
 
 
@@ -744,8 +779,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     lines = []
     duration = datetime.timedelta(seconds=round(result.duration))
     lines.append(f"Tuning completed in {duration}. Total number of experiments: {result.num_experiments}. "
-                 f"Each best_config_mean is the mean of its config's runs; summary.txt, in DeepSpeed's form, gives as "
-                 f"best_metric_val the best single run of that config.")
+                 "Each best_config_mean is the mean of its config's runs; summary.txt, in "
+                 "DeepSpeed's form, gives as best_metric_val the best single run of that config.")
     if result.best is None:
         lines.append("No experiment ran successfully: see the stderr.log of each experiment under results_dir.")
     if ignored := ignored_batch_line(result):
@@ -776,7 +811,8 @@ def write_summary(result: TuningResult, *, results_dir: str, advice: LearningRat
                   budget: Budget | None = None) -> str:
     """Write ``summary.txt`` in DeepSpeed's form (:func:`deepspeed_summary`) and our own summary
     (:func:`summary_text`) beside it; return our own, which the terminal shows."""
-    text = save_summary(summary_text(result, advice=advice, budget=budget), results_dir=results_dir)
+    text = summary_text(result, advice=advice, budget=budget)
+    text = save_summary(text, results_dir=results_dir)
     write_file(ResultsFiles(results_dir).summary, clean_text(deepspeed_summary(result)))
     return text
 

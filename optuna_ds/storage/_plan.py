@@ -27,7 +27,8 @@ _ENDING_ATTR = "optuna_ds:ending"
 # On the root study: tune's choice ({"name", "figure"}), recorded once it wrote the optimal config;
 # {} while its search is open. What a worker names as the tuning's optimum.
 _CHOICE_ATTR = "optuna_ds:choice"
-_VERDICT_ATTR = "optuna_ds:verdict"  # system attr: `optuna studies` prints every user attr on one line
+# A system attr: `optuna studies` prints every user attr on one line.
+_VERDICT_ATTR = "optuna_ds:verdict"
 # Optuna's study_name column holds 512 characters; stage studies add "-z<stage>".
 MAX_STUDY_NAME = 500
 _STAGE_SUFFIX = re.compile(r"-z[0-9]$")
@@ -307,7 +308,8 @@ def tune_choice(root: optuna.Study) -> dict[str, str] | None:
 def set_verdict(root: optuna.Study, *, equivalent: Sequence[str], noise: float | None) -> None:
     """Record on the root study the planner's verdict beside its choice: the configs (by
     ``Config.name``) a run cannot tell from it, and the relative noise of one run it judged by."""
-    storage_of(root).set_study_system_attr(id_of(root), _VERDICT_ATTR, {"equivalent": list(equivalent), "noise": noise})
+    stored = {"equivalent": list(equivalent), "noise": noise}
+    storage_of(root).set_study_system_attr(id_of(root), _VERDICT_ATTR, stored)
 
 
 def verdict(root: optuna.Study) -> tuple[tuple[str, ...], float | None] | None:
@@ -316,4 +318,5 @@ def verdict(root: optuna.Study) -> tuple[tuple[str, ...], float | None] | None:
     if not isinstance(stored, dict) or not isinstance(stored.get("equivalent"), list):
         return None
     noise = stored.get("noise")
-    return tuple(str(e) for e in stored["equivalent"]), float(noise) if isinstance(noise, (int, float)) else None
+    equivalent = tuple(str(e) for e in stored["equivalent"])
+    return equivalent, float(noise) if isinstance(noise, (int, float)) else None

@@ -111,8 +111,9 @@ def create_storage(url: str, *, create: bool = True) -> optuna.storages.RDBStora
         if parsed.host:
             # sqlite://tmp/x reads "tmp" as a host SQLite has none of, and opens x here.
             path = "/".join(p for p in (parsed.host, parsed.database) if p)
-            raise StorageError(f"storage {redact_url(url)}: a SQLite URL names no host ('{parsed.host}'): write "
-                               f"sqlite:///{path} for {path} under the current folder, or sqlite:////{path} for /{path}")
+            raise StorageError(f"storage {redact_url(url)}: a SQLite URL names no host "
+                               f"('{parsed.host}'): write sqlite:///{path} for {path} under the "
+                               f"current folder, or sqlite:////{path} for /{path}")
         if parsed.database and parsed.database != ":memory:":
             sqlite_path = os.path.abspath(parsed.database)
             if not create and not os.path.isfile(sqlite_path):

@@ -38,6 +38,7 @@ from optuna_ds.storage import verdict
 from optuna_ds.studies._builder import checkpointing_space
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._listed import Unrun
+from optuna_ds.studies._listed import unrun_sizes
 from optuna_ds.studies._listed import unrun_values
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
@@ -114,9 +115,11 @@ class Optimum:
 
     def best_run(self, metric: Metric) -> tuple[str, float]:
         """Its best single run, named: what DeepSpeed's summary table gives of an experiment."""
-        names = self.run_names if len(self.run_names) == len(self.runs) else (self.name,) * len(self.runs)
-        value, name = metric.best(list(zip(self.runs, names)), key=lambda r: r[0]) or (self.value, self.name)
-        return name, value
+        names = self.run_names
+        if len(names) != len(self.runs):
+            names = (self.name,) * len(self.runs)
+        best = metric.best(list(zip(self.runs, names)), key=lambda r: r[0])
+        return (best[1], best[0]) if best is not None else (self.name, self.value)
 
     @property
     def train_batch_size(self) -> int | None:
@@ -183,7 +186,8 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
         cmd=record.cmd or [],
         runs=tuple(float(t.value) for t in picked),  # type: ignore[arg-type]
         trials=tuple(t.number for t in picked),
-        run_names=tuple(ExperimentRecord.from_trial(t).exp_name or record.exp_name for t in picked),
+        run_names=tuple(ExperimentRecord.from_trial(t).exp_name or record.exp_name
+                        for t in picked),
         run_starts=_starts(picked),
         estimate=estimate,
         chosen=final,
@@ -406,7 +410,8 @@ def find_baseline(*, stages: dict[int, list[FrozenTrial]], order: list[int], ski
     t, record = done[0]
     assert record.exp_name is not None
     status = "complete" if t.state == TrialState.COMPLETE or record.reason is None else record.reason.value
-    completed = _completed_of(t, stages.get(stage, [])) if t.state == TrialState.COMPLETE and record.config else []
+    complete = t.state == TrialState.COMPLETE and record.config is not None
+    completed = _completed_of(t, stages.get(stage, [])) if complete else []
     values = [float(c.value) for c in completed]  # type: ignore[arg-type]
     return Baseline(stage=stage, micro_batch_size=micro_batch_size, name=record.exp_name,
                     value=statistics.fmean(values) if values else t.value, status=status,
@@ -672,7 +677,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         equivalent=_equivalent_configs(judged, best, measured),
         judged_noise=judged[1] if judged is not None else None,
         unrun=unrun_values(user.zero_section(), fast=a.fast, spaces=spaces, trials=trials,
-                           skipped={r.stage: r.reason for r in results if r.status == "skipped"}),
+                           skipped={r.stage: r.reason for r in results if r.status == "skipped"})
+        + unrun_sizes(user.micro_batch_sizes or (), trials=trials),
     )
 
 

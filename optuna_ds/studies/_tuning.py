@@ -577,7 +577,8 @@ class Tuning:
             memory = estimates[stage].to_dict()
             if not mine:
                 if ended:
-                    self._record_stage(stage, StageRecord(status="skipped", reason="the planner expected no gain from it", memory=memory))
+                    why = "the planner expected no gain from it"
+                    self._record_stage(stage, StageRecord(status="skipped", reason=why, memory=memory))
                 elif stage not in recorded:
                     self._record_stage(stage, StageRecord(status="pending", reason="not reached yet", memory=memory))
                 continue
@@ -598,8 +599,10 @@ class Tuning:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
         RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
-        # Which configs a run cannot tell from the choice: what every view calls equivalent, by the planner's one rule.
-        set_verdict(self._root, equivalent=[e.name for e in decision.equivalent if e != c.config], noise=decision.noise)
+        # Which configs a run cannot tell from the choice: what every view calls equivalent,
+        # by the planner's one rule.
+        equivalent = [e.name for e in decision.equivalent if e != c.config]
+        set_verdict(self._root, equivalent=equivalent, noise=decision.noise)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
