@@ -200,7 +200,7 @@ def test_a_stage_left_out_on_one_rank_says_it_partitions_nothing(ws: Workspace) 
     for stage in (1, 2, 3):
         # Not "cannot run faster than z0": on the example's CPU job, listed, z1 ran 27% faster than z0 (docs/steps.md).
         assert (f"z{stage} skipped: on one data-parallel rank ZeRO-{stage} partitions nothing, so it was not measured, and "
-                "offloading was not expected to pay; it may still run faster than z0 (its optimizer steps flat buffers): "
+                "offloading was not expected to pay; it may still run faster than z0 (its gradients and optimizer take another path): "
                 "list the stage in zero_optimization.stage to measure it") in summary
         assert "cannot run faster" not in summary
 

@@ -566,9 +566,10 @@ class Tuning:
         """Why the planner's search ended without a run of ``stage``: on one data-parallel rank a
         ZeRO stage has nothing to partition (a newcomer's ``"all"`` on one device asked why)."""
         if stage >= 1 and self._user.all_stages and self._builder.data_parallel_size == 1:
-            return (f"on one data-parallel rank ZeRO-{stage} partitions nothing, so it was not measured, and offloading was "
-                    "not expected to pay; it may still run faster than z0 (its optimizer steps flat buffers): list the stage "
-                    "in zero_optimization.stage to measure it")
+            return (f"on one data-parallel rank ZeRO-{stage} partitions nothing, so it was not "
+                    "measured, and offloading was not expected to pay; it may still run faster than "
+                    "z0 (its gradients and optimizer take another path): list the stage in "
+                    "zero_optimization.stage to measure it")
         return "the planner expected no gain from it"
 
     def _record_outcome(self, coordinator: Coordinator, stages: dict[int, StageExperiments],
