@@ -93,9 +93,10 @@ def test_tune_on_real_deepspeed_then_resume_launches_nothing(project: Path) -> N
     for t in trials:
         metrics = t.user_attrs["metrics"]
         assert {"throughput", "latency", "FLOPS_per_gpu"} <= set(metrics)  # written by DeepSpeed's engine
-        # The figure is the engine's; its profiled steps (2-3) and the exit step the figure is
-        # of are kept beside it, with each timer's median.
-        assert t.value == pytest.approx(metrics["throughput"])
+        # The figure is the engine's, unless its exit step was off its window (a loaded CPU:
+        # docs/steps.md); its profiled steps (2-3) and the exit step the figure is of are kept
+        # beside it, with each timer's median.
+        assert t.user_attrs.get("engine_figure", t.value) == pytest.approx(metrics["throughput"])
         steps = t.user_attrs["step_times_ms"]
         assert len(steps) == 3 and steps[-1] == pytest.approx(metrics["latency"] / 1000, abs=1e-3)
         assert {"fwd", "bwd", "bwd_allreduce", "step"} <= set(t.user_attrs["timers_ms"])

@@ -480,14 +480,18 @@ def _check_batch_cap(user: UserConfig, *, data_parallel: int) -> None:
         return
     name = "autotuning.max_train_batch_size"
     mbs, gas = user.baseline_micro_batch_size, user.gradient_accumulation_steps
-    if mbs is not None and mbs * gas * data_parallel > cap:
-        raise ConfigError(f"{name} ({cap}) is below the {mbs * gas * data_parallel} samples a step of your config "
-                          f"({MBS_KEY} {mbs} x {GAS_KEY} {gas} x {data_parallel} data-parallel GPU(s)): "
-                          f"raise it to at least {mbs * gas * data_parallel}, or lower {MBS_KEY}")
-    if user.min_micro_batch_size * data_parallel > cap:
-        raise ConfigError(f"{name} ({cap}) is below the {user.min_micro_batch_size * data_parallel} samples a step of "
-                          f"the smallest config ({MBS_KEY} {user.min_micro_batch_size} x {data_parallel} "
-                          f"data-parallel GPU(s)): raise it to at least {user.min_micro_batch_size * data_parallel}")
+    own = None if mbs is None else mbs * gas * data_parallel
+    if own is not None and own > cap:
+        raise ConfigError(
+            f"{name} ({cap}) is below the {own} samples a step of your config ({MBS_KEY} {mbs} x "
+            f"{GAS_KEY} {gas} x {data_parallel} data-parallel GPU(s)): raise it to at least {own}, "
+            f"or lower {MBS_KEY}")
+    least = user.min_micro_batch_size * data_parallel
+    if least > cap:
+        raise ConfigError(
+            f"{name} ({cap}) is below the {least} samples a step of the smallest config ({MBS_KEY} "
+            f"{user.min_micro_batch_size} x {data_parallel} data-parallel GPU(s)): raise it to at "
+            f"least {least}")
 
 
 def load_user_config(script_args: Sequence[str]) -> UserConfig:

@@ -5,7 +5,8 @@ In autotuning mode DeepSpeed's engine logs its global timers on rank 0 at every 
 at step ``end_profile_step + 1`` writes ``metrics.json`` from that one step's timers and exits.
 The run's figure stays the engine's (one figure per run, the one its folder holds): a median
 over the profiled steps measured alike between runs; unless its exit step is far off the steps
-before it (:attr:`StepMeasurement.exit_off`, docs/steps.md). Runs of one config scatter by what each
+before it (:attr:`StepMeasurement.exit_off`, docs/steps.md). Runs of one config scatter by what
+each
 launch meets (its placement, clocks, neighbours), which all its steps share: on the recorded
 H100 runs (benchmarks/replays) steps scatter 1.5% within a run and runs 4.7%, the median of a
 run's steps 5.3% and its last step 4.8% between runs. So the steps are kept for what they do

@@ -40,8 +40,9 @@ def optimum_note(data: ReportData) -> str:
     if best is None:
         return ""
     chosen = "Optimum" if best.chosen else "Best so far"
-    return (f"**{chosen}: {best.name}** ({best.figure(data.metric)}), trial {best.trial_number} of study "
-            f"`{stage_study_name(data.study_name, best.stage)}`.\n\n")
+    study = stage_study_name(data.study_name, best.stage)
+    return (f"**{chosen}: {best.name}** ({best.figure(data.metric)}), trial {best.trial_number} "
+            f"of study `{study}`.\n\n")
 
 
 def opening_on(app: Callable[..., Any], path: str) -> Callable[..., Any]:
@@ -66,7 +67,8 @@ def register_with_dashboard(data: ReportData, storage: optuna.storages.BaseStora
 
     root = optuna.load_study(study_name=data.study_name, storage=storage)
     stages = ", ".join(f"`{s.study_name}`" for s in data.studies.values()) or "none yet"
-    optuna_dashboard.save_note(root, optimum_note(data) + ROOT_NOTE.format(stages=stages) + "\n" + note)
+    root_note = ROOT_NOTE.format(stages=stages) + "\n" + note
+    optuna_dashboard.save_note(root, optimum_note(data) + root_note)
     for fig_id, fig in data.figures.items():
         optuna_dashboard.save_plotly_graph_object(root, fig, graph_object_id=fig_id)
     for stage, study in data.studies.items():

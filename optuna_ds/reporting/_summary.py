@@ -708,11 +708,15 @@ def ignored_batch_line(result: TuningResult) -> str:
     ignored = result.ignored_batch
     if ignored is None:
         return ""
-    fix = (f"the script's {ignored.flag} is not in autotuning.arg_mappings: map it (\"{MBS_KEY}\": "
-           f"\"{ignored.flag.split()[0]}\")" if ignored.flag else f"the script must train the {MBS_KEY} of the config it is given")
-    return (f"The micro-batch size did not take effect: one forward pass took {ignored.small_fwd_ms:,.4g} ms at micro-batch "
-            f"{ignored.small_mbs} ({ignored.small}) and {ignored.large_fwd_ms:,.4g} ms at {ignored.large_mbs} ({ignored.large}), "
-            f"so the figures count samples that were not trained and the optimum does not hold; {fix}, and tune again.")
+    if ignored.flag:
+        fix = (f"the script's {ignored.flag} is not in autotuning.arg_mappings: map it "
+               f"(\"{MBS_KEY}\": \"{ignored.flag.split()[0]}\")")
+    else:
+        fix = f"the script must train the {MBS_KEY} of the config it is given"
+    return (f"The micro-batch size did not take effect: one forward pass took "
+            f"{ignored.small_fwd_ms:,.4g} ms at micro-batch {ignored.small_mbs} ({ignored.small}) and "
+            f"{ignored.large_fwd_ms:,.4g} ms at {ignored.large_mbs} ({ignored.large}), so the figures "
+            f"count samples that were not trained and the optimum does not hold; {fix}, and tune again.")
 
 
 def exit_step_line(result: TuningResult) -> str:
@@ -722,26 +726,29 @@ def exit_step_line(result: TuningResult) -> str:
     if not result.exit_off:
         return ""
     name, engine, value = result.exit_off[0]
-    return (f"One-step figures: {len(result.exit_off)} run(s)' last step, the one DeepSpeed's figure is made of, took less "
-            f"than half or more than twice the median of their profiled steps ({name}: DeepSpeed's "
-            f"{result.metric.with_unit(engine)}, its steps' {result.metric.with_unit(value)}): their figure is the median "
-            "of their steps.")
+    metric = result.metric
+    return (f"One-step figures: {len(result.exit_off)} run(s)' last step, the one DeepSpeed's figure "
+            f"is made of, took less than half or more than twice the median of their profiled steps "
+            f"({name}: DeepSpeed's {metric.with_unit(engine)}, its steps' {metric.with_unit(value)}): "
+            "their figure is the median of their steps.")
 
 
 def warmup_line(result: TuningResult) -> str:
     """Where runs' step times still fell across their profiled window (their warm-up not over,
     so DeepSpeed's one-step figure was not their speed): each ran again with its profiled steps
-    later; the line names them, and those still falling then, whose figures stay below their speed."""
+    later; the line names them, and those still falling then, whose figures stay below their
+    speed."""
     if not result.warmed:
         return ""
     first = result.warmed[0]
     (start, end), (later, last) = first.windows[0], first.windows[-1]
-    line = (f"Warm-up: {len(result.warmed)} run(s) still got faster across their profiled steps ({first.name}: "
-            f"{first.fell:.0%} over steps {start}-{end}), so DeepSpeed's one-step figure was not their speed: each ran "
-            f"again with its profiled steps later (steps {later}-{last})")
-    unsettled = [w.name for w in result.warmed if not w.settled]
+    line = (f"Warm-up: {len(result.warmed)} run(s) still got faster across their profiled steps "
+            f"({first.name}: {first.fell:.0%} over steps {start}-{end}), so DeepSpeed's one-step "
+            f"figure was not their speed: each ran again with its profiled steps later (steps "
+            f"{later}-{last})")
+    unsettled = ", ".join([w.name for w in result.warmed if not w.settled][:3])
     if unsettled:
-        return line + f"; still getting faster there, their figures are below their speed: {', '.join(unsettled[:3])}."
+        return line + f"; still getting faster there, their figures are below their speed: {unsettled}."
     return line + ", where they held."
 
 

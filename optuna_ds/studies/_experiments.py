@@ -146,7 +146,8 @@ def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float]) -
 # device's memory, and the trial timeout.
 CONSTRAINTS = (FailureReason.OOM, FailureReason.TIMEOUT)
 _CONSTRAINTS_KEY = "constraints"
-_WINDOW_MOVES = 2  # how often a run whose steps still fall is measured again, later in the run (docs/steps.md)
+# How often a run whose steps still fall is measured again, its window later (docs/steps.md).
+_WINDOW_MOVES = 2
 OFFLOAD_PARAM = "offload"  # the param a stage study records the offload variant under
 _NO_OFFLOAD = "none"  # its value for none, as the dashboard shows it
 
@@ -177,6 +178,25 @@ def record_params(trial: optuna.Trial, config: Config, distributions: Mapping[st
         distribution = distributions.get(name)
         if distribution is not None:
             storage.set_trial_param(number, name, distribution.to_internal_repr(value), distribution)
+
+
+_Hold = Callable[[contextlib.ExitStack], Any]  # takes the signals a launch holds, until its trial is told
+
+
+@dataclasses.dataclass
+class _Launches:
+    """What the launches of one trial showed: each profiled step's figure by its global step,
+    and where its steps still fell, each launch's window (its fall, or why it failed)."""
+
+    figures: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    windows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def warmup(self) -> dict[str, Any] | None:
+        """The record's ``warmup``: the windows, and whether the last one held."""
+        if not self.windows:
+            return None
+        return {"windows": self.windows, "settled": self.windows[-1].get("fell") == 0.0}
 
 
 class StageExperiments:
@@ -245,8 +265,8 @@ class StageExperiments:
         return attempt.launched
 
     def _objective(self, config: Config, lease: Lease, attempt: Attempt, *, free_since: float,
-                   repeat: int, why: str = "",
-                   hold_signals: Callable[[contextlib.ExitStack], Any] | None = None) -> Callable[[optuna.Trial], float]:
+                   repeat: int, why: str = "", hold_signals: _Hold | None = None,
+                   ) -> Callable[[optuna.Trial], float]:
         """The trial of ``config``: the objective closes over the planner's config, and its trial
         records it (:func:`record_params`); no sampler is asked anything."""
         ctx = self._ctx
@@ -277,47 +297,10 @@ class StageExperiments:
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
             attempt.launched = True
-            launch, moves, seconds = experiment, 0, 0.0
-            earlier: tuple[ExperimentResult, StepMeasurement | None, Experiment] | None = None
-            windows: list[dict[str, Any]] = []
-            figures: list[tuple[int, float]] = []  # each profiled step's figure, by its global step
-            while True:
-                with contextlib.ExitStack() as local:
-                    result, measured = self._launch(trial, launch, lease, mark=mark, held=local)
-                    seconds += result.duration
-                    steps = list(profile_window(launch.ds_config))
-                    if earlier is not None and not result.ok:
-                        # A later window that failed (its longer run timed out, say) judges nothing:
-                        # the launch before it stands, its steps still falling.
-                        windows.append({"steps": steps, "failed": result.reason.value if result.reason else "error"})
-                        (result, measured, launch), fell = earlier, None
-                        _store(trial, ExperimentRecord(ds_config=launch.ds_config))
-                    else:
-                        fell = still_falling(measured.step_times_ms) if measured else None
-                        if measured is not None:
-                            figures += measured.figures(ctx.metric, first_step=steps[0])
-                            if fell is not None or windows:
-                                windows.append({"steps": steps, "fell": round(fell or 0.0, 3)})
-                    if fell is None or moves >= _WINDOW_MOVES:
-                        if hold_signals is not None:
-                            hold_signals(local.pop_all())  # held until its trial is told
-                        break
-                    # Measured again later in the run: a signal held meanwhile lands as the hold ends.
-                    try:
-                        local.close()
-                    except BaseException:
-                        ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
-                        raise
-                earlier = (result, measured, launch)
-                launch, moves = dataclasses.replace(launch, ds_config=later_window(launch.ds_config)), moves + 1
-                start, end = profile_window(launch.ds_config)
-                ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {experiment.name}'s step times still fell "
-                                 f"{fell:.0%} across its profiled steps: measured again at steps {start}-{end}")
-                _store(trial, ExperimentRecord(ds_config=launch.ds_config))
-            result = dataclasses.replace(result, duration=seconds)
-            warmup = {"windows": windows, "settled": windows[-1].get("fell") == 0.0} if windows else None
+            result, measured, runs = self._measure(trial, experiment, lease, mark=mark,
+                                                   hold_signals=hold_signals)
             engine = measured.value if measured is not None and measured.exit_off else None
-            outcome = ExperimentRecord.outcome(result, warmup=warmup, engine_figure=engine,
+            outcome = ExperimentRecord.outcome(result, warmup=runs.warmup, engine_figure=engine,
                                                **(measured.to_attrs() if measured else {}))
             try:
                 _store(trial, outcome)
@@ -331,8 +314,8 @@ class StageExperiments:
                 raise
             # Optuna's constraints, in the list form optuna-dashboard reads (``constraints``): each
             # positive where the run broke it, so the dashboard marks the trial infeasible.
-            storage_of(trial.study).set_trial_system_attr(
-                trial_id(trial), _CONSTRAINTS_KEY, [1.0 if result.reason is reason else 0.0 for reason in CONSTRAINTS])
+            broken = [1.0 if result.reason is reason else 0.0 for reason in CONSTRAINTS]
+            storage_of(trial.study).set_trial_system_attr(trial_id(trial), _CONSTRAINTS_KEY, broken)
             if not result.ok:
                 assert result.reason is not None
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
@@ -344,13 +327,62 @@ class StageExperiments:
                 return math.nan  # Optuna records the trial as failed; the reason is in its user attrs
             assert measured is not None
             value = measured.figure(ctx.metric)
-            for step, figure in figures:  # Optuna's intermediate values: the dashboard draws each run's steps
+            # Optuna's intermediate values: the dashboard draws each run's steps.
+            for step, figure in runs.figures:
                 trial.report(figure, step)
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
                                   duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
             return value
 
         return objective
+
+    def _measure(self, trial: optuna.Trial, experiment: Experiment, lease: Lease, *, mark: str,
+                 hold_signals: _Hold | None,
+                 ) -> tuple[ExperimentResult, StepMeasurement | None, _Launches]:
+        """Run ``experiment`` for ``trial``, again with its profiled window later where its steps
+        still fell (:func:`still_falling`), at most ``_WINDOW_MOVES`` times: the launch that
+        stands (its duration all of theirs), its steps, and what the launches showed. The last
+        launch's signals are handed to ``hold_signals``, held until the trial is told."""
+        ctx = self._ctx
+        launch, moves, seconds = experiment, 0, 0.0
+        earlier: tuple[ExperimentResult, StepMeasurement | None, Experiment] | None = None
+        runs = _Launches()
+        while True:
+            with contextlib.ExitStack() as local:
+                result, measured = self._launch(trial, launch, lease, mark=mark, held=local)
+                seconds += result.duration
+                steps = list(profile_window(launch.ds_config))
+                if earlier is not None and not result.ok:
+                    # A later window that failed (its longer run timed out, say) judges nothing:
+                    # the launch before it stands, its steps still falling.
+                    why = result.reason.value if result.reason else "error"
+                    runs.windows.append({"steps": steps, "failed": why})
+                    (result, measured, launch), fell = earlier, None
+                    _store(trial, ExperimentRecord(ds_config=launch.ds_config))
+                else:
+                    fell = still_falling(measured.step_times_ms) if measured else None
+                    if measured is not None:
+                        runs.figures += measured.figures(ctx.metric, first_step=steps[0])
+                        if fell is not None or runs.windows:
+                            runs.windows.append({"steps": steps, "fell": round(fell or 0.0, 3)})
+                if fell is None or moves >= _WINDOW_MOVES:
+                    if hold_signals is not None:
+                        hold_signals(local.pop_all())
+                    return dataclasses.replace(result, duration=seconds), measured, runs
+                # Measured again later in the run: a signal held meanwhile lands as the hold ends.
+                try:
+                    local.close()
+                except BaseException:
+                    ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
+                    raise
+            earlier = (result, measured, launch)
+            launch = dataclasses.replace(launch, ds_config=later_window(launch.ds_config))
+            moves += 1
+            start, end = profile_window(launch.ds_config)
+            ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {experiment.name}'s step times "
+                             f"still fell {fell:.0%} across its profiled steps: measured again at "
+                             f"steps {start}-{end}")
+            _store(trial, ExperimentRecord(ds_config=launch.ds_config))
 
     def _launch(self, trial: optuna.Trial, experiment: Experiment, lease: Lease, *, mark: str,
                 held: contextlib.ExitStack) -> tuple[ExperimentResult, StepMeasurement | None]:
@@ -365,9 +397,12 @@ class StageExperiments:
                 slot=lease.slot,
                 slot_index=lease.index,
                 timeout=ctx.timeout,
-                on_start=lambda pid: ExperimentRecord(experiment_process=process_identity(pid)).write(trial.set_user_attr),
-                on_command=lambda cmd: ctx.observer.detail(f"  cd {shlex.quote(os.getcwd())} && {shell_line(cmd)}"),
-                on_retry=lambda why: ctx.observer.log(f"[z{self._stage}] trial {trial.number}: {why}"),
+                on_start=lambda pid: ExperimentRecord(
+                    experiment_process=process_identity(pid)).write(trial.set_user_attr),
+                on_command=lambda cmd: ctx.observer.detail(
+                    f"  cd {shlex.quote(os.getcwd())} && {shell_line(cmd)}"),
+                on_retry=lambda why: ctx.observer.log(
+                    f"[z{self._stage}] trial {trial.number}: {why}"),
                 stop=ctx.stop,
                 pass_fds=lease.fds,
                 mark=mark,
@@ -375,21 +410,25 @@ class StageExperiments:
             )
         except optuna.exceptions.UpdateFinishedTrialError:
             raise  # failed as stale before its launch was recorded: the runner ended the launch
-        except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run (a signal, the stop) leaves its trial marked
+        except BaseException:  # noqa: BLE001 - re-raised: whatever ends the run leaves its trial marked
             with deferred_signals():
                 # Its metrics written before the end (the run had measured, its launcher not
                 # yet seen to exit): a result, kept and told, as an orphan's is.
                 before = _measured_before_the_end(experiment, metric=ctx.metric, since=began)
                 if before is not None:
                     metrics, steps = before
-                    _store(trial, ExperimentRecord(metrics=metrics, recovered="interrupted after it measured", **steps.to_attrs()))
+                    kept = ExperimentRecord(metrics=metrics, recovered="interrupted after it measured",
+                                            **steps.to_attrs())
+                    _store(trial, kept)
                     self._study.tell(trial, steps.value)
                 else:
                     ExperimentRecord(reason=FailureReason.INTERRUPTED).write(trial.set_user_attr)
             raise
-        measured = measure_steps(metric=ctx.metric, metrics=result.metrics, logged=result.logged_steps,
-                                 profiled=profiled_steps(experiment.ds_config)) if result.ok else None
-        return result, measured
+        if not result.ok:
+            return result, None
+        return result, measure_steps(metric=ctx.metric, metrics=result.metrics,
+                                     logged=result.logged_steps,
+                                     profiled=profiled_steps(experiment.ds_config))
 
     def _check_settled(self, competitor: FrozenTrial | None) -> None:
         """The planner asks again only for an experiment it saw no result of: standing down twice

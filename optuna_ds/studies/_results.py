@@ -494,7 +494,8 @@ def autotp_outcome(trials: Sequence[FrozenTrial], user: UserConfig) -> AutotpOut
 @dataclasses.dataclass(frozen=True)
 class Warmed:
     """A run whose step times still fell across its profiled window: measured again later in
-    the run (``windows``: each launch's steps, the figure's last), ``settled`` where they then held."""
+    the run (``windows``: each launch's steps, the figure's last), ``settled`` where they then
+    held."""
 
     name: str
     windows: tuple[tuple[int, int], ...]
@@ -510,8 +511,20 @@ def warmed_runs(trials: Iterable[FrozenTrial]) -> list[Warmed]:
         warmup = record.warmup or {}
         windows = [w for w in warmup.get("windows", []) if isinstance(w, dict)]
         if windows and record.exp_name:
-            found.append(Warmed(name=record.exp_name, windows=tuple((int(w["steps"][0]), int(w["steps"][1])) for w in windows),
-                                fell=float(windows[0]["fell"]), settled=bool(warmup.get("settled"))))
+            steps = tuple((int(w["steps"][0]), int(w["steps"][1])) for w in windows)
+            found.append(Warmed(name=record.exp_name, windows=steps, fell=float(windows[0]["fell"]),
+                                settled=bool(warmup.get("settled"))))
+    return found
+
+
+def exits_off(trials: Iterable[FrozenTrial]) -> list[tuple[str, float, float]]:
+    """The runs whose exit step was off their window: name, DeepSpeed's figure, and the value
+    (the median of their steps' figures)."""
+    found = []
+    for t in launched(trials):
+        record = ExperimentRecord.from_trial(t)
+        if t.state == TrialState.COMPLETE and t.value is not None and record.engine_figure is not None:
+            found.append((record.exp_name or "", float(record.engine_figure), float(t.value)))
     return found
 
 
@@ -528,7 +541,7 @@ class IgnoredBatch:
     large_mbs: int
     small_fwd_ms: float  # the forward pass of one micro-step, the median over each run's steps
     large_fwd_ms: float
-    flag: str = ""  # the script's own batch argument as given (``--batch_size 8``), where it has one
+    flag: str = ""  # the script's own batch argument as given (``--batch_size 8``), if any
 
 
 # A forward pass of 4 times the samples in less than 1.1 times the time: no device is that idle
@@ -554,19 +567,21 @@ def ignored_batch(trials: Iterable[FrozenTrial], *, script_args: Sequence[str] =
                   mapped: Iterable[str] = ()) -> IgnoredBatch | None:
     """Evidence that the micro-batch size did not take effect (:class:`IgnoredBatch`): of the
     runs of one config but for its micro-batch size and accumulation, the smallest size against
-    one at least ``_IGNORED_RATIO`` times larger whose forward pass grew less than ``_IGNORED_GROWTH``
-    times, by DeepSpeed's own timers; ``None`` where no such pair ran."""
+    one at least ``_IGNORED_RATIO`` times larger whose forward pass grew less than
+    ``_IGNORED_GROWTH`` times, by DeepSpeed's own timers; ``None`` where no such pair ran."""
     forward: dict[Config, list[float]] = {}
     names: dict[Config, str] = {}
     for t in launched(trials):
         record = ExperimentRecord.from_trial(t)
         fwd = (record.timers_ms or {}).get("fwd")
-        if t.state == TrialState.COMPLETE and record.config is not None and isinstance(fwd, (int, float)) and fwd > 0:
+        ran = t.state == TrialState.COMPLETE and record.config is not None
+        if ran and record.config is not None and isinstance(fwd, (int, float)) and fwd > 0:
             forward.setdefault(record.config, []).append(float(fwd) / record.config.accumulation)
             names.setdefault(record.config, record.exp_name or record.config.name)
     groups: dict[Config, list[Config]] = {}
     for config in forward:
-        groups.setdefault(dataclasses.replace(config, micro_batch=1, accumulation=1), []).append(config)
+        alike = dataclasses.replace(config, micro_batch=1, accumulation=1)
+        groups.setdefault(alike, []).append(config)
     for configs in groups.values():
         configs.sort(key=lambda c: c.micro_batch)
         small = configs[0]
@@ -575,9 +590,9 @@ def ignored_batch(trials: Iterable[FrozenTrial], *, script_args: Sequence[str] =
                 break
             fs, fl = statistics.median(forward[small]), statistics.median(forward[large])
             if fl < _IGNORED_GROWTH * fs:
-                return IgnoredBatch(small=names[small], large=names[large], small_mbs=small.micro_batch,
-                                    large_mbs=large.micro_batch, small_fwd_ms=fs, large_fwd_ms=fl,
-                                    flag=_batch_flag(script_args, mapped))
+                return IgnoredBatch(small=names[small], large=names[large],
+                                    small_mbs=small.micro_batch, large_mbs=large.micro_batch,
+                                    small_fwd_ms=fs, large_fwd_ms=fl, flag=_batch_flag(script_args, mapped))
     return None
 
 
@@ -603,8 +618,9 @@ class TuningResult:
     checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
     warmed: tuple[Warmed, ...] = ()  # runs still warming up in their profiled window
-    ignored_batch: IgnoredBatch | None = None  # evidence that the micro-batch size did not take effect
-    # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: their steps' median).
+    ignored_batch: IgnoredBatch | None = None  # the micro-batch size did not take effect
+    # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: the median
+    # of their steps').
     exit_off: tuple[tuple[str, float, float], ...] = ()
     unrun: tuple[Unrun, ...] = ()  # the values listed in zero_optimization no experiment ran with
     # The planner's verdict beside its choice: the configs a run cannot tell from it (``None``
@@ -670,10 +686,9 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
         warmed=tuple(warmed_runs(every)),
-        exit_off=tuple((r.exp_name or "", float(r.engine_figure), float(t.value)) for t in launched(every)
-                       if t.state == TrialState.COMPLETE and t.value is not None
-                       and (r := ExperimentRecord.from_trial(t)).engine_figure is not None),
-        ignored_batch=ignored_batch(every, script_args=plan.script_args, mapped=user.arg_mappings.values()),
+        exit_off=tuple(exits_off(every)),
+        ignored_batch=ignored_batch(every, script_args=plan.script_args,
+                                    mapped=user.arg_mappings.values()),
         equivalent=_equivalent_configs(judged, best, measured),
         judged_noise=judged[1] if judged is not None else None,
         unrun=unrun_values(user.zero_section(), fast=a.fast, spaces=spaces, trials=trials,
