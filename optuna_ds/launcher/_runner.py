@@ -122,11 +122,13 @@ class _Watch:
         self.exited: float | None = None
 
     def ended(self, paths: Sequence[str]) -> float:
-        """When the launcher exited: between the two sightings, at the run's last write to
-        ``paths`` (its own clock: the file's time). Where the slot watched (a poll apart) that is
-        the exit within a poll; where the tuner did not run meanwhile (stopped, swapped out), the
-        minutes it was away are not the run's."""
+        """When the launcher exited: when it was seen to, where the slot watched it (a poll or
+        two apart); else, the tuner not running meanwhile (stopped, swapped out), at the run's
+        last write to ``paths`` between the two sightings (its own clock: the files' times), so
+        that the minutes the tuner was away are not the run's."""
         assert self.exited is not None
+        if self.exited - self.running <= 2 * _STOP_POLL_SECONDS:
+            return self.exited
         now = time.time() - time.monotonic()
         writes = []
         for path in paths:
