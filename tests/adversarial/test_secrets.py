@@ -142,7 +142,8 @@ def test_a_tuning_on_postgres_with_the_password_in_the_query_never_shows_it(hws:
     try:
         proc = hws.hostile("ds_config.json", "-v", "--storage", url, "--study-name", name)
         assert proc.returncode == 0, proc.stderr
-        report = hws.cli("report", "--storage", url, "--study-name", name, "-o", str(hws.results / "again.html"))
+        again = str(hws.results / "again.html")
+        report = hws.cli("report", "--storage", url, "--study-name", name, "-o", again)
         assert report.returncode == 0, report.stderr
         assert "127.0.0.1" in proc.stdout
         for text in (proc.stdout, proc.stderr, report.stdout, report.stderr):
