@@ -4,13 +4,12 @@ accelerator cannot run failed for a reason of its own."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import run_in_process
 from optuna_ds._errors import ConfigError
 from optuna_ds.config import check_gpus
 from optuna_ds.config import check_with_deepspeed
@@ -173,8 +172,8 @@ def test_a_bad_lever_exits_2_in_one_line(tmp_path: Path) -> None:
     config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": [1.0, 2.0]}},
               "autotuning": {"enabled": True}}
     (tmp_path / "ds.json").write_text(json.dumps(config))
-    p = subprocess.run([sys.executable, "-m", "optuna_ds", "tune", "--num_gpus", "1", "train.py", "--deepspeed_config", "ds.json"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    p = run_in_process(["tune", "--num_gpus", "1", "train.py", "--deepspeed_config", "ds.json"],
+                       cwd=tmp_path)
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "offload_optimizer.ratio = 2.0" in lines[0] and "Traceback" not in p.stderr

@@ -25,6 +25,7 @@ from conftest import LAUNCHER_OPTION
 from conftest import Workspace
 from conftest import assert_one_line_error
 from conftest import reachable
+from conftest import run_in_process
 
 SERVERS = {
     "postgresql": ("postgresql+psycopg://postgres@127.0.0.1:5432/test", 5432),
@@ -46,7 +47,7 @@ def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None
         pytest.skip(f"{server} is not reachable at 127.0.0.1:{port}")
     name = f"t-{uuid.uuid4().hex[:10]}"
     ws.config(CONFIG)
-    p = ws.tune("ds_config.json", "--storage", url, "--study-name", name, process=True)
+    p = ws.tune("ds_config.json", "--storage", url, "--study-name", name)
     assert p.returncode == 0, p.stderr
     try:
         study = optuna.load_study(study_name=f"{name}-z1", storage=url)
@@ -55,7 +56,7 @@ def test_tune_and_resume_in_a_server_storage(ws: Workspace, server: str) -> None
         assert trials[0].user_attrs["ds_config"]["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
         assert "plan" in "".join(optuna.load_study(study_name=name, storage=url).user_attrs)
         launched = len(ws.launches())
-        p = ws.tune("ds_config.json", "--storage", url, "--study-name", name, process=True)
+        p = ws.tune("ds_config.json", "--storage", url, "--study-name", name)
         assert p.returncode == 0, p.stderr
         assert len(ws.launches()) == launched
         assert not (ws.results / "optuna-ds.db").exists()  # nothing in the default SQLite file
@@ -271,7 +272,7 @@ def test_a_database_lost_mid_tuning_keeps_the_finished_experiments(ws: Workspace
     role.admit()
     names = {t.user_attrs["exp_name"]: t.number for t in optuna.load_study(study_name="optuna-ds-z1", storage=role.url).get_trials()
              if t.number in finished}
-    p = subprocess.run(args, cwd=ws.root, env=env, capture_output=True, text=True, timeout=300)
+    p = run_in_process(args[3:], cwd=ws.root, env=env)  # resumed: `tune ...`, in this process
     assert p.returncode == 0, p.stderr[-3000:]
     trials = {t.number: t for t in optuna.load_study(study_name="optuna-ds-z1", storage=role.url).get_trials()}
     assert all(trials[n].state == TrialState.COMPLETE and trials[n].value == v for n, v in finished.items())

@@ -188,13 +188,15 @@ def write_partial(result: TuningResult, *, storage: optuna.storages.BaseStorage,
         unwritten.append(_unwritten(e, files.report))
     register_with_dashboard(data, storage, note=summary.markdown)
     if unwritten:
-        text = f"{text.rstrip()}\ncannot write {'; nor '.join(unwritten)}: the experiments that finished are kept\n"
+        text = (f"{text.rstrip()}\ncannot write {'; nor '.join(unwritten)}: the experiments that "
+                "finished are kept\n")
     return text
 
 
 def _unwritten(error: OSError, path: str) -> str:
     """The file ``error`` could not write (its own, else ``path``) and why, in a few words."""
-    return f"{error.filename if isinstance(error.filename, str) else path} ({error.strerror or error})"
+    name = error.filename if isinstance(error.filename, str) else path
+    return f"{name} ({error.strerror or error})"
 
 
 def report(*, storage: str, study_name: str, output: str) -> str:

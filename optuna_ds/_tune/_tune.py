@@ -133,8 +133,9 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None, spawn:
     resources = discover_resources(options.launcher_options)
     check_gpus(user, total_gpus=resources.total_gpus, gpus_per_node=resources.gpus_per_node)
     check_ports(first=options.launcher_options.base_port, slots=len(resources.slots()))
-    for stage in user.stages:  # a knob space too large to search is refused now, not once the profile run has run
-        build_knob_space(stage, user.zero_section(), fast=a.fast, ranks=max(1, resources.total_gpus // a.mp_size),
+    for stage in user.stages:  # a knob space too large to search: refused now, not after the profile
+        build_knob_space(stage, user.zero_section(), fast=a.fast,
+                         ranks=max(1, resources.total_gpus // a.mp_size),
                          ranks_per_node=resources.gpus_per_node)
     check_with_deepspeed(user)
     check_tuner_type(a.tuner_type, fast=a.fast)

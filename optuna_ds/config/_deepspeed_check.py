@@ -65,8 +65,8 @@ def _check_checkpointing(user: UserConfig, *, name: str) -> None:
     lists = {k: v for k, v in section.items() if isinstance(v, list)}
     fixed = {k: v for k, v in section.items() if not isinstance(v, list)}
     lists = {k: _once(v) for k, v in lists.items()}
-    runs = [combo for combo in map(dict, (zip(lists, c) for c in itertools.product(*lists.values())))
-            if _checkpoints_configure({**fixed, **combo})]
+    combos = (dict(zip(lists, c)) for c in itertools.product(*lists.values()))
+    runs = [combo for combo in combos if _checkpoints_configure({**fixed, **combo})]
     for key, values in lists.items():
         for value in values:
             if not any(combo[key] == value for combo in runs):
@@ -157,7 +157,8 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
     # The activation_checkpointing section's lists: each value through DeepSpeed's parser too.
     section = base.get(CHECKPOINTING_SECTION)  # each list at its first value
     mine = user.raw.get(CHECKPOINTING_SECTION)
-    listed = {k: _once(v) for k, v in mine.items() if isinstance(v, list) and v} if isinstance(mine, dict) else {}
+    listed = ({k: _once(v) for k, v in mine.items() if isinstance(v, list) and v}
+              if isinstance(mine, dict) else {})
     checkpointing = [({k: v}, f" with {CHECKPOINTING_SECTION}.{k} = {v!r}") for k, vs in listed.items() for v in vs[1:]]
     # The tensor_parallel section's AutoTP sizes: each listed one through DeepSpeed's model too.
     tp = base.get(AUTOTP_SECTION)
@@ -165,7 +166,8 @@ def _candidates(user: UserConfig) -> Iterator[tuple[dict[str, Any], str, str]]:
     autotp: list[tuple[dict[str, Any], str]] = []
     if isinstance(sizes, list) and sizes:
         base[AUTOTP_SECTION] = {**tp, "autotp_size": sizes[0]}
-        autotp = [({**tp, "autotp_size": v}, f" with {AUTOTP_SECTION}.autotp_size = {v!r}") for v in _once(sizes)[1:]]
+        autotp = [({**tp, "autotp_size": v}, f" with {AUTOTP_SECTION}.autotp_size = {v!r}")
+                  for v in _once(sizes)[1:]]
     for stage in user.stages:
         at = f" at ZeRO stage {stage}" if len(user.stages) > 1 else ""
         for change, value in variants:

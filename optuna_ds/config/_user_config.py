@@ -89,8 +89,9 @@ def _check_list_lengths(raw: dict[str, Any]) -> None:
     one line naming it, before any of its values is read."""
     for name, values in _searched_lists(raw):
         if len(values) > MAX_LISTED:
-            raise ConfigError(f"{name} lists {len(values)} values, more than the {MAX_LISTED} a tuning searches (each is an "
-                              f"experiment of its own): list at most {MAX_LISTED}")
+            raise ConfigError(f"{name} lists {len(values)} values, more than the {MAX_LISTED} a "
+                              "tuning searches (each is an experiment of its own): list at most "
+                              f"{MAX_LISTED}")
 
 
 def _searched_lists(raw: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
@@ -105,7 +106,8 @@ def _searched_lists(raw: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
         sections += [(f"{ZERO_KEY}.{key}", zero.get(key)) for key in sorted(_ZERO_SECTIONS)]
     for where, section in sections:
         if isinstance(section, dict):
-            yield from ((f"{where}.{key}", value) for key, value in section.items() if isinstance(value, list))
+            yield from ((f"{where}.{key}", value) for key, value in section.items()
+                        if isinstance(value, list))
 
 
 def _int_or_auto(config: dict[str, Any], key: str, *, allow_list: bool) -> int | list[int] | str | None:

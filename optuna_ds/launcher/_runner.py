@@ -113,16 +113,41 @@ class ExperimentInterrupted(Exception):
     """The tuning was stopped while this experiment ran; it was ended by its process group."""
 
 
-def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None) -> int | None:
-    """The launcher's exit status (``None``: lost, see :class:`ServedProcess`);
-    :class:`ExperimentInterrupted` once ``stop`` is set.
+class _Watch:
+    """What a waiting slot saw of its launcher (``time.monotonic()``): when it last saw it
+    running, and when it saw it exit."""
+
+    def __init__(self, started: float) -> None:
+        self.running = started
+        self.exited: float | None = None
+
+    def ended(self, paths: Sequence[str]) -> float:
+        """When the launcher exited: when it was seen to, where the slot watched it (a poll or
+        two apart); else, the tuner not running meanwhile (stopped, swapped out), at the run's
+        last write to ``paths`` between the two sightings (its own clock: the files' times), so
+        that the minutes the tuner was away are not the run's."""
+        assert self.exited is not None
+        if self.exited - self.running <= 2 * _STOP_POLL_SECONDS:
+            return self.exited
+        now = time.time() - time.monotonic()
+        writes = []
+        for path in paths:
+            with contextlib.suppress(OSError):
+                writes.append(os.stat(path).st_mtime - now)
+        return min(self.exited, max([self.running, *writes]))
+
+
+def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None,
+          watch: _Watch | None = None) -> int | None:
+    """The launcher's exit status (``None``: lost, see :class:`ServedProcess`), its sightings
+    kept in ``watch`` where given; :class:`ExperimentInterrupted` once ``stop`` is set.
 
     A slot waits here for most of its life, so it sleeps on a pidfd (woken by the exit, or to
     look at ``stop`` ten times a second): ``Popen.wait(timeout)`` would poll the child every
     few milliseconds.
     """
-    if stop is None:
-        return proc.wait(timeout=timeout)
+    stop = stop or threading.Event()
+    watch = watch or _Watch(time.monotonic())
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         pidfd: int | None = os.pidfd_open(proc.pid)
@@ -130,11 +155,16 @@ def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Even
         pidfd = None
     try:
         while True:
+            looked = time.monotonic()  # running then, if it has not exited when looked at
             if pidfd is None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    return proc.wait(timeout=0.05)
+                    returncode = proc.wait(timeout=0.05)
+                    watch.exited = time.monotonic()
+                    return returncode
             elif select.select([pidfd], [], [], _STOP_POLL_SECONDS)[0]:
+                watch.exited = time.monotonic()
                 return proc.wait()
+            watch.running = looked
             if stop.is_set():
                 raise ExperimentInterrupted("the tuning was stopped")
             if deadline is not None and time.monotonic() >= deadline:
@@ -326,6 +356,7 @@ class ExperimentRunner:
         stdout_path, stderr_path = files.stdout, files.stderr
         env = child_environment(PYTHONUNBUFFERED="1", **ops_environment(), **{MARK_VAR: mark})
         start, launched_at = time.monotonic(), time.time()
+        watch = _Watch(start)
         timed_out = ended = False
         unlocked: list[str] = []
         with contextlib.ExitStack() as logs:
@@ -338,7 +369,7 @@ class ExperimentRunner:
             try:
                 if on_start is not None:
                     on_start(proc.pid)  # the process group id, recorded so a resumed tuning can end it
-                returncode: int | None = _wait(proc, timeout=timeout, stop=stop)
+                returncode: int | None = _wait(proc, timeout=timeout, stop=stop, watch=watch)
                 if on_exit is not None:
                     on_exit()
             except subprocess.TimeoutExpired:
@@ -357,7 +388,10 @@ class ExperimentRunner:
                 end_marked(mark)
                 if timed_out or ended:  # ended by us, perhaps while it loaded an op
                     unlocked = release_build_locks(since=launched_at)
-        duration = time.monotonic() - start
+        # A run that ended by itself lasted until its launcher's exit, not until the tuner saw it.
+        outputs = (stdout_path, stderr_path, files.metrics, files.model_info,
+                   *(rank_logs(rank_dir) if rank_dir else ()))
+        duration = (time.monotonic() if watch.exited is None else watch.ended(outputs)) - start
 
         stdout_tail, stderr_tail = read_tail(stdout_path), read_tail(stderr_path)
         rank0 = ""

@@ -225,6 +225,7 @@ def build_knob_space(
     space = KnobSpace(stage=stage, tuned=tuned, fixed=fixed, offload_tuned=proposed)
     settings = space.size * math.prod(len(v) for v in proposed.values())
     if settings > MAX_SETTINGS:
-        raise ConfigError(f"the lists of zero_optimization make {settings:,} knob settings at ZeRO stage {stage}, more than the "
-                          f"{MAX_SETTINGS:,} a knob search chooses from: list fewer values")
+        raise ConfigError(f"the lists of zero_optimization make {settings:,} knob settings at ZeRO "
+                          f"stage {stage}, more than the {MAX_SETTINGS:,} a knob search chooses "
+                          "from: list fewer values")
     return space

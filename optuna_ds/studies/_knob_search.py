@@ -78,7 +78,8 @@ class KnobCandidates:
             mine = [t for t in trials if _knob_trial(t, space, arm.offload)]
             key = (arm.key, tuple((t.number, t.state) for t in mine))
             if key not in self._cache:
-                limit = min(space.size, _GRID_LIMIT) if self._ctx.tuner_type == "gridsearch" else _LIMIT
+                grid = self._ctx.tuner_type == "gridsearch"
+                limit = min(space.size, _GRID_LIMIT) if grid else _LIMIT
                 settings = knob_candidates(self._ctx.tuner_type, space.tuned, mine, direction=study.direction,
                                            seed=_seed(study.study_name, arm.offload), limit=limit)
                 # The settings already run stay candidates: the planner may run them at another size.

@@ -99,6 +99,7 @@ def _read_until(proc: subprocess.Popen[str], text: str, *, timeout: float) -> st
     return seen.decode()
 
 
+@pytest.mark.timeout(300)  # a worker that waits for ever fails the test here
 def test_a_worker_never_waits_for_a_profile_run_that_failed_was_abandoned_or_outlasts_its_wait(hws: Hostile) -> None:
     """A worker waiting for the tuning's profile run (issue 34, row 9): a profile run stored as
     failed, or whose process died on this host, ends it at once in one line; one still running
@@ -108,7 +109,7 @@ def test_a_worker_never_waits_for_a_profile_run_that_failed_was_abandoned_or_out
     hws.config(base_config(autotuning={"enabled": True}))  # no model_info: the tuning profiles first
     failed = hws.hostile(table={"profile": "no_metrics"})
     assert failed.returncode == 1 and "the profile run failed" in failed.stderr, failed.stderr
-    worker = hws.cli("worker", "--storage", hws.storage, "--wait", "600", process=True, timeout=120)
+    worker = hws.cli("worker", "--storage", hws.storage, "--wait", "600")
     assert worker.returncode == 1 and "tuning 'optuna-ds': the profile run failed (no-metrics" in worker.stderr, worker.stderr
     assert len(worker.stderr.strip().splitlines()) == 1, worker.stderr
 
@@ -118,11 +119,11 @@ def test_a_worker_never_waits_for_a_profile_run_that_failed_was_abandoned_or_out
         while sum(e["profile"] and e["event"] == "start" for e in hws.events()) < 2:  # the first tune's, then this one's
             assert time.monotonic() < deadline and tune.poll() is None, tune.communicate()
             time.sleep(0.1)
-        waiting = hws.cli("worker", "--storage", hws.storage, "--wait", "1", process=True, timeout=120)
+        waiting = hws.cli("worker", "--storage", hws.storage, "--wait", "1")
         assert waiting.returncode == 1 and "has not ended after 1 s" in waiting.stderr, waiting.stderr
         os.killpg(tune.pid, signal.SIGKILL)
         tune.wait()
-        abandoned = hws.cli("worker", "--storage", hws.storage, "--wait", "600", process=True, timeout=120)
+        abandoned = hws.cli("worker", "--storage", hws.storage, "--wait", "600")
         assert abandoned.returncode == 1 and "was abandoned: its process died" in abandoned.stderr, abandoned.stderr
     finally:
         if tune.poll() is None:

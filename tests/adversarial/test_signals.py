@@ -211,3 +211,53 @@ def test_a_signal_while_the_outputs_are_written_unwinds_and_leaves_no_temp_file(
     assert not [f for f in os.listdir(hws.results) if f.endswith(".tmp")], os.listdir(hws.results)
     mark.unlink()
     _resumes_to_its_choice(hws)
+
+
+@pytest.mark.parametrize("watched", [True, False])
+def test_a_run_lasts_until_its_own_exit_not_until_the_stopped_tuner_sees_it(
+        tmp_path, monkeypatch, watched: bool) -> None:
+    """Issue 50 row 9: the tuner stopped (SIGSTOP) for 120 s during a 15 s run recorded 130 s,
+    and the summary's device-hours and the planner's price of a launch with it. Here the slot's
+    thread does not run from the launch until a while after the run has exited (its on_start
+    callback is where it stops): the run's duration is its own, up to its exit. ``watched``: a
+    slot told to stop the tuning (the tuning's runs) or not (the profile run)."""
+    import sys
+    import threading
+
+    from conftest import FAKE_LAUNCHER
+    from optuna_ds.domain import Config
+    from optuna_ds.domain import Experiment
+    from optuna_ds.domain import Phase
+    from optuna_ds.launcher import CommandBuilder
+    from optuna_ds.launcher import ExperimentRunner
+    from optuna_ds.launcher import Resources
+
+    monkeypatch.setenv("FAKE_DS_SURFACE", json.dumps({"duration": 0.3}))
+    script = tmp_path / "train.py"
+    script.write_text("")
+    commands = CommandBuilder(deepspeed_bin=(sys.executable, FAKE_LAUNCHER), script=str(script),
+                              script_args=("--deepspeed_config", "orig.json"), arg_mappings={})
+    runner = ExperimentRunner(commands=commands, master_port=29760, metric_key="throughput",
+                              exps_dir=str(tmp_path / "exps"))
+    result_dir = str(tmp_path / "results" / "z1_gas1_tmbspg2")
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": 1},
+              "autotuning": {"enabled": True, "metric_path": f"{result_dir}/metrics.json"}}
+    experiment = Experiment(name="z1_gas1_tmbspg2", phase=Phase.MICRO_BATCH, ds_config=config,
+                            config=Config(stage=1, micro_batch=2), result_dir=result_dir)
+    slot = Resources(hosts={"localhost": [0]}, gpus_per_node=1, nodes_per_experiment=1,
+                     device_memory=1e9, hostfile=None, multi_node=False).slots()[0]
+    exited: list[float] = []
+
+    def stopped_until_after_the_exit(pid: int) -> None:
+        # The launcher is a zombie once it has exited, until this process reaps it.
+        with open(f"/proc/{pid}/stat") as f:
+            _wait_for(lambda: f.seek(0) == 0 and f.read().rsplit(")", 1)[1].split()[0] == "Z")
+        exited.append(time.monotonic())
+        time.sleep(1.0)  # the tuner stopped a while longer: the run is over meanwhile
+
+    started = time.monotonic()
+    result = runner.run(experiment, slot=slot, timeout=60, on_start=stopped_until_after_the_exit,
+                        stop=threading.Event() if watched else None)
+    assert result.ok, result.detail
+    assert 0.3 <= result.duration <= exited[0] - started, (result.duration, exited[0] - started)
