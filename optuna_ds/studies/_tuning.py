@@ -437,6 +437,8 @@ class Tuning:
             autotp=tuple(self._builder.autotp.settings()),
             autotp_batch=self._builder.batch_bounds(),
             hidden=int(info.get("hidden_size") or 0),
+            # A training's length prices a launch in its time: the tuned metric must be its speed.
+            train_samples=self._plan.train_samples if a.tuned_metric.name == "throughput" else None,
             # The knob search's trials come on top of the micro-batch search's.
             max_experiments=_MAX_EXPERIMENTS + (0 if a.fast else a.tuner_num_trials),
         )
