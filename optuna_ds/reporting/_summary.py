@@ -206,6 +206,12 @@ def budget_lines(result: TuningResult, budget: Budget | None) -> list[str]:
         parts.append(f"the optimum {cost(best.value)}")
     if parts:
         lines.append(f"Training {what} on {gpus} {spend.noun}(s): " + ", ".join(parts) + ".")
+    if base is not None and base.value and best is not None and best.value:
+        # What the tuning was for: the planner bought a launch only where it was expected to
+        # save the training more device-time than it took.
+        saved = budget.train_samples * (1 / base.value - 1 / best.value) * gpus / 3600
+        lines.append(f"Expected saving of the optimum over your config: {format_number(saved, 3)} {noun}s of the training, "
+                     f"for {format_number(spend.gpu_hours, 3)} {noun}s spent tuning.")
     return lines
 
 
