@@ -292,6 +292,7 @@ class ThroughputModel:
         if len(set(keys)) < len(keys) or _knob_features(self._problem, every, self._shares) != (self._shared, self._own):
             return ThroughputModel(self._problem, self._memory, every, priors=self._beliefs, levers=self._levers)
         model = copy.copy(self)
+        model.__dict__.pop("slow", None)  # of this model's runs, not the new ones'
         y = np.log(np.array([p[3] for p in points], dtype=float))
         model._points, model._y_sum, model.n = every, self._y_sum + float(y.sum()), len(every)
         # The stages' prior mean is the mean of the runs: every earlier residual moves with it.
