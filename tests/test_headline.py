@@ -252,6 +252,11 @@ def test_the_tuning_and_the_training_in_money_and_time() -> None:
     assert lines[-2] == ("Training 3,600,000 samples on 2 GPU(s): your config 20:00:00 (40 GPU-hours, 100.00), "
                          "the optimum 5:00:00 (10 GPU-hours, 25.00).")
     assert lines[-1] == "Expected saving of the optimum over your config: 30 GPU-hours of the training, for 2 GPU-hours spent tuning."
+    # The planner's expected regret of its choice, in the training's device-hours: 1% of 10.
+    result = _memory_result(None)
+    result = dataclasses.replace(result, best=dataclasses.replace(result.best, regret=0.01))
+    assert headline(result, Budget(train_samples=3_600_000))[-1].endswith(
+        "for 2 GPU-hours spent tuning; expected regret left 1.0% (0.099 GPU-hours).")
     steps = headline(_memory_result(None), Budget(train_samples=3_600_000, train_steps=900_000))
     assert steps[-2].startswith("Training 900,000 steps of your config (3,600,000 samples) on 2 GPU(s): your config 20:00:00 (40 GPU-hours),")
     latency = headline(_memory_result(None, budget_metric="latency"), Budget(train_samples=10))

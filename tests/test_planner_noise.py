@@ -90,10 +90,13 @@ def test_the_training_prices_a_launch_and_a_long_one_buys_more() -> None:
     seen = [Observation(config=Config(stage=0, micro_batch=8), status=Status.OK, score=50.0, seconds=90.0)]
     assert launch_price(dataclasses.replace(problem, train_samples=3600 * 50.0), seen, PlannerSettings()) == pytest.approx(90 / 3600)
     assert launch_price(problem, seen, PlannerSettings()) == PlannerSettings().min_gain
-    launches, shares = {}, {}
+    launches, shares, regrets = {}, {}, {}
     for hours in (0.25, 720):
         observations, decision = _drive(dataclasses.replace(problem, train_samples=hours * 3600 * rate), surface)
         launches[hours] = len(observations)
         shares[hours] = _true(surface, decision.choice.stage, decision.choice.mbs) / rate
+        regrets[hours] = decision.regret
     assert launches[0.25] <= 3 < 10 <= launches[720]
     assert shares[720] >= shares[0.25] and shares[720] >= 0.99
+    # What each search leaves: the long one, little.
+    assert 0.0 <= regrets[720] < regrets[0.25] and regrets[720] < 0.01

@@ -117,7 +117,9 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     equivalent = tuple(_equivalent(model, ranked))
 
     def decision(proposals: Sequence[Proposal], done: bool, reason: str) -> Decision:
-        return Decision(tuple(proposals), done, choice, noise, reason, noise_runs=model.noise_dof, equivalent=equivalent)
+        left = regret(model, state, choice) if done and choice is not None else None
+        return Decision(tuple(proposals), done, choice, noise, reason, noise_runs=model.noise_dof, equivalent=equivalent,
+                        regret=left)
 
     if free_slots <= 0:
         return decision((), False, "no free slot")
@@ -138,6 +140,23 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         proposals += widen(state, model, proposals, slots=min(free_slots, problem.max_experiments - launched) - len(proposals))
     done = not proposals and not state.running
     return decision(proposals, done, "no experiment left is expected to pay" if done else "")
+
+
+def regret(model: ThroughputModel, state: State, choice: Choice) -> float:
+    """What ``choice`` is still expected to lose, as a share of throughput: the largest
+    expected loss (:meth:`ThroughputModel.expected_loss`) against a measured config, or an
+    untried candidate times its chance to run. A lower bound of the loss to the best of them
+    all, which the summary states beside the training's time."""
+    c = choice.config
+    chosen = (state.arm(c.arm, c.knobs), c.micro_batch, c.knobs)
+    measured = [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in {o.config: o for o in state.ok if o.config != c}.values()]
+    rows, p_run = state.candidates
+    losses = [0.0]
+    if measured:
+        losses.append(float(np.max(model.expected_loss(measured, chosen))))
+    if rows:
+        losses.append(float(np.max(p_run * model.expected_loss(rows, chosen))))
+    return float(np.expm1(max(losses)))
 
 
 def launch_price(problem: Problem, observations: Sequence[Observation], settings: PlannerSettings) -> float:

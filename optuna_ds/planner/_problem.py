@@ -213,3 +213,6 @@ class Decision:
     # The measured configs a run cannot tell from the choice: their mean within one noise
     # deviation of the difference from the choice's, the choice first. A plateau is an answer.
     equivalent: tuple[Config, ...] = ()
+    # Once done: what the choice is still expected to lose (a share of throughput) to the best
+    # config measured or left untried (:func:`~optuna_ds.planner._planner.regret`).
+    regret: float | None = None

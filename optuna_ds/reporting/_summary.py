@@ -210,8 +210,12 @@ def budget_lines(result: TuningResult, budget: Budget | None) -> list[str]:
         # What the tuning was for: the planner bought a launch only where it was expected to
         # save the training more device-time than it took.
         saved = budget.train_samples * (1 / base.value - 1 / best.value) * gpus / 3600
+        left = ""
+        if best.regret is not None:
+            lost = budget.train_samples / best.value * best.regret / (1 + best.regret) * gpus / 3600
+            left = f"; expected regret left {best.regret:.1%} ({format_number(lost, 3)} {noun}s)"
         lines.append(f"Expected saving of the optimum over your config: {format_number(saved, 3)} {noun}s of the training, "
-                     f"for {format_number(spend.gpu_hours, 3)} {noun}s spent tuning.")
+                     f"for {format_number(spend.gpu_hours, 3)} {noun}s spent tuning{left}.")
     return lines
 
 

@@ -603,7 +603,8 @@ class Tuning:
         if not trials:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
+        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config,
+                                       regret=decision.regret)).write(self._root.set_user_attr)
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")
