@@ -71,13 +71,15 @@ def _planner_settings(settings: PlannerSettings) -> Iterator[None]:
 
 
 def tune(surface: surfaces.Surface, *, slots: int = 1, processes: int = 1, settings: PlannerSettings = PlannerSettings(),
-         full: bool = False, tuner: str = AUTOTUNING.tuner_type, trace: bool = False, costs: product.Costs = COSTS) -> dict:
+         full: bool = False, tuner: str = AUTOTUNING.tuner_type, trace: bool = False, costs: product.Costs = COSTS,
+         train_samples: int | None = None) -> dict:
     """optuna-ds's own tuning of ``surface`` (benchmarks/product.py: the CLI's ``tune`` in this
     process, simulated launcher and clock) by ``processes`` processes (tune and workers, a node
     each) of ``slots`` experiments at once; in full mode the knobs too. The figures of each launch come from the simulated launcher's ledger and the
     reason the product gave for it."""
     with _planner_settings(settings):
-        r = product.tune(surface, fast=not full, tuner_type=tuner, slots=slots, processes=processes, costs=costs)
+        r = product.tune(surface, fast=not full, tuner_type=tuner, slots=slots, processes=processes, costs=costs,
+                         train_samples=train_samples)
     entries = [e for e in r["ledger"] if not e.get("profile")]
     whys = r["whys"] if len(r["whys"]) == len(entries) else [""] * len(entries)
     kinds, configs = [], []
@@ -175,6 +177,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a field of optuna_ds.planner.PlannerSettings (min_gain, noise_after, max_remeasures, ...) "
                              "or of its priors (priors.knob_cause, priors.pressure_losses=0.1,0.3, ...) for a what-if")
+    parser.add_argument("--train-hours", type=float, default=None, metavar="H",
+                        help="tune as for a training of H hours at the job's optimum (--train-samples: H hours of its "
+                             "samples/s): the training prices each launch")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="jobs tuned at once, each in a process of its own (virtual time: the figures do not depend on it)")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (the intervals over jobs)")
@@ -210,7 +215,8 @@ def main() -> None:
         _paired(*args.paired, seed=args.seed)
         return
     print(f"jobs: {_seeds(names)}; bootstrap seed {args.seed}; {'full' if args.full else 'fast'} mode, tuner {args.tuner}, "
-          f"slots {args.slots}, processes {args.processes}; settings {'default' if settings == PlannerSettings() else args.set}")
+          f"slots {args.slots}, processes {args.processes}; settings {'default' if settings == PlannerSettings() else args.set}"
+          + (f"; a training of {args.train_hours:g} h at each job's optimum" if args.train_hours else ""))
     if args.agree:
         _agree(names[:args.agree], full=args.full, tuner=args.tuner)
         return
@@ -227,7 +233,8 @@ def main() -> None:
             args.versus = 0
         costs = calibration.costs
     job = functools.partial(_tune_job, slots=args.slots, processes=args.processes, versus=args.versus, settings=settings,
-                            full=args.full, tuner=args.tuner, trace=args.trace, audit=args.audit, costs=costs)
+                            full=args.full, tuner=args.tuner, trace=args.trace, audit=args.audit, costs=costs,
+                            train_hours=args.train_hours)
     workers = 1 if args.trace else max(1, args.workers)
     rows = []
     with concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext() as pool:
@@ -266,7 +273,7 @@ def main() -> None:
 
 
 def _tune_job(name: str, *, slots: int, processes: int, versus: int, settings: PlannerSettings, full: bool, tuner: str, trace: bool,
-              audit: bool, costs: product.Costs) -> tuple[str, float, dict] | None:
+              audit: bool, costs: product.Costs, train_hours: float | None = None) -> tuple[str, float, dict] | None:
     """One job's row: its name, the share of the optimum of the config chosen, and :func:`tune`'s
     figures with the job's optimum and noise (and ``versus`` slots' run); ``None`` where nothing runs."""
     surface = surfaces.by_name(name)
@@ -276,7 +283,9 @@ def _tune_job(name: str, *, slots: int, processes: int, versus: int, settings: P
         return None
     if trace:
         print(f"{name}:")
-    r = tune(surface, slots=slots, processes=processes, trace=trace, settings=settings, full=full, tuner=tuner, costs=costs)
+    train = max(1, round(train_hours * 3600 * optimum)) if train_hours else None
+    r = tune(surface, slots=slots, processes=processes, trace=trace, settings=settings, full=full, tuner=tuner, costs=costs,
+             train_samples=train)
     r["optimum"], r["best"], r["true_noise"] = optimum, best, surface.noise
     if audit and full:
         r["arm_optima"], r["default_optima"] = arms, surface.arm_optima(fast=True, offload=True)

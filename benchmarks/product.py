@@ -321,12 +321,13 @@ class Simulation:
 
 
 def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Costs(), study: str = STUDY,
-             keep: Path | None = None) -> Simulation:
+             keep: Path | None = None, train_samples: int | None = None) -> Simulation:
     """optuna-ds's tuning of ``job``: ``tune`` and ``processes - 1`` workers, each a node of its
     own with ``slots`` experiments at once, all started together on one SQLite storage, in one
     virtual world. ``study``: the tuning's name (the knob search's seed derives from it; so does
     the seed of the draws the processes make from ``random``, such as a slot's pause for the
-    other processes). A process that fails fails the simulation, once every one has ended."""
+    other processes). ``train_samples``: the training's length, as ``--train-samples`` gives it.
+    A process that fails fails the simulation, once every one has ended."""
     from optuna_ds._tune import tune as run_tuning
     from optuna_ds._tune import work as join_tuning
     from optuna_ds.cli import _main as cli
@@ -391,7 +392,8 @@ def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Cos
                 for w in workers:
                     w.start()
                 world.sleep(costs.start_s)
-                outcome = run_tuning(cli_options(job, extra=storage if processes > 1 else ["--study-name", study]),
+                train = ["--train-samples", str(train_samples)] if train_samples else []
+                outcome = run_tuning(cli_options(job, extra=[*train, *(storage if processes > 1 else ["--study-name", study])]),
                                      observer=Observer(quiet=True, verbose=False), spawn=launcher(0))
                 world.sleep(costs.finish_s)
             finally:
@@ -411,12 +413,13 @@ def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Cos
 
 
 def tune(surface: surfaces.Surface, *, fast: bool = True, tuner_type: str = "model_based", slots: int = 1, processes: int = 1,
-         costs: Costs = Costs(), keep: Path | None = None) -> dict[str, Any]:
+         costs: Costs = Costs(), keep: Path | None = None, train_samples: int | None = None) -> dict[str, Any]:
     """optuna-ds's tuning of ``surface`` by ``processes`` processes (tune, then workers) of ``slots``
     experiments at once each, a node each: the choice, its true throughput, launches (the
     profile counted), GPU-hours, simulated wall seconds, the ledger, each decision's measured
     seconds, the choice after each decision, and every launch (:attr:`Simulation.launches`)."""
-    run = simulate(SurfaceJob(surface, fast=fast, tuner_type=tuner_type), processes=processes, slots=slots, costs=costs, keep=keep)
+    run = simulate(SurfaceJob(surface, fast=fast, tuner_type=tuner_type), processes=processes, slots=slots, costs=costs, keep=keep,
+                   train_samples=train_samples)
     chosen = surfaces.Config.from_ds_config(run.optimal, keys=surfaces.spaces_of(surface)[1]) if run.optimal else None
     return {
         "launches": len(run.ledger),

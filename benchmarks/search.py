@@ -194,7 +194,8 @@ def fingerprint(surface: surfaces.Surface, *, fast: bool) -> str:
     fingerprint is stale."""
     import deepspeed
 
-    job = getattr(surface, "fingerprint", None) or _identity(surface)
+    # A generated job's runs carry the launcher's slow outliers (surfaces.slow_outlier) too.
+    job = getattr(surface, "fingerprint", None) or f"{_identity(surface)} slow {surfaces.SLOW_SHARE} {surfaces.SLOW_BY}"
     text = job + json.dumps(user_config(fast=fast, tuner_type="gridsearch", surface=surface), sort_keys=True) + deepspeed.__version__
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

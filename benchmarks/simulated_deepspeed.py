@@ -3,6 +3,8 @@
 (tests/fake_deepspeed.py: DeepSpeed's command line and engine output) answering on the surface
 (or replay of real runs) named by ``SIM_SURFACE``: ``model_info.json`` for a profile run, the
 step timers and metrics file for an experiment, or a CUDA out-of-memory / NCCL error on stderr.
+A generated job's run reports its generator's measurement with, in 5-15% of runs, a slow outlier
+5-25% below it (``surfaces.slow_outlier``); a replay reports its recorded runs as they are.
 
 It does not sleep: each launch is appended to ``SIM_LEDGER`` (JSON lines) with the simulated
 seconds it would have taken, and the benchmark adds them up as GPU-hours.
@@ -65,7 +67,8 @@ def answer(argv: list[str], *, surface: surfaces.Surface, ledger: str | None) ->
         same = ("stage", "mbs", "gas", "knobs", "offload")
         throughput = surface.measure_nth(config, sum(all(e.get(k) == entry[k] for k in same) for e in before))
     else:
-        throughput = surface.measure(config, len(before))
+        # The generator's own scatter, then the one-sided slow outliers every generated job has.
+        throughput = surface.measure(config, len(before)) * surfaces.slow_outlier(surface.name, config, len(before))
     # Around this run's draw, as in the tests' fake: the run's noise is shared by its steps.
     steps = fake_deepspeed.jittered(throughput, surface.noise / 2, count=int(launch.autotuning.get("end_profile_step", 5)),
                                     seed=f"{launch.name}/{len(before)}")

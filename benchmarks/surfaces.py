@@ -216,6 +216,26 @@ class Surface:
         return optimum_of(self.arm_optima(**kwargs))
 
 
+# One-sided slow outliers (issue 46): beside each generator's own scatter, a share of a job's
+# runs land on a slow node, a preempted step or a noisy neighbour and report 5-25% below what
+# the config runs at, never above. The share is the job's own, 5-15%, drawn from its name (so
+# from its seed); which runs are slow and by how much, from the job, the config and the launch.
+SLOW_SHARE = (0.05, 0.15)
+SLOW_BY = (0.05, 0.25)
+
+
+def slow_share(job: str) -> float:
+    """The share of ``job``'s runs that are slow outliers."""
+    return random.Random(f"optuna-ds-slow|{job}").uniform(*SLOW_SHARE)
+
+
+def slow_outlier(job: str, config: Config, nonce: int) -> float:
+    """The factor the launch ``nonce`` of ``config`` on ``job`` reports its throughput at: 1.0,
+    or, for a slow outlier, 0.75-0.95 (:data:`SLOW_BY`). Reproducible from its arguments."""
+    draw = random.Random(f"optuna-ds-slow|{job}|{config}|{nonce}")
+    return 1.0 - draw.uniform(*SLOW_BY) if draw.random() < slow_share(job) else 1.0
+
+
 def optimum_of(arm_optima: dict[tuple[int, bool, bool], tuple[Config, float]]) -> tuple[Config | None, float]:
     return max(arm_optima.values(), key=lambda cv: cv[1], default=(None, 0.0))
 

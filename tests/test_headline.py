@@ -252,12 +252,18 @@ def test_the_tuning_and_the_training_in_money_and_time() -> None:
     from optuna_ds.reporting import Budget
 
     lines = headline(_memory_result(None), Budget(cost_per_gpu_hour=2.5, train_samples=3_600_000, train_steps=None))
-    assert lines[-2] == "Cost of the tuning: 5.00 at 2.50 per GPU-hour."
+    assert lines[-3] == "Cost of the tuning: 5.00 at 2.50 per GPU-hour."
     # 3.6M samples at 50 and 200 samples/s, on the 2 GPUs of one experiment.
-    assert lines[-1] == ("Training 3,600,000 samples on 2 GPU(s): your config 20:00:00 (40 GPU-hours, 100.00), "
+    assert lines[-2] == ("Training 3,600,000 samples on 2 GPU(s): your config 20:00:00 (40 GPU-hours, 100.00), "
                          "the optimum 5:00:00 (10 GPU-hours, 25.00).")
+    assert lines[-1] == "Expected saving of the optimum over your config: 30 GPU-hours of the training, for 2 GPU-hours spent tuning."
+    # The planner's expected regret of its choice, in the training's device-hours: 1% of 10.
+    result = _memory_result(None)
+    result = dataclasses.replace(result, best=dataclasses.replace(result.best, regret=0.01))
+    assert headline(result, Budget(train_samples=3_600_000))[-1].endswith(
+        "for 2 GPU-hours spent tuning; expected regret left 1.0% (0.099 GPU-hours).")
     steps = headline(_memory_result(None), Budget(train_samples=3_600_000, train_steps=900_000))
-    assert steps[-1].startswith("Training 900,000 steps of your config (3,600,000 samples) on 2 GPU(s): your config 20:00:00 (40 GPU-hours),")
+    assert steps[-2].startswith("Training 900,000 steps of your config (3,600,000 samples) on 2 GPU(s): your config 20:00:00 (40 GPU-hours),")
     latency = headline(_memory_result(None, budget_metric="latency"), Budget(train_samples=10))
     assert latency[-1] == "Training 10 samples: its time follows from the throughput metric only, not latency."
 
@@ -432,7 +438,10 @@ def test_a_speed_up_factor_needs_the_choice_and_your_config_measured_alike() -> 
     # Two training times side by side are a factor too: your config's is left out with it.
     from optuna_ds.reporting import Budget
 
-    training = headline(_alike_result((0.0,), (10.0, 30.0)), Budget(train_samples=3_600_000))[-1]
+    lines = headline(_alike_result((0.0,), (10.0, 30.0)), Budget(train_samples=3_600_000))
+    training = next(line for line in lines if line.startswith("Training "))
+    # A saving over your config is a factor too: only the tuning's cost is stated.
+    assert not any("saving" in line for line in lines) and lines[-1].endswith("spent tuning.")
     assert training.startswith("Training 3,600,000 samples on 1 device(s): the optimum ") and "your config 5:" not in training
     assert training.endswith("; your config's is left out, as the speed-up factor is.")
     unknown = dataclasses.replace(_alike_result((0.0, 20.0), (10.0, 30.0)), baseline=dataclasses.replace(

@@ -261,9 +261,14 @@ def test_a_coin_toss_between_stages_is_measured_again_and_a_clear_choice_is_not(
     of_z1, of_z0 = model.remeasure_value([(z1, 24, ())], (z0, 24, ()))
     assert of_z1[0] > of_z0[0] > 0.0
     tied = plan(problem, seen(85.5))
-    clear = plan(problem, seen(70.0))
+    clear = plan(problem, seen(50.0))
     assert any(p.repeat for p in tied.proposals) or not tied.done
     assert not any(p.repeat for p in clear.proposals)
+    # 18% below, z1's only run may be a slow one (issue 46): it is measured again before the
+    # search leaves the stage; 40% below, further than a straggler slows a run, it is not.
+    slowed = plan(problem, seen(70.0))
+    assert [(p.stage, p.mbs, p.repeat) for p in slowed.proposals] == [(1, 24, 1)]
+    assert "slowed" in slowed.proposals[0].why
 
 
 def test_a_size_measured_far_below_another_is_not_chosen_whatever_the_model_expects() -> None:
@@ -292,7 +297,7 @@ def test_a_config_measured_below_another_by_more_than_two_noise_deviations_is_ne
             (0, 100, 800.0), (0, 150, 810.0), (1, 100, 800.0), (1, 150, 810.0)]
     decision = plan(problem, [Observation(config=Config(stage=s, micro_batch=m), status=Status.OK, score=v, seconds=60.0)
                               for s, m, v in runs])
-    assert decision.done and decision.choice is not None and decision.noise is not None
+    assert decision.choice is not None and decision.noise is not None
     shown: dict[Config, list[float]] = {}
     for s, m, v in runs:
         shown.setdefault(Config(stage=s, micro_batch=m), []).append(v)

@@ -168,6 +168,7 @@ def tune(options: TuneOptions, *, observer: TuningObserver | None = None, spawn:
             exps_dir=exps_dir,
             trial_timeout=options.trial_timeout,
             memory_margin=options.memory_margin,
+            train_samples=_budget(options, user, dp=resources.total_gpus).train_samples,
         )
         runner = experiment_runner(plan, user, resources, deepspeed_bin, options.launcher_options, spawn=spawn)
         tuning = Tuning(plan=plan, user=user, storage=storage, resources=resources, runner=runner, observer=observer)

@@ -61,11 +61,14 @@ class ChoiceRecord:
     trial: int
     estimate: float | None = None
     config: Config | None = None
+    regret: float | None = None  # what the planner expected the choice still to lose (a share)
 
     def attrs(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {"stage": self.stage, "trial": self.trial}
         if self.estimate is not None:
             attrs["estimate"] = self.estimate
+        if self.regret is not None:
+            attrs["regret"] = self.regret
         if self.config is not None:
             attrs["config"] = self.config.to_attrs()
         return attrs
@@ -74,7 +77,7 @@ class ChoiceRecord:
     def from_attrs(cls, stored: Mapping[str, Any]) -> ChoiceRecord:
         config = stored.get("config")
         return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), estimate=stored.get("estimate"),
-                   config=Config.from_attrs(config) if isinstance(config, dict) else None)
+                   config=Config.from_attrs(config) if isinstance(config, dict) else None, regret=stored.get("regret"))
 
 
 def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:

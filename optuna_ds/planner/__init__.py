@@ -10,6 +10,7 @@ from optuna_ds.planner._checkpointing import ignored as checkpointing_ignored
 from optuna_ds.planner._levers import communication_share
 from optuna_ds.planner._levers import lever_effect
 from optuna_ds.planner._memory import FeasibilityModel
+from optuna_ds.planner._planner import launch_price
 from optuna_ds.planner._planner import plan
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Choice
@@ -23,6 +24,7 @@ from optuna_ds.planner._settings import PlannerSettings
 from optuna_ds.planner._settings import Priors
 from optuna_ds.planner._surrogate import ThroughputModel
 from optuna_ds.planner._surrogate import measured_noise
+from optuna_ds.planner._surrogate import robust_level
 
 __all__ = [
     "Arm",
@@ -41,5 +43,7 @@ __all__ = [
     "communication_share",
     "lever_effect",
     "measured_noise",
+    "robust_level",
+    "launch_price",
     "plan",
 ]

@@ -19,9 +19,11 @@ from optuna_ds.planner._problem import KnobSetting
 from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._problem import Proposal
+from optuna_ds.planner._problem import Status
 from optuna_ds.planner._settings import PlannerSettings
 from optuna_ds.planner._state import State
 from optuna_ds.planner._surrogate import ThroughputModel
+from optuna_ds.planner._surrogate import robust_level
 
 
 class _Ranked(NamedTuple):
@@ -37,9 +39,8 @@ def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_
     """The best config that ran, by the model's estimate, among those not measured below
     another by more than the measured noise can explain; with every measured config ranked.
 
-    Measured as every view shows a config beside the choice: the mean of all its runs. A
-    straggler's run is in it (the model's estimate discounts one; the figure shown does not), so
-    the choice never contradicts the figures shown beside it."""
+    Measured by each config's robust level (:func:`robust_level`: one-sided noise); the figure
+    shown beside the choice stays the mean of its runs."""
     groups: dict[Config, list[float]] = {}
     for o in state.ok:
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
@@ -48,7 +49,9 @@ def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_
     configs = list(groups)
     rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c in configs]
     means = model.mean(rows)
-    measured = np.array([np.log(np.mean(groups[c])) for c in configs])
+    # Each config's runs by their robust level: noise is one-sided (a slow run, never a fast
+    # one), so a slow run among several does not pull its config below a rival of one run.
+    measured = np.array([robust_level(groups[c], model.noise, priors=state.settings.priors) for c in configs])
     counts = np.array([len(groups[c]) for c in configs])
     top = int(np.argmax(measured))
     # The model pools neighbouring runs, which beats one run's figure while the two agree within
@@ -57,7 +60,7 @@ def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_
     spread = state.settings.plausible_z * model.noise * np.sqrt(1.0 / counts + 1.0 / counts[top])
     plausible = measured >= measured[top] - spread
     order = sorted(range(len(configs)), key=lambda i: (not plausible[i], -means[i]))
-    ranked = [_Ranked(configs[i], float(means[i]), float(np.exp(measured[i])), int(counts[i])) for i in order]
+    ranked = [_Ranked(configs[i], float(means[i]), float(np.mean(groups[configs[i]])), int(counts[i])) for i in order]
     c, estimate, mean, _ = ranked[0]
     return Choice(config=c, estimate=float(np.exp(estimate)), measured=mean), ranked
 
@@ -104,6 +107,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     at the arm's best sizes like any other experiment, its value from knob effects the model
     learns across stages.
     """
+    settings = priced(problem, observations, settings)
     state = State(problem, observations, settings, knob_candidates)
     model = ThroughputModel(problem, state.memory, state.points(), priors=settings.priors, levers=state.levers)
     choice, ranked = _choose(model, state)
@@ -113,7 +117,9 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     equivalent = tuple(_equivalent(model, ranked))
 
     def decision(proposals: Sequence[Proposal], done: bool, reason: str) -> Decision:
-        return Decision(tuple(proposals), done, choice, noise, reason, noise_runs=model.noise_dof, equivalent=equivalent)
+        left = regret(model, state, choice) if done and choice is not None else None
+        return Decision(tuple(proposals), done, choice, noise, reason, noise_runs=model.noise_dof, equivalent=equivalent,
+                        regret=left)
 
     if free_slots <= 0:
         return decision((), False, "no free slot")
@@ -134,6 +140,45 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
         proposals += widen(state, model, proposals, slots=min(free_slots, problem.max_experiments - launched) - len(proposals))
     done = not proposals and not state.running
     return decision(proposals, done, "no experiment left is expected to pay" if done else "")
+
+
+def regret(model: ThroughputModel, state: State, choice: Choice) -> float:
+    """What ``choice`` is still expected to lose, as a share of throughput: the largest
+    expected loss (:meth:`ThroughputModel.expected_loss`) against a measured config, or an
+    untried candidate times its chance to run. A lower bound of the loss to the best of them
+    all, which the summary states beside the training's time."""
+    c = choice.config
+    chosen = (state.arm(c.arm, c.knobs), c.micro_batch, c.knobs)
+    measured = [(state.arm(o.arm, o.knobs), o.mbs, o.knobs) for o in {o.config: o for o in state.ok if o.config != c}.values()]
+    rows, p_run = state.candidates
+    losses = [0.0]
+    if measured:
+        losses.append(float(np.max(model.expected_loss(measured, chosen))))
+    if rows:
+        losses.append(float(np.max(p_run * model.expected_loss(rows, chosen))))
+    return float(np.expm1(max(losses)))
+
+
+def launch_price(problem: Problem, observations: Sequence[Observation], settings: PlannerSettings) -> float:
+    """What a launch must be expected to raise the final choice by (a share of throughput) to
+    be bought: its own device-time over the training's at the best throughput measured so far
+    (``Problem.train_samples`` samples; the same devices run both, so their count cancels),
+    the usual run's seconds for a launch's. Without a training length, or before a run
+    succeeded, ``settings.min_gain``."""
+    ok = [o for o in observations if o.status is Status.OK and o.score and o.score > 0 and o.seconds]
+    if problem.train_samples is None or not ok:
+        return settings.min_gain
+    seconds = float(np.median([o.seconds for o in ok]))
+    return seconds * max(float(o.score) for o in ok) / problem.train_samples  # type: ignore[arg-type]
+
+
+def priced(problem: Problem, observations: Sequence[Observation], settings: PlannerSettings) -> PlannerSettings:
+    """``settings`` with the launch's price (:func:`launch_price`) for ``min_gain``, and the
+    batch's bar (``batch_gain``) moved in proportion."""
+    price = launch_price(problem, observations, settings)
+    if price == settings.min_gain:
+        return settings
+    return dataclasses.replace(settings, min_gain=price, batch_gain=settings.batch_gain * price / settings.min_gain)
 
 
 def _fantasies(model: ThroughputModel, rows: list[tuple[Arm, int, Knobs]]) -> list[tuple[Arm, int, Knobs, float]]:
@@ -290,12 +335,47 @@ class MostValue:
             best = _best_value((model, measured_only), state, [knob_rows[i] for i in fresh] + rows,
                                np.concatenate([knob_p[fresh], p_run]), incumbent)
         again = _replicate(model, state, slot.ranked) if not taken and not state.running else None
+        if not taken and not state.running and (check := _check(slot, incumbent)) is not None:
+            again = check if again is None or check[1] > again[1] else again
         if again is not None and (best is None or again[1] > best[1]):
             return again[0]
         if best is None:
             return None
         (a, m, k), value = best
         return Proposal(config=slot.problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
+
+
+def _check(slot: Slot, incumbent: tuple[Arm, int, Knobs]) -> tuple[Proposal, float] | None:
+    """Is a config's only run, not yet taken for a straggler, likely one by what the other runs
+    predict for it (:attr:`ThroughputModel.slow` at least ``Priors.surprise``)? Two
+    explanations hold: a slow run, or the curve bending there. Its second run tells them apart;
+    it is worth what leaving its region would lose were the run a straggler (the expected loss
+    of the incumbent against the run's config and the untried sizes of its arm about it, with
+    the run taken for a straggler, less the same with the run believed), times the straggler's
+    posterior probability, with that value; ``None`` where it is below ``min_gain``."""
+    state, model = slot.state, slot.measured_only
+    priors = state.settings.priors
+    runs: dict[Config, int] = {}
+    for o in state.ok:
+        runs[o.config] = runs.get(o.config, 0) + 1
+    alone = [i for i, o in enumerate(state.ok) if runs[o.config] == 1 and model.slow[i] >= priors.surprise]
+    if not alone:
+        return None
+    i = max(alone, key=lambda i: model.slow[i])
+    p_slow = float(model.slow[i])
+    o = state.ok[i]
+    arm = state.arm(o.arm, o.knobs)
+    near = [j for j, (a, m, k) in enumerate(slot.rows)
+            if a.key == arm.key and k == o.knobs and abs(math.log(m / o.mbs)) <= 2.0 * priors.residual_length]
+    region = [(arm, o.mbs, o.knobs)] + [slot.rows[j] for j in near]
+    p_run = np.concatenate([[1.0], slot.p_run[near]])
+    other = model.as_straggler(i)
+    lost = float(np.max(p_run * other.expected_loss(region, incumbent))) - float(np.max(p_run * model.expected_loss(region, incumbent)))
+    value = p_slow * max(lost, 0.0)
+    if value < state.settings.min_gain:
+        return None
+    again = _repeat(state, o.config, f"measure again: a run {p_slow:.0%} likely slowed may change the choice {value:.1%}")
+    return (again, value) if again is not None else None
 
 
 class OnlyWithRoom:
@@ -369,12 +449,19 @@ def _replicate(model: ThroughputModel, state: State, ranked: list[_Ranked]) -> t
     if len(ranked) < 2 or repeats >= state.settings.max_remeasures:
         return None
     rows = [(state.arm(c.arm, c.knobs), c.micro_batch, c.knobs) for c, _, _, _ in ranked]
-    rivals = np.argsort(-model.expected_loss(rows[1:], rows[0]))[:state.settings.priors.rivals] + 1
+    losses = model.expected_loss(rows[1:], rows[0])
+    rivals = np.argsort(-losses)[:state.settings.priors.rivals] + 1
     of_rival, of_chosen = model.remeasure_value([rows[i] for i in rivals], rows[0])
     j = int(np.argmax(np.maximum(of_rival, of_chosen)))
     value = float(max(of_rival[j], of_chosen[j]))
     if value < state.settings.min_gain:
-        return None
+        # No choice rests on one run against a rival within reach (one it is expected to lose
+        # a launch's worth to): the choice runs again before the search ends, a launch at the
+        # bar, so that any launch that pays comes first.
+        if ranked[0].runs > 1 or float(np.max(losses)) < state.settings.min_gain:
+            return None
+        again = _repeat(state, ranked[0].config, "measure again: the choice rests on one run, a rival within reach")
+        return (again, state.settings.min_gain) if again is not None else None
     config = ranked[int(rivals[j])][0] if of_rival[j] > of_chosen[j] else ranked[0][0]
     again = _repeat(state, config, f"measure again: may change the choice {value:.1%}")
     return (again, value) if again is not None else None

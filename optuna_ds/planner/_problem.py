@@ -103,6 +103,9 @@ class Problem:
     autotp: tuple[Knobs, ...] = ()
     autotp_batch: tuple[tuple[int, int | None, int], ...] = ()
     hidden: int = 0  # the model's hidden size, where the user's model_info gives it (0: unknown)
+    # The real training's samples (``--train-samples``/``--train-steps``), where the tuned metric
+    # is throughput: what prices a launch (:func:`~optuna_ds.planner.launch_price`); ``None``: ``min_gain``.
+    train_samples: float | None = None
 
     def arm(self, key: tuple[int, str]) -> Arm | None:
         return next((a for a in self.arms if a.key == key), None)
@@ -210,3 +213,6 @@ class Decision:
     # The measured configs a run cannot tell from the choice: their mean within one noise
     # deviation of the difference from the choice's, the choice first. A plateau is an answer.
     equivalent: tuple[Config, ...] = ()
+    # Once done: what the choice is still expected to lose (a share of throughput) to the best
+    # config measured or left untried (:func:`~optuna_ds.planner._planner.regret`).
+    regret: float | None = None

@@ -54,6 +54,10 @@ class Priors:
         straggler_z:
             A run measured this many deviations below what the others predict for it is taken
             for a straggler.
+        surprise:
+            A config's only run this likely a straggler, by what the other runs predict for it
+            (and not taken for one), is a surprise: a re-measurement is priced with both
+            explanations, a straggler or the curve bending there, in the posterior.
         keep:
             The surrogate's mixture components below this weight are dropped.
         max_components:
@@ -182,6 +186,7 @@ class Priors:
     straggler_p: float = 0.1
     straggler_range: float = 0.3
     straggler_z: float = 3.0
+    surprise: float = 0.05
     keep: float = 1e-3
     max_components: int = 256
     rivals: int = 1

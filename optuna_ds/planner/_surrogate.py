@@ -107,6 +107,32 @@ def measured_noise(groups: Iterable[Sequence[float]], *, priors: Priors = Priors
     return float(np.exp(w @ np.log(_NOISE_GRID))), dof
 
 
+def robust_level(runs: Sequence[float], noise: float, *, priors: Priors = Priors()) -> float:
+    """The log level of a config from its runs (positive values) under one-sided noise: each run
+    is a plain draw about the level (relative sd ``noise``) or, with probability
+    ``priors.straggler_p``, a straggler anywhere within ``priors.straggler_range`` below it; the
+    likeliest level. Runs that agree give their mean; a slow one among them moves it little
+    (the mean of the others), where their mean would drop by its share; one run gives itself."""
+    y = np.log(np.asarray(runs, dtype=float))
+    sd, width, p = max(noise, 1e-4), priors.straggler_range, priors.straggler_p
+    mu = np.linspace(y.min() - 4.0 * sd, y.max() + 4.0 * sd, 801)
+    dev = (y[None, :] - mu[:, None]) / sd
+    plain = math.log(1.0 - p) - 0.5 * dev**2 - math.log(sd * math.sqrt(2.0 * math.pi))
+    slow = math.log(p / width) + _log_between(dev, dev + width / sd)
+    return float(mu[int(np.argmax(np.logaddexp(plain, slow).sum(axis=1)))])
+
+
+def _log_between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``log(Phi(b) - Phi(a))`` for ``a < b``, exact far in the tails."""
+    from scipy.special import log_ndtr
+
+    # By symmetry, on the side where the difference of the two tails is not a difference of ones.
+    flip = a > 0
+    lo, hi = np.where(flip, -b, a), np.where(flip, -a, b)
+    top = log_ndtr(hi)
+    return np.asarray(top + np.log1p(-np.exp(np.minimum(log_ndtr(lo) - top, -1e-16))))
+
+
 class _Grid(NamedTuple):
     """The shape's components: each one's h, pressure onset, loss at a full device, whether the
     pressure is of the arm's own room (else of the device), and its log prior."""
@@ -266,6 +292,7 @@ class ThroughputModel:
         if len(set(keys)) < len(keys) or _knob_features(self._problem, every, self._shares) != (self._shared, self._own):
             return ThroughputModel(self._problem, self._memory, every, priors=self._beliefs, levers=self._levers)
         model = copy.copy(self)
+        model.__dict__.pop("slow", None)  # of this model's runs, not the new ones'
         y = np.log(np.array([p[3] for p in points], dtype=float))
         model._points, model._y_sum, model.n = every, self._y_sum + float(y.sum()), len(every)
         # The stages' prior mean is the mean of the runs: every earlier residual moves with it.
@@ -298,6 +325,53 @@ class ThroughputModel:
             if self.straggler.any():
                 self._fit()
 
+    @functools.cached_property
+    def slow(self) -> np.ndarray:
+        """Each run's posterior probability of being a straggler rather than a plain draw, from
+        what the other runs predict for it: leave-one-out over the whole mixture, each
+        component reweighed as if the run had not been seen (``w / p(run | others)``), so a
+        component whose curve bends to meet the run weighs no more than the others make it.
+        Plain, the run lies about that prediction; a straggler (probability ``straggler_p``),
+        anywhere within ``straggler_range`` below it, never above. 0 for a run taken for a
+        straggler already, and where fewer than three runs are."""
+        p, width = self._beliefs.straggler_p, self._beliefs.straggler_range
+        out = np.zeros(self.n)
+        if self.n <= 2:
+            return out
+        log_plain, log_slow, deficits = [], [], []
+        for (_, _, alpha, kinv), log_w in zip(self._fits, self._log_w):
+            diagonal = np.diag(kinv)
+            sd = (1.0 / np.sqrt(diagonal))[:, None]
+            d = alpha / diagonal[:, None]  # each run less its leave-one-out mean, (n, G)
+            plain = -0.5 * (d / sd) ** 2 - np.log(sd) - 0.5 * math.log(2.0 * math.pi)
+            slow = np.log(np.maximum(_norm_cdf((d + width) / sd) - _norm_cdf(d / sd), 1e-300) / width)
+            # p(component | others) is proportional to w / p(run | component, others); the
+            # weights before pruning, as components the run alone ruled out count without it.
+            log_loo = log_w[None, :] - plain
+            log_plain.append((log_loo + plain, log_loo))
+            log_slow.append(log_loo + slow)
+            deficits.append(d)
+        loo = np.concatenate([b for _, b in log_plain], axis=1)
+        norm = _logsumexp(loo)
+        plain_lik = _logsumexp(np.concatenate([a for a, _ in log_plain], axis=1)) - norm
+        slow_lik = _logsumexp(np.concatenate(log_slow, axis=1)) - norm
+        odds = math.log(p / (1.0 - p)) + slow_lik - plain_lik
+        out = 1.0 / (1.0 + np.exp(-np.clip(odds, -50.0, 50.0)))
+        # A run further below what the others predict than a straggler slows one is no straggler
+        # (both explanations fail there, and the Gaussian's tail falls faster than the range's).
+        deficit = np.sum(np.exp(loo - norm[:, None]) * np.concatenate(deficits, axis=1), axis=1)
+        return np.where(self.straggler | (deficit < -width), 0.0, out)
+
+    def as_straggler(self, index: int) -> ThroughputModel:
+        """This model with its run ``index`` taken for a straggler: its noise widened by
+        ``Priors.straggler_range``, so it neither drags its curve down nor bends it."""
+        other = copy.copy(self)
+        other.__dict__.pop("slow", None)
+        other.straggler = self.straggler.copy()
+        other.straggler[index] = True
+        other._fit()
+        return other
+
     def _fit(self) -> None:
         """The posterior of every (amplitude, knob scale, shape) component given the runs: its
         weight, and what its predictions need."""
@@ -327,6 +401,7 @@ class ThroughputModel:
                 logs.append(-0.5 * quad - 0.5 * logdet + self._grid.logp + math.log(prior * knob_prior))
                 self._fits.append((float(amplitude), s0, alpha, kinv))
         log_w = np.stack(logs)  # (S, G)
+        self._log_w = log_w  # unnormalised and unpruned: what a run's leave-one-out reweighs
         w = np.exp(log_w - log_w.max())
         w /= w.sum()
         w = np.where(w >= self._beliefs.keep, w, 0.0)
@@ -516,6 +591,12 @@ class ThroughputModel:
 
 _NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(9)
 _NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
+
+
+def _logsumexp(a: np.ndarray) -> np.ndarray:
+    """``log(sum(exp(a), axis=1))``, safely."""
+    top = a.max(axis=1, keepdims=True)
+    return np.asarray(top[:, 0] + np.log(np.exp(a - top).sum(axis=1)))
 
 
 def _heaviest(w: np.ndarray, limit: int) -> np.ndarray:

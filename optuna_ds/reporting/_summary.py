@@ -324,6 +324,21 @@ def budget_lines(result: TuningResult, budget: Budget | None) -> list[str]:
                      + ("" if alike or base is None or not base.value
                         else "; your config's is left out, as the speed-up factor is")
                      + ".")
+    if best is not None and best.value:
+        # What the tuning was for: the planner bought a launch only where it was expected to
+        # save the training more device-time than it took. A saving over the user's config is
+        # a speed-up factor: stated under the factor's rule alone.
+        spent = f"{format_number(spend.gpu_hours, 3)} {noun}s spent tuning"
+        left = ""
+        if best.regret is not None:
+            lost = budget.train_samples / best.value * best.regret / (1 + best.regret) * gpus / 3600
+            left = f"; expected regret left {best.regret:.1%} ({format_number(lost, 3)} {noun}s)"
+        if alike and base is not None and base.value:
+            saved = budget.train_samples * (1 / base.value - 1 / best.value) * gpus / 3600
+            lines.append(f"Expected saving of the optimum over your config: {format_number(saved, 3)} "
+                         f"{noun}s of the training, for {spent}{left}.")
+        else:
+            lines.append(f"{spent[0].upper()}{spent[1:]}{left}.")
     return lines
 
 

@@ -56,6 +56,9 @@ class TuningPlan:
     trial_timeout: float | None
     # The share of each device's memory the chosen config must leave free (``--memory-margin``).
     memory_margin: float = 0.05
+    # The real training's samples (``--train-samples``, or ``--train-steps`` at the user's batch):
+    # the planner prices a launch against it. ``None``: not given.
+    train_samples: int | None = None
     version: int = PLAN_VERSION
 
     @property

@@ -95,6 +95,7 @@ class Optimum:
     run_starts: tuple[float, ...] = ()  # each run's start (seconds since the epoch), as ``runs``
     estimate: float | None = None  # the planner's, where this is its choice
     chosen: bool = False  # the planner's final choice, not the best mean so far
+    regret: float | None = None  # what the planner expected its choice still to lose (a share)
     peak_memory: int | None = None  # bytes per device, the highest of its runs, where the accelerator reports it
     # Each engine timer's median over every profiled step of its runs (ms), where the engine logged them.
     timers_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -191,6 +192,7 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
         run_starts=_starts(picked),
         estimate=estimate,
         chosen=final,
+        regret=choice.regret if final and choice is not None else None,
         peak_memory=max(peaks) if peaks else None,
         timers_ms={k: statistics.median(float(ts[k]) for ts in timers) for k in timers[0] if all(k in ts for ts in timers)} if timers else {},
     )

@@ -441,6 +441,8 @@ class Tuning:
             autotp=tuple(self._builder.autotp.settings()),
             autotp_batch=self._builder.batch_bounds(),
             hidden=int(info.get("hidden_size") or 0),
+            # A training's length prices a launch in its time: the tuned metric must be its speed.
+            train_samples=self._plan.train_samples if a.tuned_metric.name == "throughput" else None,
             # The knob search's trials come on top of the micro-batch search's.
             max_experiments=_MAX_EXPERIMENTS + (0 if a.fast else a.tuner_num_trials),
         )
@@ -598,7 +600,9 @@ class Tuning:
         if not trials:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
-        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate, config=c.config)).write(self._root.set_user_attr)
+        RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate,
+                                       config=c.config, regret=decision.regret)
+                   ).write(self._root.set_user_attr)
         # Which configs a run cannot tell from the choice: what every view calls equivalent,
         # by the planner's one rule.
         equivalent = [e.name for e in decision.equivalent if e != c.config]
