@@ -304,7 +304,7 @@ def test_a_full_disk_as_an_interrupted_tuning_writes_its_summary_is_one_line_nam
     replace, run = os.replace, Tuning.run
 
     def full_for_the_summary(src: str, dst: str) -> None:
-        if os.path.basename(dst) == "summary.txt":
+        if os.path.basename(dst) == "optuna_ds_summary.txt":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), src, None, dst)
         replace(src, dst)
 
@@ -318,13 +318,14 @@ def test_a_full_disk_as_an_interrupted_tuning_writes_its_summary_is_one_line_nam
     proc = hws.main()
     assert_no_traceback(proc)
     assert proc.returncode == 130, proc.stderr
-    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "summary.txt" in line]
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "optuna_ds_summary.txt" in line]
     full = os.strerror(errno.ENOSPC)
-    assert said == [f"cannot write {hws.results / 'summary.txt'} ({full}): the experiments that "
+    assert said == [f"cannot write {hws.results / 'optuna_ds_summary.txt'} ({full}): the experiments that "
                     "finished are kept"], proc.stdout + proc.stderr
     assert "PARTIAL: interrupted" in proc.stdout + proc.stderr  # the summary, shown
     assert "PARTIAL: interrupted" in (hws.results / "report.html").read_text()
-    assert not (hws.results / "summary.txt").exists()
+    assert not (hws.results / "optuna_ds_summary.txt").exists()
+    assert not (hws.results / "summary.txt").exists()  # DeepSpeed's: written at the end alone
     assert not [p.name for p in hws.results.iterdir() if p.name.endswith(".tmp")]
     # What finished is in the storage: a resumed tuning runs it not again.
     study = optuna.load_study(study_name="optuna-ds-z1", storage=hws.storage)
