@@ -99,6 +99,7 @@ def test_steps_still_falling_across_the_window_mark_a_warm_up_and_noise_does_not
     assert still_falling([1000.0, 980.0, 970.0, 960.0]) is None  # falling, by less than the steps' noise can matter
     assert still_falling([1750.0, 2000.0, 2250.0, 2500.0]) is None  # rising: no warm-up
     assert still_falling([2000.0, 1000.0]) is None  # too few steps to tell
+    assert still_falling([3000.0, 2000.0, 1000.0]) is None  # three in order: by chance once in six
 
 
 def test_a_run_still_warming_up_in_its_window_is_measured_later_in_the_run_and_the_summary_says_so(tmp_path) -> None:

@@ -130,13 +130,14 @@ def profiled_steps(ds_config: Mapping[str, Any]) -> int:
 def still_falling(step_times_ms: Sequence[float]) -> float | None:
     """The share by which a run's step times still fell across its profiled window (the exit
     step, the figure's, included): its warm-up not over, its figure not its speed; ``None``
-    where they hold (or rise, or fewer than three steps were logged).
+    where they hold (or rise, or fewer than four steps were logged: DeepSpeed's default window
+    of three and its exit step; three steps fall in order by chance once in six).
 
     The steps trend when their times fall by at least ``_FALLING`` over the window (the
     Theil-Sen slope, robust to one slow step) and at most one pair in ten runs against it."""
     times = [float(t) for t in step_times_ms]
     n = len(times)
-    if n < 3 or min(times) <= 0:
+    if n < 4 or min(times) <= 0:
         return None
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     if sum(times[j] >= times[i] for i, j in pairs) > len(pairs) // 10:
