@@ -163,6 +163,9 @@ from typing import Any
 
 import numpy as np
 
+from surfaces import Config  # the benchmarks' shared types, re-exported
+from surfaces import Outcome
+
 SPACES: dict[int, dict[str, list[Any]]] = {
     0: {},
     1: {
@@ -202,23 +205,6 @@ DEFAULTS: dict[str, object] = {
 
 END_STEP = 5  # DeepSpeed autotuning's end_profile_step: the steps one launch runs
 PROFILED = 3  # steps start_profile_step (3) .. end_profile_step (5): the engine's profiled window
-
-
-@dataclass(frozen=True)
-class Config:
-    stage: int
-    mbs: int
-    gas: int = 1
-    knobs: tuple[tuple[str, object], ...] = ()
-    offload_optimizer: bool = False
-    offload_param: bool = False
-
-
-@dataclass(frozen=True)
-class Outcome:
-    kind: str  # "ok" | "oom" | "crash"
-    throughput: float  # true mean samples/s of the whole job; 0 unless ok
-    seconds: float  # wall time of the launch
 
 
 _NREF = 4096  # launches the measurement noise is normalised over

@@ -2,7 +2,8 @@
 
 Written without reading the planner, its knob space, or the other two generators, and frozen once
 committed: a search that is tuned against it stops being judged by it. Imports nothing from the
-project; the benchmark reads it by duck typing (`blind_job(seed)`, `by_name(name)`).
+project but the benchmarks' shared `Config` and `Outcome` (benchmarks/surfaces.py: the fields it
+was written with); the benchmark reads it by duck typing (`blind_job(seed)`, `by_name(name)`).
 
 A job is a cluster, a model and a workload drawn from the ranges below. Every launch of a config is
 priced by one closed-form model, written with numpy broadcasting so that the exhaustive optima
@@ -83,6 +84,9 @@ from typing import Any
 
 import numpy as np
 
+from surfaces import Config  # the benchmarks' shared types, re-exported
+from surfaces import Outcome
+
 SPACES: dict[int, dict[str, list[Any]]] = {
     0: {},
     1: {
@@ -127,23 +131,6 @@ PROFILED = 3  # steps start_profile_step (3) .. end_profile_step (5): the engine
 
 _GB = 1e9
 _F16 = 2  # bytes of an fp16/bf16 element
-
-
-@dataclass(frozen=True)
-class Config:
-    stage: int
-    mbs: int
-    gas: int = 1
-    knobs: tuple[tuple[str, object], ...] = ()
-    offload_optimizer: bool = False
-    offload_param: bool = False
-
-
-@dataclass(frozen=True)
-class Outcome:
-    kind: str  # "ok" | "oom" | "crash"
-    throughput: float  # true mean samples/s of the whole job; 0 unless ok
-    seconds: float  # wall time of the launch
 
 
 @dataclass(frozen=True)

@@ -29,17 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from optuna_ds.domain import Config
+from optuna_ds.domain import Experiment
+from optuna_ds.domain import Phase
+from optuna_ds.launcher import CommandBuilder
+from optuna_ds.launcher import ExperimentFiles
+from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import Slot
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from optuna_ds.domain import Config  # noqa: E402
-from optuna_ds.domain import Experiment  # noqa: E402
-from optuna_ds.domain import Phase  # noqa: E402
-from optuna_ds.launcher import CommandBuilder  # noqa: E402
-from optuna_ds.launcher import ExperimentFiles  # noqa: E402
-from optuna_ds.launcher import ExperimentRunner  # noqa: E402
-from optuna_ds.launcher import Slot  # noqa: E402
-
 FIRST_LINE = """import os, sys, time
 with open(os.environ["BENCH_FIRST_LINE"], "w") as f:
     f.write(repr(time.time()))

@@ -10,7 +10,7 @@ Two scenarios, each a Markdown table (``--scenarios`` picks some):
 Every process shares one PostgreSQL storage (``--storage``; a study name of its own, deleted
 afterwards) and poses as a node of its own on this machine: ``LOCAL_SIZE`` simulated GPUs (DeepSpeed's
 CPU accelerator counts those), its own GPU lock folder, and a ``FAKE_DS_NODE`` label in the launch log
-of the simulated launcher (tests/fake_deepspeed.py, which sleeps ``--duration`` per experiment).
+of the simulated launcher (benchmarks/fake_deepspeed.py, which sleeps ``--duration`` per experiment).
 The tuning is a knob grid search (``"fast": false``) over a fixed micro-batch list, with enough
 configs to keep every slot busy.
 
@@ -48,8 +48,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-LAUNCHER = ROOT / "tests" / "fake_deepspeed.py"
+LAUNCHER = ROOT / "benchmarks" / "fake_deepspeed.py"
 DRIVER = ROOT / "benchmarks" / "timed_driver.py"
 STORAGE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -70,7 +69,7 @@ def config(grid: int) -> dict:
 
 
 def surface(duration: float) -> dict:
-    """The fake launcher's surface (tests/fake_deepspeed.py): ``duration`` seconds per experiment,
+    """The fake launcher's surface (benchmarks/fake_deepspeed.py): ``duration`` seconds per experiment,
     throughput peaking at micro-batch 24, one bucket size 5% faster."""
     return {"duration": duration, "peak": 24, "knob_gain": {"reduce_bucket_size": {"500000000": 1.05}}}
 

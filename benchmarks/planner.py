@@ -25,7 +25,6 @@ import json
 import math
 import os
 import statistics
-import sys
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,9 +36,8 @@ for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
+import catalog  # noqa: E402
 import physical_jobs  # noqa: E402
 import product  # noqa: E402
 import replays  # noqa: E402
@@ -276,7 +274,7 @@ def _tune_job(name: str, *, slots: int, processes: int, versus: int, settings: P
               audit: bool, costs: product.Costs, train_hours: float | None = None) -> tuple[str, float, dict] | None:
     """One job's row: its name, the share of the optimum of the config chosen, and :func:`tune`'s
     figures with the job's optimum and noise (and ``versus`` slots' run); ``None`` where nothing runs."""
-    surface = surfaces.by_name(name)
+    surface = catalog.by_name(name)
     arms = surface.arm_optima(fast=not full, offload=True)
     best, optimum = surfaces.optimum_of(arms)
     if not optimum:
@@ -317,7 +315,7 @@ def _agree(names: list[str], *, full: bool, tuner: str) -> None:
     each wrote to ds_config_optimal.json and the launches each made, compared."""
     same, ours, theirs = 0, 0, 0
     for name in names:
-        surface = surfaces.by_name(name)
+        surface = catalog.by_name(name)
         cli = search.run_tool("optuna-ds", surface, fast=not full, tuner_type=tuner)
         here = product.tune(surface, fast=not full, tuner_type=tuner, costs=COSTS)
         chosen = surfaces.Config(**cli["chosen"]) if cli["chosen"] else None
@@ -343,7 +341,7 @@ def deepspeed_figures(names: list[str], *, fast: bool, path: Path = search.DS_CA
     for name in names:
         if name not in cached:
             continue
-        current = cached[name].get(search.fingerprint(surfaces.by_name(name), fast=fast))
+        current = cached[name].get(search.fingerprint(catalog.by_name(name), fast=fast))
         if current is None:
             stale += 1
         else:

@@ -8,7 +8,7 @@ polls, the headline's runs measured alike, the SQLite storage, the output files)
 things simulated:
 
 - each experiment's launcher: the job's answer (``simulated_deepspeed.answer``, what that script
-  does as a process, the same draws: its ledger numbers the launches; or tests/fake_deepspeed.py's
+  does as a process, the same draws: its ledger numbers the launches; or benchmarks/fake_deepspeed.py's
   for a :class:`FixedJob`) writes the run's files and output, then the launch waits the job's
   simulated seconds and exits through a real trivial process;
 - the clock (benchmarks/virtual_time.py): threads take turns and time jumps when all wait, so a
@@ -54,21 +54,18 @@ from typing import IO
 from typing import Any
 from typing import Protocol
 
+import fake_deepspeed
+import search
+import simulated_deepspeed
+import surfaces
+import virtual_time
+
+import optuna_ds
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-import fake_deepspeed  # noqa: E402
-import search  # noqa: E402
-import simulated_deepspeed  # noqa: E402
-import surfaces  # noqa: E402
-import virtual_time  # noqa: E402
-
-import optuna_ds  # noqa: E402
 
 SIMULATOR = HERE / "simulated_deepspeed.py"
-FAKE_LAUNCHER = HERE.parent / "tests" / "fake_deepspeed.py"
+FAKE_LAUNCHER = HERE / "fake_deepspeed.py"
 STUDY = "optuna-ds"  # the CLI's default tuning name
 _TRUE, _FALSE = shutil.which("true") or "/bin/true", shutil.which("false") or "/bin/false"
 
@@ -153,7 +150,7 @@ class SurfaceJob:
 
 @dataclasses.dataclass(frozen=True)
 class FixedJob:
-    """A job of the tests' fake launcher (tests/fake_deepspeed.py, its surface a dict as in
+    """A job of the tests' fake launcher (benchmarks/fake_deepspeed.py, its surface a dict as in
     ``FAKE_DS_SURFACE``): every experiment that runs takes the surface's ``duration`` seconds,
     a profile run or a failure none, as that launcher sleeps."""
 

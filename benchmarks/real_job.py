@@ -25,19 +25,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from optuna_ds.config import Metric
+from optuna_ds.domain import Config
+from optuna_ds.domain import Experiment
+from optuna_ds.domain import Phase
+from optuna_ds.launcher import CommandBuilder
+from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import Slot
+from optuna_ds.launcher import measure_steps
+from optuna_ds.launcher import profiled_steps
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from optuna_ds.config import Metric  # noqa: E402
-from optuna_ds.domain import Config  # noqa: E402
-from optuna_ds.domain import Experiment  # noqa: E402
-from optuna_ds.domain import Phase  # noqa: E402
-from optuna_ds.launcher import CommandBuilder  # noqa: E402
-from optuna_ds.launcher import ExperimentRunner  # noqa: E402
-from optuna_ds.launcher import Slot  # noqa: E402
-from optuna_ds.launcher import measure_steps  # noqa: E402
-from optuna_ds.launcher import profiled_steps  # noqa: E402
-
 # Per job: its script and arguments; its steps last, so the finals can run fewer.
 JOBS = {"example": (ROOT / "examples" / "train.py", ["--hidden", "512", "--layers", "4", "--steps", "1000"]),
         "transformer": (ROOT / "benchmarks" / "replay_jobs" / "tiny_transformer.py", ["--steps", "1000"])}

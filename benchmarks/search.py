@@ -38,12 +38,11 @@ import threading
 import time
 from pathlib import Path
 
+import catalog
+import stats
+import surfaces
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import stats  # noqa: E402
-import surfaces  # noqa: E402
-
 ROOT = HERE.parent
 SIMULATOR = HERE / "simulated_deepspeed.py"
 DS_CACHE = HERE / "deepspeed_figures.json"
@@ -294,7 +293,7 @@ def main() -> None:
 
     def execute(task: tuple[str, str, str, str]) -> dict:
         name, mode, label, sampler = task
-        surface = surfaces.by_name(name)
+        surface = catalog.by_name(name)
         fast = mode == "fast"
         if label == "deepspeed":
             key = f"{name}|{mode}|{fingerprint(surface, fast=fast)}"
@@ -309,7 +308,7 @@ def main() -> None:
             return figures
         return run_tool("optuna-ds", surface, fast=fast, tuner_type=sampler, keep=args.keep)
 
-    arms = {(name, mode): surfaces.by_name(name).arm_optima(fast=mode == "fast", offload=True)
+    arms = {(name, mode): catalog.by_name(name).arm_optima(fast=mode == "fast", offload=True)
             for name in names for mode in args.modes}
     optima = {key: surfaces.optimum_of(a) for key, a in arms.items()}
     print("simulated jobs; GPU-hours are simulated experiment time x GPUs")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A simulated ``deepspeed`` launcher for `make bench`: the fake launcher of the tests
-(tests/fake_deepspeed.py: DeepSpeed's command line and engine output) answering on the surface
+(benchmarks/fake_deepspeed.py: DeepSpeed's command line and engine output) answering on the surface
 (or replay of real runs) named by ``SIM_SURFACE``: ``model_info.json`` for a profile run, the
 step timers and metrics file for an experiment, or a CUDA out-of-memory / NCCL error on stderr.
 A generated job's run reports its generator's measurement with, in 5-15% of runs, a slow outlier
@@ -15,11 +15,9 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
-
-import fake_deepspeed  # noqa: E402
-import surfaces  # noqa: E402
+import catalog
+import fake_deepspeed
+import surfaces
 
 
 def _device_memory() -> float:
@@ -29,7 +27,7 @@ def _device_memory() -> float:
 
 
 def main() -> int:
-    return answer(sys.argv[1:], surface=surfaces.by_name(os.environ["SIM_SURFACE"]), ledger=os.environ.get("SIM_LEDGER"))[0]
+    return answer(sys.argv[1:], surface=catalog.by_name(os.environ["SIM_SURFACE"]), ledger=os.environ.get("SIM_LEDGER"))[0]
 
 
 def answer(argv: list[str], *, surface: surfaces.Surface, ledger: str | None) -> tuple[int, float]:

@@ -22,19 +22,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from optuna_ds.config import Metric
+from optuna_ds.domain import Config
+from optuna_ds.domain import Experiment
+from optuna_ds.domain import Phase
+from optuna_ds.launcher import CommandBuilder
+from optuna_ds.launcher import ExperimentRunner
+from optuna_ds.launcher import Slot
+from optuna_ds.launcher import measure_steps
+from optuna_ds.launcher import profiled_steps
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from optuna_ds.config import Metric  # noqa: E402
-from optuna_ds.domain import Config  # noqa: E402
-from optuna_ds.domain import Experiment  # noqa: E402
-from optuna_ds.domain import Phase  # noqa: E402
-from optuna_ds.launcher import CommandBuilder  # noqa: E402
-from optuna_ds.launcher import ExperimentRunner  # noqa: E402
-from optuna_ds.launcher import Slot  # noqa: E402
-from optuna_ds.launcher import measure_steps  # noqa: E402
-from optuna_ds.launcher import profiled_steps  # noqa: E402
-
 
 def _cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.fmean(values)

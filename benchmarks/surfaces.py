@@ -299,38 +299,6 @@ SURFACES = [
 ]
 
 
-def by_name(name: str) -> Surface:
-    """A hand-made surface, ``random-<seed>``: the generated job of that seed, ``phys-...``:
-    a job of the second generator (benchmarks/physical_jobs.py), ``blind-<seed>``: one of the
-    third (benchmarks/blind_jobs.py), ``blind4-<seed>``: one of the fourth, held out
-    (benchmarks/blind4_jobs.py), or ``replay-...``: a job of recorded real runs
-    (benchmarks/replays.py)."""
-    for s in SURFACES:
-        if s.name == name:
-            return s
-    if name.startswith("replay-"):
-        import replays
-
-        return replays.by_name(name)  # type: ignore[return-value]
-    if name.startswith(("phys-", "zpp-")):
-        import physical_jobs  # the second, independent generator
-
-        return physical_jobs.by_name(name)  # type: ignore[return-value]
-    if name.startswith("blind-"):
-        import blind_jobs  # the third, blind generator
-
-        return blind_jobs.by_name(name)  # type: ignore[return-value]
-    if name.startswith("blind4-"):
-        import blind4_jobs  # the fourth, blind generator: held out
-
-        return blind4_jobs.by_name(name)  # type: ignore[return-value]
-    if name.startswith("random-") and name[len("random-"):].isdigit():
-        from jobs import random_job
-
-        return random_job(int(name[len("random-"):]))
-    raise KeyError(name)
-
-
 def spaces_of(surface: Surface) -> tuple[dict[int, dict[str, list[Any]]], dict[str, Any]]:
     """The knob spaces and knob defaults of the job's generator: its own where it has them
     (benchmarks/blind_jobs.py's stage 3 tunes keys of its own), else this module's."""

@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from optuna_ds.cli import main  # noqa: E402
-from optuna_ds.reporting import Progress  # noqa: E402
+from optuna_ds.cli import main
+from optuna_ds.reporting import Progress
 
 
 def _appender(path: str):  # type: ignore[no-untyped-def]

@@ -23,7 +23,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = Path(__file__).parent
-FAKE_LAUNCHER = str(TESTS / "fake_deepspeed.py")
+FAKE_LAUNCHER = str(TESTS.parent / "benchmarks" / "fake_deepspeed.py")
 # Our option naming the deepspeed executable (DeepSpeed's own --launcher names its multi-node backend).
 LAUNCHER_OPTION = "--deepspeed-bin"
 EXAMPLES = TESTS.parent / "examples"

@@ -11,25 +11,25 @@ from pathlib import Path
 
 import pytest
 
+import catalog
+import surfaces
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import surfaces  # noqa: E402
 
 
 def test_surfaces_have_the_features_they_claim() -> None:
-    cliff = surfaces.by_name("cliff-crash")
+    cliff = catalog.by_name("cliff-crash")
     assert cliff.memory_gb(surfaces.Config(stage=0, mbs=24)) - cliff.memory_gb(surfaces.Config(stage=0, mbs=23)) > 20
     crash = surfaces.Config(stage=2, mbs=4, knobs=(("reduce_scatter", False),))
     assert cliff.evaluate(crash).kind == "crash"
-    large = surfaces.by_name("gpt2-large")
+    large = catalog.by_name("gpt2-large")
     best, value = large.optimum(fast=True)
     edge = max(c.mbs for c in large.configs(fast=True, stages=(best.stage,)))
     assert best.mbs < edge, "the sweet spot lies below the largest runnable size"
     assert large.optimum(fast=False)[1] > value, "knobs pay in full mode"
-    assert surfaces.by_name("offload-only").optimum(fast=True, offload=False)[0] is None
-    assert surfaces.by_name("offload-only").optimum(fast=True, offload=True)[0].offload_optimizer
+    assert catalog.by_name("offload-only").optimum(fast=True, offload=False)[0] is None
+    assert catalog.by_name("offload-only").optimum(fast=True, offload=True)[0].offload_optimizer
 
 
 def test_the_simulated_launcher_answers_like_deepspeed(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_the_simulated_launcher_answers_like_deepspeed(tmp_path: Path) -> None:
 def test_generated_jobs_are_deterministic_and_varied() -> None:
     import jobs
 
-    assert repr(jobs.random_job(7)) == repr(surfaces.by_name("random-7")) == repr(jobs.random_job(7))
+    assert repr(jobs.random_job(7)) == repr(catalog.by_name("random-7")) == repr(jobs.random_job(7))
     generated = [jobs.random_job(seed) for seed in range(100)]
     assert len({repr(j) for j in generated}) == 100
     assert {j.num_gpus for j in generated} >= {1, 2, 4, 8, 16} and len({j.device_gb for j in generated}) >= 4
@@ -90,7 +90,7 @@ def test_deepspeeds_autotuner_tunes_a_job_of_more_gpus_than_it_takes_on_one_node
     import search
 
     assert [search._deepspeed_layout(n) for n in (8, 64, 100, 128, 120)] == [(1, 8), (1, 64), (1, 100), (16, 8), (15, 8)]
-    job = surfaces.by_name("blind4-4")  # 128 GPUs: on one node of 128 slots DeepSpeed 0.19.8 asserts before any launch
+    job = catalog.by_name("blind4-4")  # 128 GPUs: on one node of 128 slots DeepSpeed 0.19.8 asserts before any launch
     assert job.num_gpus == 128
     figures = search.run_tool("deepspeed", job, fast=True, tuner_type="gridsearch", keep=tmp_path)
     assert figures["rc"] == 0 and figures["launches"] > 1 and figures["chosen"] is not None, figures
@@ -129,7 +129,7 @@ def test_the_planner_audit_counts_every_launch_of_a_job_once() -> None:
     (the profile run aside)."""
     import planner
 
-    r = planner.tune(surfaces.by_name("blind-1"), slots=1)
+    r = planner.tune(catalog.by_name("blind-1"), slots=1)
     kinds = [kind for kind, _ in r["kinds"]]
     assert len(kinds) == r["launches"] - 1 and set(kinds) <= set(planner.KINDS), kinds
     assert kinds[0] == "first run" and sum(s == "oom" for _, s in r["kinds"]) == r["oom"]
@@ -151,7 +151,7 @@ def test_the_planner_curve_prices_a_budget_of_deepspeeds_launches_and_the_audit_
             assert re.search(rf"^{group} at {f:g}x DeepSpeed's launches \(2 jobs\): mean [01]\.\d{{4}} p5 [01]\.\d{{4}} within 1% "
                              r"\d+\.\d%$", out, re.M), out
     assert re.search(r"^  within 1%: a config that ran on \d+\.\d% of jobs, the one chosen on \d+\.\d%$", out, re.M), out
-    r = planner.tune(surfaces.by_name("random-0"), slots=1)
+    r = planner.tune(catalog.by_name("random-0"), slots=1)
     assert r["best_ran"] >= r["true"] > 0 and len(r["configs"]) == r["launches"] - 1
 
 
@@ -172,8 +172,8 @@ def test_the_full_mode_audit_splits_the_regret_between_the_arm_and_its_knobs(mon
 def test_blind_jobs_bring_their_own_knob_space(tmp_path: Path) -> None:
     import blind_jobs
 
-    assert surfaces.spaces_of(surfaces.by_name("phys-3")) == (surfaces.SPACES, surfaces.DEFAULTS)
-    job = surfaces.by_name("blind-2")
+    assert surfaces.spaces_of(catalog.by_name("phys-3")) == (surfaces.SPACES, surfaces.DEFAULTS)
+    job = catalog.by_name("blind-2")
     assert isinstance(job, blind_jobs.BlindJob) and surfaces.spaces_of(job) == (blind_jobs.SPACES, blind_jobs.DEFAULTS)
     # The simulated launcher hands stage 3's own keys to the job: at 6 samples a prefetch bucket
     # of 5e8 runs out of memory where the default runs.
@@ -221,7 +221,7 @@ def test_every_generated_job_has_reproducible_one_sided_slow_outliers(tmp_path: 
         assert 0.75 <= min(slow) and max(slow) <= 0.95
     assert len({surfaces.slow_share(f"random-{seed}") for seed in range(20)}) == 20
     # Through the launcher: its figure is the job's measurement times the outlier's factor.
-    job = surfaces.by_name("gpt2-large")
+    job = catalog.by_name("gpt2-large")
     slow_nonce = next(n for n in range(200) if surfaces.slow_outlier(job.name, config, n) < 1.0)
     ledger = tmp_path / "ledger.jsonl"
     ledger.write_text("".join(json.dumps({"profile": True}) + "\n" for _ in range(slow_nonce)))

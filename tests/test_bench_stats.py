@@ -3,15 +3,10 @@ from __future__ import annotations
 
 import random
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import stats  # noqa: E402
+import stats
 
 
 def _shares(n: int, *, seed: int) -> list[float]:

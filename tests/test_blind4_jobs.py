@@ -1,16 +1,12 @@
 """The fourth, blind job generator (benchmarks/blind4_jobs.py): deterministic and self-consistent."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
+import blind4_jobs
 
-import blind4_jobs  # noqa: E402
 
 SEEDS = (0, 3, 12, 22, 26)  # one node and many, 24 GB desktops to H200s, ViT, GPT-2, Mixtral
 

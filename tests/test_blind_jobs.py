@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import blind_jobs
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import blind_jobs  # noqa: E402
 
 SEEDS = range(40)
 

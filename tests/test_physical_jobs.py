@@ -1,16 +1,12 @@
 """Physical properties of the second, independent simulated-job generator (benchmarks/physical_jobs.py)."""
 import math
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import pytest
 
-import pytest  # noqa: E402
-
-from physical_jobs import PHYSICAL_JOBS, by_name, physical_job  # noqa: E402
-from surfaces import SPACES, Config  # noqa: E402
+from physical_jobs import PHYSICAL_JOBS, by_name, physical_job
+from surfaces import SPACES, Config
 
 JOBS = [physical_job(s) for s in range(60)]
 MULTI = [j for j in JOBS if j.num_gpus > 1]

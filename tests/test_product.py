@@ -2,14 +2,9 @@
 processes, each a node of its own, on one storage and one virtual clock."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import parallel
+import product
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import parallel  # noqa: E402
-import product  # noqa: E402
 
 # A knob grid of 2 x 2 bucket sizes at the best of 2 micro-batch sizes, experiments of 2 s.
 TINY = product.FixedJob(name="tiny", surface=parallel.surface(2.0), config={

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
+import record_real
+import replays
+from surfaces import Config
 
-import record_real  # noqa: E402
-import replays  # noqa: E402
-from surfaces import Config  # noqa: E402
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _run(stage: int, mbs: int, value: float | None, *, offload: str = "", outcome: str = "ok") -> dict[str, Any]:

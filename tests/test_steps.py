@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +10,7 @@ from optuna_ds.launcher import measure_steps
 from optuna_ds.launcher import profiled_steps
 from optuna_ds.launcher import read_step_timers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import product  # noqa: E402
+import product
 
 # Rank 0's output as DeepSpeed 0.19.8 prints it in autotuning mode (steps 1-6, then metrics.json
 # from step 7), with the script's own lines, a micro-step line (wall_clock_breakdown) and a pdsh

@@ -64,7 +64,7 @@ record() {
 check() {
     say waiting for DeepCompile
     wait $OPS; cat /tmp/ops.log
-    timeout -s INT "$CHECK_S" python3 "$G/benchmarks/gpu_check.py" --json "$OUT/gpu_check.json" | tee "$OUT/gpu_check.txt"
+    timeout -s INT "$CHECK_S" python3 "$G/benchmarks/gpu/gpu_check.py" --json "$OUT/gpu_check.json" | tee "$OUT/gpu_check.txt"
 }
 
 for phase in $PHASES; do

@@ -1,6 +1,6 @@
 """A plain GPT (pre-norm blocks, causal SDPA attention, untied head) for the GPU scripts.
 
-Shared by the tuning's tiny job, the replay recorder and ``benchmarks/gpu_check.py``, so that the
+Shared by the tuning's tiny job, the replay recorder and ``benchmarks/gpu/gpu_check.py``, so that the
 three measure one model family. ``checkpoint`` wraps each block's call: ``None`` keeps every
 activation, ``deepspeed.checkpointing.checkpoint`` recomputes each block in the backward pass.
 """

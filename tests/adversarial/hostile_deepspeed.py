@@ -4,7 +4,7 @@
 ``HOSTILE_DS_TABLE`` is a JSON object: ``{"<mbs>": behaviour, "profile": behaviour,
 "default": behaviour}``. Behaviours:
 
-    ok              throughput 10 x mbs, reported as DeepSpeed's engine does (tests/fake_deepspeed.py:
+    ok              throughput 10 x mbs, reported as DeepSpeed's engine does (benchmarks/fake_deepspeed.py:
                     a timer line per step, then the metrics file); the other good metrics below alike
     huge_stderr     8 MiB of stderr, then a crash
     control_bytes   terminal escapes and control bytes on stderr, then a crash
@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
 import fake_deepspeed  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Issue 37's GPU check: do DeepCompile and activation checkpointing act on a job, and how would a
 tool tell from what a run logs and measures?
 
-Run on one GPU (``python benchmarks/gpu_check.py``; no launcher: one process, one engine per
+Run on one GPU (``python benchmarks/gpu/gpu_check.py``; no launcher: one process, one engine per
 case). What DeepSpeed 0.19.8's source says, which the cases check:
 
 - ``"compile": {"deepcompile": true}`` alone changes nothing: the engine's forward logs once
@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from dataclasses import field
@@ -45,9 +44,8 @@ import deepspeed
 import torch
 from deepspeed.accelerator import get_accelerator
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-from gpt import GPT  # noqa: E402
-from gpt import batch  # noqa: E402
+from gpt import GPT
+from gpt import batch
 
 NOT_COMPILED = "DeepCompile is enabled but engine.compile() has not been called"
 COMPILING = ("Compiling mode=", "deepcompile=True")  # engine.compile()'s line; the config dump also says deepcompile=True
