@@ -123,19 +123,17 @@ def test_a_failed_trial_keeps_its_reason_and_stderr(study: optuna.Study) -> None
 
 
 def test_a_trial_stored_with_literal_keys_reads_back(study: optuna.Study) -> None:
-    """Tunings stored before the record existed hold the same keys; before it held the stage and
-    the knobs, they are read from the trial's ds_config and params."""
+    """A trial's user attrs under their literal keys (what stored tunings and optuna-dashboard
+    hold) read back as the record."""
     trial = study.ask()
-    trial.suggest_int("train_micro_batch_size_per_gpu", 2, 2)
-    trial.suggest_categorical("overlap_comm", [True, False])
-    for key, value in {"phase": "knobs", "micro_batch_size": 2, "gradient_accumulation_steps": 1, "offload": "offload-opt",
-                       "ds_config": {"zero_optimization": {"stage": 2}}, "exp_name": "z2_gas1_tmbspg2_ocT_offload-opt",
+    for key, value in {"phase": "knobs", "stage": 2, "micro_batch_size": 2, "gradient_accumulation_steps": 1, "offload": "offload-opt",
+                       "knobs": {"overlap_comm": True}, "exp_name": "z2_gas1_tmbspg2_ocT_offload-opt",
                        "reason": "interrupted", "detail": "its process died", "lost": True, "duplicate_of": 0}.items():
         trial.set_user_attr(key, value)
     study.tell(trial, state=TrialState.FAIL)
     frozen = study.get_trials()[0]
     record = ExperimentRecord.from_trial(frozen)
-    expected = Config(stage=2, micro_batch=2, offload="offload-opt", knobs={"overlap_comm": frozen.params["overlap_comm"]})
+    expected = Config(stage=2, micro_batch=2, offload="offload-opt", knobs={"overlap_comm": True})
     assert (record.phase, record.config, record.exp_name) == (Phase.KNOBS, expected, "z2_gas1_tmbspg2_ocT_offload-opt")
     assert (record.reason, record.lost, record.duplicate_of) == (FailureReason.INTERRUPTED, True, 0)
     study.ask()
@@ -256,14 +254,14 @@ def test_metric_best_keeps_the_first_of_equals_and_refuses_an_unknown_direction(
 
 
 def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: optuna.Study) -> None:
-    """The root study's keys, as tunings of earlier versions stored them: read back typed, and
-    written under the same keys."""
+    """The root study's keys, as tunings store them: read back typed, and written under the
+    same keys."""
     stored = {
         "resources": {"gpus_per_experiment": 2, "device_memory": 8e10, "gpu_memory": "measured by NVML", "device": "GPU"},
         "model_info": {"num_params": 1_000_000}, "profile_duration": 12.5, "profile_end": "2025-01-01T10:00:00",
         "elapsed": 300.0, "stage:z0": {"status": "skipped", "reason": "no gain", "memory": {"stage": 0}},
-        "stage:z1": {"status": "tuned", "reason": "", "memory": {"stage": 1}, "max_runnable_micro_batch_size": 16, "offload": ""},
-        "knob_search": "done", "choice": {"stage": 1, "trial": 3, "estimate": 1500.0},
+        "stage:z1": {"status": "tuned", "reason": "", "memory": {"stage": 1}, "max_runnable_micro_batch_size": 16, "offload": []},
+        "choice": {"stage": 1, "trial": 3, "estimate": 1500.0, "config": {"stage": 1, "micro_batch_size": 16, "gradient_accumulation_steps": 1}},
         "optuna_ds:plan": "0123456789abcdef",  # the plan's mark: the storage's, not this record's
     }
     for key, value in stored.items():
@@ -274,17 +272,13 @@ def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: op
                                                                                        "2025-01-01T10:00:00", 300.0)
     assert root.stages == {0: StageRecord(status="skipped", reason="no gain", memory={"stage": 0}),
                            1: StageRecord(status="tuned", memory={"stage": 1}, max_runnable_micro_batch_size=16, offload=())}
-    assert root.choice == ChoiceRecord(stage=1, trial=3, estimate=1500.0)
-    # The knob search's end, which earlier versions stored, is read by nothing now and not written.
-    # The offload variants, stored comma-separated by earlier versions, are written as a list.
-    assert root.attrs() == {k: v for k, v in stored.items() if k not in ("optuna_ds:plan", "knob_search")} | {
-        "stage:z1": {**stored["stage:z1"], "offload": []}}
-    older = RootRecord.from_attrs({"stage:z3": {"status": "tuned", "offload": "offload-opt,offload-opt-param"}})
-    assert older.stages[3].offload == (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS)
-    assert older.attrs()["stage:z3"]["offload"] == ["offload-opt", "offload-opt-param"]
-    # An older tuning's resources, without the device: read with its default.
-    assert RootRecord.from_attrs({"resources": {"gpus_per_experiment": 1, "device_memory": 1.0}}).resources.device == ""
+    assert root.choice == ChoiceRecord(stage=1, trial=3, estimate=1500.0, config=Config(stage=1, micro_batch=16))
+    assert root.attrs() == {k: v for k, v in stored.items() if k != "optuna_ds:plan"}
+    offloads = RootRecord.from_attrs({"stage:z3": {"status": "tuned", "offload": ["offload-opt", "offload-opt-param"]}})
+    assert offloads.stages[3].offload == (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS)
+    assert offloads.attrs()["stage:z3"]["offload"] == ["offload-opt", "offload-opt-param"]
     assert RootRecord.from_attrs({}) == RootRecord() and RootRecord().attrs() == {}
+    assert RootRecord.from_attrs({"choice": {}}).choice is None  # a resumed tuning's, before it chooses
     # The choice holds its config: the report finds it by value, not by scanning trials for a number.
     config = Config(stage=2, micro_batch=16, offload="offload-opt", knobs={"reduce_bucket_size": 5e8})
     choice = RootRecord(choice=ChoiceRecord(stage=2, trial=7, estimate=900.0, config=config))
@@ -293,8 +287,7 @@ def test_the_root_record_reads_and_writes_the_keys_stored_tunings_hold(study: op
 
 
 def test_a_timeout_is_final_only_under_a_timeout_no_longer_than_its_own() -> None:
-    """Issue 50 row 4: a run killed at a 10 s timeout has no result under a longer one; one an
-    earlier version stored without its timeout is judged by its duration (at least the timeout)."""
+    """Issue 50 row 4: a run killed at a 10 s timeout has no result under a longer one."""
     from optuna_ds.domain import is_finished_experiment
     from optuna_ds.domain import timed_out_sooner
 
@@ -302,7 +295,7 @@ def test_a_timeout_is_final_only_under_a_timeout_no_longer_than_its_own() -> Non
         attrs = ExperimentRecord(reason=FailureReason.TIMEOUT, exp_name="z1_gas1_tmbspg4", **record).attrs()  # type: ignore[arg-type]
         return optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=attrs)
 
-    for trial in (timed_out(timeout=10.0, duration=10.2), timed_out(duration=10.2)):
-        assert is_finished_experiment(trial) and is_finished_experiment(trial, timeout=10.0)
-        assert not timed_out_sooner(trial, timeout=10.0) and not timed_out_sooner(trial, timeout=None)
-        assert timed_out_sooner(trial, timeout=30.0) and not is_finished_experiment(trial, timeout=30.0)
+    trial = timed_out(timeout=10.0, duration=10.2)
+    assert is_finished_experiment(trial) and is_finished_experiment(trial, timeout=10.0)
+    assert not timed_out_sooner(trial, timeout=10.0) and not timed_out_sooner(trial, timeout=None)
+    assert timed_out_sooner(trial, timeout=30.0) and not is_finished_experiment(trial, timeout=30.0)

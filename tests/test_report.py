@@ -101,7 +101,8 @@ def _store(root: Path, runs: list[tuple[int, int, Any]] = RUNS, *, choice: tuple
         trial.datetime_complete = trial.datetime_start + datetime.timedelta(seconds=10)
         stages[stage].add_trial(trial)
     if choice is not None:
-        study.set_user_attr("choice", {"stage": choice[0], "trial": choice[1], "estimate": 15_400.0})
+        chosen = Config(stage=choice[0], micro_batch=[m for s, m, _ in runs if s == choice[0]][choice[1]])
+        study.set_user_attr("choice", {"stage": choice[0], "trial": choice[1], "estimate": 15_400.0, "config": chosen.to_attrs()})
         set_verdict(study, equivalent=[Config(stage=s, micro_batch=m).name for s, m in equivalent], noise=noise)
     return storage, plan
 

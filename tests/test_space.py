@@ -113,10 +113,6 @@ def test_the_config_is_stored_by_one_serialiser_and_read_back() -> None:
     assert Config.from_attrs(json.loads(json.dumps(attrs))) == config
     assert Config.from_attrs({"stage": 0, "micro_batch_size": 2}) == Config(stage=0, micro_batch=2)
     assert Config.from_attrs({"exp_name": "x"}) is None
-    # A trial an earlier version stored: the stage of its ds_config, the knobs of its params.
-    old = {"micro_batch_size": 4, "gradient_accumulation_steps": 1, "ds_config": {"zero_optimization": {"stage": 2}}}
-    params = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "overlap_comm": False}
-    assert Config.from_attrs(old, params=params) == Config(stage=2, micro_batch=4, knobs={"overlap_comm": False})
 
 
 def test_memory_estimate_partitions_by_stage() -> None:

@@ -237,21 +237,15 @@ class Config:
         return attrs
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any], *, params: Mapping[str, Any] | None = None) -> Config | None:
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> Config | None:
         """The config :meth:`to_attrs` stored in ``attrs``; ``None`` where they hold none (a
-        trial before its claim). A trial an earlier version stored, without ``stage`` and
-        ``knobs``: the stage of its ``ds_config``, the knobs of its ``params``."""
+        trial before its claim)."""
         mbs = attrs.get(_MBS)
         stage = attrs.get(_STAGE)
-        knobs = attrs.get(_KNOBS, {})
-        if stage is None:
-            zero = (attrs.get("ds_config") or {}).get(ZERO_KEY)
-            stage = zero.get("stage") if isinstance(zero, dict) else None
-            knobs = {k: v for k, v in (params or {}).items() if k not in (MBS_KEY, GAS_KEY)}
         if mbs is None or stage is None:
             return None
         return cls(stage=int(stage), micro_batch=int(mbs), offload=attrs.get(_OFFLOAD),
-                   accumulation=int(attrs.get(_GAS) or 1), knobs=knobs)
+                   accumulation=int(attrs.get(_GAS) or 1), knobs=attrs.get(_KNOBS, {}))
 
     def run_name(self, repeat: int = 0) -> str:
         """The name of its run that follows ``repeat`` earlier ones: a re-measurement has one of

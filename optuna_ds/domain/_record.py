@@ -138,7 +138,7 @@ class ExperimentRecord:
             values["phase"] = Phase(values["phase"])
         if "reason" in values:
             values["reason"] = FailureReason(values["reason"])
-        return cls(config=Config.from_attrs(attrs, params=trial.params), **values)
+        return cls(config=Config.from_attrs(attrs), **values)
 
     def attrs(self) -> dict[str, Any]:
         """The user attrs of the fields this record sets (those not at their default), in field
@@ -180,16 +180,13 @@ DEFINITIVE_FAILURES = frozenset(r for r in FailureReason if r.judges_config)
 
 def timed_out_sooner(trial: FrozenTrial, *, timeout: float | None) -> bool:
     """Whether the trial's experiment timed out under a shorter trial timeout than ``timeout``
-    (``None``: none): it may finish under this one. The timeout it ran under is its record's;
-    where an earlier version recorded none, its duration, which is at least the timeout it was
-    killed at."""
+    (``None``: none): it may finish under this one. The timeout it ran under is its record's."""
     if timeout is None or trial.state != TrialState.FAIL:
         return False
     record = ExperimentRecord.from_trial(trial)
     if record.reason is not FailureReason.TIMEOUT:
         return False
-    ran_under = record.timeout if record.timeout is not None else record.duration
-    return ran_under is not None and float(ran_under) < timeout
+    return record.timeout is not None and float(record.timeout) < timeout
 
 
 def is_finished_experiment(trial: FrozenTrial, *, timeout: float | None = None) -> bool:

@@ -20,14 +20,14 @@ class RecordedResources:
     gpus_per_experiment: int = 1
     device_memory: float = 0.0  # bytes per device
     gpu_memory: str = ""  # whether peak GPU memory is measured here, and if not why
-    device: str = ""  # the accelerator's kind: "GPU", "CPU"; "" where an earlier version did not record it
+    device: str = ""  # the accelerator's kind: "GPU", "CPU"
 
 
 @dataclasses.dataclass(frozen=True)
 class StageRecord:
     """A ZeRO stage's status: ``tuned``, ``skipped`` or ``pending``, with why, its memory
     estimate, and where tuned, its largest micro-batch size that ran and the offload variants
-    it explored (stored as a list of labels; an earlier version stored them comma-separated)."""
+    it explored (stored as a list of labels)."""
 
     status: str
     reason: str = ""
@@ -38,10 +38,8 @@ class StageRecord:
     @classmethod
     def from_attrs(cls, stored: Mapping[str, Any]) -> StageRecord:
         known = _known(cls, dict(stored))
-        offload = known.get("offload")
-        if offload is not None:
-            labels = offload.split(",") if isinstance(offload, str) else offload
-            known["offload"] = tuple(Offload(label) for label in labels if label)
+        if known.get("offload") is not None:
+            known["offload"] = tuple(Offload(label) for label in known["offload"])
         return cls(**known)
 
     def attrs(self) -> dict[str, Any]:
@@ -54,13 +52,12 @@ class StageRecord:
 @dataclasses.dataclass(frozen=True)
 class ChoiceRecord:
     """The planner's final choice: its config (stored as :meth:`Config.to_attrs` writes it), the
-    planner's estimate of its metric, and its stage and first run's trial in that stage's study
-    (all a choice an earlier version recorded holds: its config is ``None``, found by the trial)."""
+    planner's estimate of its metric, and its stage and first run's trial in that stage's study."""
 
     stage: int
     trial: int
+    config: Config
     estimate: float | None = None
-    config: Config | None = None
     regret: float | None = None  # what the planner expected the choice still to lose (a share)
 
     def attrs(self) -> dict[str, Any]:
@@ -69,15 +66,18 @@ class ChoiceRecord:
             attrs["estimate"] = self.estimate
         if self.regret is not None:
             attrs["regret"] = self.regret
-        if self.config is not None:
-            attrs["config"] = self.config.to_attrs()
+        attrs["config"] = self.config.to_attrs()
         return attrs
 
     @classmethod
-    def from_attrs(cls, stored: Mapping[str, Any]) -> ChoiceRecord:
+    def from_attrs(cls, stored: Mapping[str, Any]) -> ChoiceRecord | None:
+        """The choice :meth:`attrs` stored; ``None`` where ``stored`` holds none (``{}``)."""
         config = stored.get("config")
-        return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), estimate=stored.get("estimate"),
-                   config=Config.from_attrs(config) if isinstance(config, dict) else None, regret=stored.get("regret"))
+        config = Config.from_attrs(config) if isinstance(config, dict) else None
+        if config is None:
+            return None
+        return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), config=config, estimate=stored.get("estimate"),
+                   regret=stored.get("regret"))
 
 
 def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +122,7 @@ class RootRecord:
             profile_run=attrs.get("profile_run") if isinstance(attrs.get("profile_run"), dict) else None,
             elapsed=attrs.get("elapsed"),
             stages=dict(sorted(stages.items())),
-            choice=ChoiceRecord.from_attrs(choice) if isinstance(choice, dict) and choice else None,
+            choice=ChoiceRecord.from_attrs(choice) if isinstance(choice, dict) else None,
         )
 
     def attrs(self) -> dict[str, Any]:

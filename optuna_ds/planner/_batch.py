@@ -21,9 +21,7 @@ import numpy as np
 from optuna_ds.domain import Config
 from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Knobs
-from optuna_ds.planner._problem import Observation
 from optuna_ds.planner._problem import Proposal
-from optuna_ds.planner._problem import Status
 from optuna_ds.planner._state import State
 from optuna_ds.planner._surrogate import ThroughputModel
 
@@ -31,11 +29,6 @@ Row = tuple[Arm, int, Knobs]  # a config as the model takes it
 Point = tuple[Arm, int, Knobs, float]  # ...with its measured (or believed) score
 
 _WHY = "a slot free while others run"
-
-
-def under_way(proposals: list[Proposal]) -> list[Observation]:
-    """Proposals as experiments just started."""
-    return [Observation(config=p.config, status=Status.RUNNING, repeat=p.repeat, seconds=0.0) for p in proposals]
 
 
 def remeasuring(state: State) -> bool:
@@ -149,7 +142,7 @@ def widen(state: State, model: ThroughputModel, proposals: list[Proposal], *, sl
         model = model.conditioned(believed([rows[j]]))
 
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {(p.stage, p.offload) for p in proposals}
-    for arm in state.arms:
+    for arm in state.problem.arms:
         likely = np.array([i for i, (a, _, _) in enumerate(rows) if a.key == arm.key and p_run[i] >= 0.5], dtype=int)
         if len(added) < slots and not arm.offload and arm.key not in explored and len(likely):
             add(int(likely[np.argmax(p_run[likely] * np.exp(model.mean([rows[i] for i in likely])))]), "a stage not measured yet")

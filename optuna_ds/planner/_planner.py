@@ -88,7 +88,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     """The next experiments of a tuning, as a pure function of everything observed so far.
 
     A launch is the currency. Candidates are the untried micro-batch sizes of every arm worth
-    exploring (on one rank, no stage that partitions nothing), the knob settings once an arm's
+    exploring, the knob settings once an arm's
     sizes are settled, and re-measurements of the choice and its closest rival. The first
     experiment is the run expected to measure fastest; from then on each is the one expected to
     raise the *final choice* most (its knowledge gradient against the best measured config,

@@ -99,12 +99,6 @@ def _below(sizes: np.ndarray, ran: float, failed: float) -> np.ndarray:
     return np.asarray(np.clip(np.log(np.maximum(sizes, low) / low) / math.log(max(failed, low * 1.0001) / low), 0.0, 1.0))
 
 
-def _partitions_nothing(problem: Problem, arm: Arm) -> bool:
-    """ZeRO-1..3 without offload on one data-parallel rank: there is nothing to partition, so
-    the arm holds what ZeRO-0 holds, plus its buckets and hooks, and cannot run faster."""
-    return problem.gpus == 1 and arm.stage >= 1 and not arm.offload and not problem.explicit
-
-
 def _median(values: list[float], default: float) -> float:
     return statistics.median(values) if values else default
 
@@ -143,15 +137,6 @@ class State:
         return dataclasses.replace(arm.sharded(setting.autotp), kept=self.memory.kept_share(setting)) if setting else arm
 
     @functools.cached_property
-    def arms(self) -> tuple[Arm, ...]:
-        """The arms worth exploring: on one rank, the partitioning arms only as a fallback,
-        once every other arm failed for a reason other than memory."""
-        useful = [a for a in self.problem.arms if not _partitions_nothing(self.problem, a)]
-        broken = all(any(o.arm == a.key and o.status is Status.FAILED for o in self.finished)
-                     and not any(o.arm == a.key and o.status is Status.OK for o in self.finished) for a in useful)
-        return self.problem.arms if broken else tuple(useful)
-
-    @functools.cached_property
     def levers(self) -> dict[tuple[str, Any], tuple[float, float]]:
         """The prior of each lever value in the stage-3 knob spaces (:mod:`optuna_ds.planner._levers`),
         of each checkpointing value (:mod:`optuna_ds.planner._checkpointing`) and of each AutoTP
@@ -183,7 +168,7 @@ class State:
         rows: list[tuple[Arm, int, Knobs]] = []
         p_run: list[np.ndarray] = []
         p_fit: list[np.ndarray] = []
-        for arm in self.arms:
+        for arm in self.problem.arms:
             sizes = np.array([m for m in self.sizes(arm) if self.problem.config(arm, int(m)) not in self.tried])
             if not len(sizes):
                 continue
@@ -259,7 +244,7 @@ class State:
         p_run: list[np.ndarray] = []
         settings = (*usable(self.problem, self.finished, self.settings.priors), *autotp_usable(self.problem, self.finished))
         priors = self.settings.priors
-        for arm in self.arms if settings else ():
+        for arm in self.problem.arms if settings else ():
             runs: dict[int, list[float]] = {}
             for o in self.ok:
                 if o.arm == arm.key and not o.knobs:

@@ -582,12 +582,6 @@ class ThroughputModel:
         moved = np.maximum(var_r - cov, 0.0) / np.sqrt(var_r + noise[:, None] ** 2)
         return np.asarray(w @ _gain(mean_r - mean_c, np.maximum(moved, 1e-9)))
 
-    def expected_improvement(self, rows: Sequence[tuple[Arm, int, Knobs]], threshold: float) -> np.ndarray:
-        """``E[max(0, log y - threshold)]``: the expected relative gain over ``threshold``."""
-        w, means, sds = self.predict(rows)
-        z = (means - threshold) / sds
-        return np.asarray(w @ ((means - threshold) * _norm_cdf(z) + sds * _norm_pdf(z)))
-
 
 _NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(9)
 _NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()

@@ -48,7 +48,7 @@ class ExperimentRow:
         if self.record.duplicate_of is not None:
             return "duplicate"
         if t.state == TrialState.PRUNED:
-            return "not launched"  # a worker's claim once tune was ending the tuning; an earlier version's pruned ask
+            return "not launched"  # a worker's claim once tune was ending the tuning
         if t.state == TrialState.RUNNING:
             return "running"
         return self.record.reason.value if self.record.reason else "failed"
@@ -143,7 +143,7 @@ def format_value(value: Any) -> str:
 
 def visible_rows(rows: list[ExperimentRow]) -> list[ExperimentRow]:
     """What the user paid for: internal duplicates (a claim that stood down), a worker's claim
-    once tune was ending the tuning and an earlier version's pruned asks launched nothing, and an experiment cut short that ran again since is
+    once tune was ending the tuning launched nothing, and an experiment cut short that ran again since is
     that run's, not a failure."""
     hidden = ("duplicate", "not launched")
     again = {(r.stage, r.name) for r in rows if r.status not in (*hidden, "interrupted")}

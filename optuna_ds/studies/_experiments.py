@@ -69,7 +69,6 @@ class UnreadableTrial(OptunaDSError):
 class Attempt:
     """One trial as its objective left it."""
 
-    stood_down: bool = False
     launched: bool = False
     competitor: FrozenTrial | None = None  # the trial it stood down to
     stops: ExperimentResult | None = None  # failed whatever its config (the script, the node's ports, the machine): the tuning stops
@@ -285,14 +284,13 @@ class StageExperiments:
             previous = competitor(self._study, trial, experiment.name, timeout=ctx.timeout)
             if previous is not None:
                 ExperimentRecord(duplicate_of=previous.number).write(trial.set_user_attr)
-                attempt.stood_down, attempt.competitor = True, previous
+                attempt.competitor = previous
                 raise optuna.TrialPruned(f"{experiment.name} already ran as trial {previous.number}")
             # Checked after the claim is published, as tune publishes its end before it reads the
             # trials: of the two, at least one sees the other (tune waits for this experiment).
             owner = ctx.ending_tune()
             if owner is not None:
                 ExperimentRecord(ended_by=owner).write(trial.set_user_attr)
-                attempt.stood_down = True
                 raise optuna.TrialPruned(f"{experiment.name}: tune is ending the tuning")
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)

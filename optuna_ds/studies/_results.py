@@ -154,9 +154,8 @@ def _starts(trials: Sequence[FrozenTrial]) -> tuple[float, ...]:
 
 def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecord | None = None) -> Optimum | None:
     """The best config among ``trials`` (one stage study's), the one definition of "best": the
-    planner's ``choice`` where it is among them (its config; an earlier version's choice, by one
-    of its runs' trial), else the config with the best mean of runs. One run is not a result when
-    the noise is a few percent, so no view ranks single runs."""
+    planner's ``choice`` where it is among them, else the config with the best mean of runs. One
+    run is not a result when the noise is a few percent, so no view ranks single runs."""
     groups: dict[Config, list[FrozenTrial]] = {}
     for t in launched(trials):
         config = ExperimentRecord.from_trial(t).config
@@ -164,10 +163,7 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
             groups.setdefault(config, []).append(t)
     if not groups:
         return None
-    picked = None
-    if choice is not None:
-        picked = (groups.get(choice.config) if choice.config is not None
-                  else next((g for g in groups.values() if any(t.number == choice.trial for t in g)), None))
+    picked = groups.get(choice.config) if choice is not None else None
     estimate, final = (choice.estimate, True) if picked is not None and choice is not None else (None, False)
     if picked is None:
         estimate, final = None, False
