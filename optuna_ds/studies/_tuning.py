@@ -75,20 +75,6 @@ _ALIKE_ROUNDS = 2  # choices measured so, at most (the planner may change its mi
 _MAX_EXPERIMENTS = 40  # the planner's launches in fast mode, at most (its search ends long before, as a rule)
 
 
-def ran_alone(trials: list[optuna.trial.FrozenTrial], configs: tuple[Config, ...]) -> bool:
-    """Whether every completed run of ``configs`` ran while no other experiment of ``trials``
-    (claimed ones, every stage) did: runs taken one at a time are alike already, whatever the
-    order, so the headline needs none of its own (a launch that cannot change the choice)."""
-    spans = [(t.datetime_start, t.datetime_complete or datetime.datetime.max, ExperimentRecord.from_trial(t).config, t)
-             for t in trials if t.datetime_start is not None]
-    for start, end, config, trial in spans:
-        if config not in configs or trial.state != TrialState.COMPLETE:
-            continue
-        if any(other is not trial and s < end and start < e for s, e, _, other in spans):
-            return False
-    return True
-
-
 class TuningDeleted(OptunaDSError):
     """Another process deleted the tuning (``--overwrite``) while this one ran it."""
 
@@ -509,9 +495,10 @@ class Tuning:
 
     def _measure_alike(self, coordinator: Coordinator, stages: dict[int, StageExperiments]) -> bool:
         """Once the planner chose, the headline's two configs, the user's and the optimum, run
-        alternately, one at a time, until each ran at least twice: its figures must not rest on
-        one run of the user's config taken first (cold, or beside another slot's experiment)
-        against the optimum's repeats taken alone. Not the planner's decision: the choice stands;
+        alternately, one at a time, until each ran at least twice, their runs interleaved (the
+        headline's rule for a factor, on one slot as on many): its figures must not rest on one
+        run of the user's config taken first (cold, or beside another slot's experiment) against
+        the optimum's repeats taken later. Not the planner's decision: the choice stands;
         a resumed tuning finds these runs in the storage like any other. Returns whether it
         launched any."""
         decision = coordinator.decision
@@ -532,19 +519,21 @@ class Tuning:
                       if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed and r.config == config]
             return sum(t.state == TrialState.COMPLETE for t in trials), len(trials)
 
+        claimed = [t for stage in stages.values() for t in stage.study.get_trials(deepcopy=False)
+                   if t.datetime_start is not None and ExperimentRecord.from_trial(t).claimed]
+
+        def starts(config: Config) -> list[datetime.datetime]:
+            return [t.datetime_start for t in claimed if t.state == TrialState.COMPLETE and t.datetime_start is not None
+                    and ExperimentRecord.from_trial(t).config == config]
+
+        mine, its = starts(base_config), starts(chosen)
+        alike = min(len(mine), len(its)) >= _ALIKE_RUNS and min(mine) < max(its) and min(its) < max(mine)
         # Each round adds a launch of the user's config: the storage bounds the rounds, so a
         # finished tuning run again launches nothing; a planner that changes its mind on these
         # runs gets its new choice measured alike too, and a run that fails is not tried for ever.
-        if min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS or chosen in self._measured_alike \
-                or runs(base_config)[1] > _ALIKE_ROUNDS:
+        if alike or chosen in self._measured_alike or runs(base_config)[1] > _ALIKE_ROUNDS:
             return False
         self._measured_alike.add(chosen)
-        claimed = [t for stage in stages.values() for t in stage.study.get_trials(deepcopy=False)
-                   if t.datetime_start is not None and ExperimentRecord.from_trial(t).claimed]
-        if ran_alone(claimed, (base_config, chosen)):
-            self._log("your config and the optimum each ran alone (one experiment at a time): the headline compares "
-                      "their runs as measured, with the noise as its range, and buys no run of its own")
-            return False
         # The optimum's last run the tuning's last launch (its noise replicate, say): a run of
         # yours next is taken alike with it, and the pair needs no run of the optimum again.
         last = max(claimed, key=lambda t: t.datetime_start or datetime.datetime.min, default=None)
