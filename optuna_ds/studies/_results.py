@@ -519,6 +519,30 @@ def warmed_runs(trials: Iterable[FrozenTrial]) -> list[Warmed]:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class PrunedRun:
+    """A run the pruner ended before its window did: its figure over the steps it logged, the
+    bar it fell below and the incumbent's figure that bar comes from."""
+
+    name: str
+    figure: float
+    steps: int
+    bar: float
+    incumbent: float
+
+
+def pruned_runs(trials: Iterable[FrozenTrial]) -> list[PrunedRun]:
+    """The runs of ``trials`` the pruner ended early, oldest first."""
+    found = []
+    for t in launched(trials):
+        record = ExperimentRecord.from_trial(t)
+        p = record.pruned
+        if t.state == TrialState.PRUNED and isinstance(p, dict) and record.exp_name:
+            found.append(PrunedRun(name=record.exp_name, figure=float(p["figure"]), steps=int(p["steps"]), bar=float(p["bar"]),
+                                   incumbent=float(p["incumbent"])))
+    return found
+
+
 def exits_off(trials: Iterable[FrozenTrial]) -> list[tuple[str, float, float]]:
     """The runs whose exit step was off their window: name, DeepSpeed's figure, and the value
     (the median of their steps' figures)."""
@@ -620,6 +644,7 @@ class TuningResult:
     checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
     warmed: tuple[Warmed, ...] = ()  # runs still warming up in their profiled window
+    pruned: tuple[PrunedRun, ...] = ()  # runs the pruner ended before their window did
     ignored_batch: IgnoredBatch | None = None  # the micro-batch size did not take effect
     # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: the median
     # of their steps').
@@ -688,6 +713,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
         warmed=tuple(warmed_runs(every)),
+        pruned=tuple(pruned_runs(every)),
         exit_off=tuple(exits_off(every)),
         ignored_batch=ignored_batch(every, script_args=plan.script_args,
                                     mapped=user.arg_mappings.values()),

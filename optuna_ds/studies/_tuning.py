@@ -307,6 +307,7 @@ class Tuning:
             timeout=self._timeout(),
             observer=observer,
             ending_tune=(lambda: _live_ending(self._root)) if self._worker else (lambda: None),
+            protected=lambda config: config.micro_batch == self._user.baseline_micro_batch_size,
         )
 
     def _distributions(self, stage: int, space: KnobSpace) -> dict[str, BaseDistribution]:
