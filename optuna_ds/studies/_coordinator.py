@@ -171,6 +171,10 @@ class Coordinator:
         self._idle_until = 0.0
         self.decision: Decision | None = None
 
+    @property
+    def problem(self) -> Problem:
+        return self._problem
+
     # -- the storage, as the planner sees it ------------------------------------------------------
 
     def observations(self) -> list[Observation]:

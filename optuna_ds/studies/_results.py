@@ -25,6 +25,7 @@ from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import launched
 from optuna_ds.launcher import telling_line
+from optuna_ds.planner import ModelCurve
 from optuna_ds.planner import Priors
 from optuna_ds.planner import checkpointing_ignored
 from optuna_ds.planner import measured_noise
@@ -37,6 +38,7 @@ from optuna_ds.storage import load_stage_study
 from optuna_ds.storage import verdict
 from optuna_ds.studies._builder import checkpointing_space
 from optuna_ds.studies._coordinator import observation_of
+from optuna_ds.studies._curves import recorded_model_curves
 from optuna_ds.studies._listed import Unrun
 from optuna_ds.studies._listed import unrun_sizes
 from optuna_ds.studies._listed import unrun_values
@@ -645,6 +647,8 @@ class TuningResult:
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
     warmed: tuple[Warmed, ...] = ()  # runs still warming up in their profiled window
     pruned: tuple[PrunedRun, ...] = ()  # runs the pruner ended before their window did
+    # The planner's model of each arm over micro-batch sizes, as it was when it chose (rates).
+    model_curves: tuple[ModelCurve, ...] = ()
     ignored_batch: IgnoredBatch | None = None  # the micro-batch size did not take effect
     # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: the median
     # of their steps').
@@ -714,6 +718,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         autotp=autotp_outcome(every, user),
         warmed=tuple(warmed_runs(every)),
         pruned=tuple(pruned_runs(every)),
+        model_curves=recorded_model_curves(root_study),
         exit_off=tuple(exits_off(every)),
         ignored_batch=ignored_batch(every, script_args=plan.script_args,
                                     mapped=user.arg_mappings.values()),
