@@ -203,6 +203,62 @@ def _import_all() -> None:
     importlib.import_module("deepspeed.accelerator.cpu_accelerator")
 
 
+class _SimulatedRun:
+    """A simulated launch as the runner sees a process (``pid``, ``poll``, ``wait``): its
+    engine's step lines written to its stdout as the virtual clock reaches each, its metrics
+    file and exit status at its end; ended by its process group (``os.killpg`` through
+    :data:`virtual_time.PROCESSES`) as a real launch is, then it writes nothing more and
+    ``entry`` (its line in the launches) ends then, with the seconds it saved."""
+
+    _next_pid = 1 << 23  # above any real pid (Linux's pid_max is at most 2**22)
+
+    def __init__(self, *, world: virtual_time.World, lines: list[tuple[float, bytes]], end: float, code: int,
+                 metrics: tuple[str, bytes] | None, stdout: IO[bytes], entry: dict[str, Any]) -> None:
+        _SimulatedRun._next_pid += 1
+        self.pid = self.args = _SimulatedRun._next_pid
+        self.returncode: int | None = None
+        self._world, self._lines, self._end, self._code = world, lines, end, code
+        self._metrics, self._stdout, self._entry = metrics, stdout, entry
+        virtual_time.PROCESSES[self.pid] = self
+
+    def _exit(self, code: int) -> None:
+        self.returncode = code
+        virtual_time.PROCESSES.pop(self.pid, None)
+
+    def signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            raise ProcessLookupError(self.pid)
+        if sig:
+            self._entry["saved_s"] = self._end - self._world.now
+            self._entry["end"] = self._world.now
+            self._exit(-sig)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        now = self._world.now
+        while self._lines and self._lines[0][0] <= now + 1e-9:
+            self._stdout.write(self._lines.pop(0)[1])
+            self._stdout.flush()
+        if now + 1e-9 >= self._end:
+            if self._metrics is not None:
+                Path(self._metrics[0]).write_bytes(self._metrics[1])
+            self._exit(self._code)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else self._world.now + timeout
+        while self.poll() is None:
+            due = min([self._end, *(t for t, _ in self._lines[:1])])
+            if deadline is not None:
+                if self._world.now >= deadline:
+                    raise subprocess.TimeoutExpired(str(self.args), timeout or 0.0)
+                due = min(due, deadline)
+            self._world.sleep(max(0.0, due - self._world.now))
+        assert self.returncode is not None
+        return self.returncode
+
+
 class _Launches:
     """One simulated process's launcher: the job answering in-process, the job's seconds waited
     on the virtual clock; each launch noted in ``launched`` with the process's ``node``."""
@@ -225,12 +281,31 @@ class _Launches:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code, seconds = self._job.answer(argv, ledger=self._ledger)
-        stdout.write(out.getvalue().encode())
         stderr.write(err.getvalue().encode())
-        stdout.flush()
         stderr.flush()
-        self._launched.append({"name": launch.name, "node": self._node, "include": launch.include, "profile": launch.profile,
-                               "start": start, "end": start + seconds, "code": code})
+        entry = {"name": launch.name, "node": self._node, "include": launch.include, "profile": launch.profile,
+                 "start": start, "end": start + seconds, "code": code, "gpus": launch.gpus}
+        self._launched.append(entry)
+        lines = out.getvalue().encode().splitlines(keepends=True)
+        timed = [k for k, line in enumerate(lines) if b"time (ms) |" in line]
+        if code == 0 and timed and not launch.profile:
+            # The engine's step lines as they come: after the job's start-up, one per step, the
+            # exit step (the metrics file) last.
+            startup = min(float(getattr(getattr(self._job, "surface", None), "startup_s", 0.0)), seconds)
+            every = (seconds - startup) / (len(timed) + 1)
+            seen = [sum(1 for t in timed if t <= k) for k in range(len(lines))]  # the step lines up to each line
+            at = [start + startup + every * n if n else start for n in seen]
+            try:
+                metrics: tuple[str, bytes] | None = (launch.metric_path, Path(launch.metric_path).read_bytes())
+                os.remove(launch.metric_path)
+            except OSError:
+                metrics = None
+            stdout.write(b"".join(line for k, line in enumerate(lines) if at[k] <= start))
+            stdout.flush()
+            return _SimulatedRun(world=self._world, lines=[(at[k], line) for k, line in enumerate(lines) if at[k] > start],
+                                 end=start + seconds, code=code, metrics=metrics, stdout=stdout, entry=entry)  # type: ignore[return-value]
+        stdout.write(out.getvalue().encode())
+        stdout.flush()
         self._world.sleep(seconds)
         return subprocess.Popen([_TRUE if code == 0 else _FALSE], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 start_new_session=True, pass_fds=tuple(pass_fds))
@@ -309,6 +384,11 @@ class Simulation:
     def experiments(self) -> list[dict[str, Any]]:
         """The launches but the profile run."""
         return [e for e in self.launches if not e["profile"]]
+
+    @property
+    def saved_gpu_s(self) -> float:
+        """The device-seconds the launches the pruner ended did not run."""
+        return sum(e.get("saved_s", 0.0) * e["gpus"] for e in self.launches)
 
     @property
     def duplicates(self) -> int:
@@ -421,7 +501,10 @@ def tune(surface: surfaces.Surface, *, fast: bool = True, tuner_type: str = "mod
     return {
         "launches": len(run.ledger),
         "oom": sum(1 for e in run.ledger if e["outcome"] == "oom"),
-        "gpu_hours": sum(e["seconds"] * e["gpus"] for e in run.ledger) / 3600.0,
+        # A run the pruner ended (its line in the launches says what it saved) ran that much less.
+        "gpu_hours": (sum(e["seconds"] * e["gpus"] for e in run.ledger) - run.saved_gpu_s) / 3600.0,
+        "saved_s": sum(e.get("saved_s", 0.0) for e in run.launches),
+        "pruned": sum(1 for e in run.launches if "saved_s" in e),
         "chosen": chosen,
         "true": surface.evaluate(chosen).throughput if chosen else 0.0,
         "wall_s": run.wall_s,

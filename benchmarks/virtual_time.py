@@ -430,7 +430,27 @@ _TIME = _Module(_time, {"monotonic": lambda: _world().monotonic(), "time": lambd
                         "sleep": lambda s: _world().sleep(s)})
 _DATETIME = _Module(_datetime, {"datetime": _Datetime})
 _THREADING = _Module(_threading, {"Lock": Lock, "RLock": RLock, "Condition": Condition, "Event": Event, "Thread": Thread})
-_OS = _Module(_os, {"environ": _ENVIRON, "getenv": _getenv})
+# Simulated processes (benchmarks/product.py's launches that run on the virtual clock), by the
+# process group id made up for each: optuna-ds's ``os.killpg`` ends them as it would a real
+# group, and its ``os.pidfd_open`` has none for them (the runner then polls them, on this clock).
+PROCESSES: dict[int, Any] = {}
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    simulated = PROCESSES.get(pgid)
+    if simulated is None:
+        _os.killpg(pgid, sig)
+    else:
+        simulated.signal(sig)
+
+
+def _pidfd_open(pid: int, flags: int = 0) -> int:
+    if pid in PROCESSES:
+        raise OSError(f"process {pid} is simulated: no pidfd")
+    return _os.pidfd_open(pid, flags)
+
+
+_OS = _Module(_os, {"environ": _ENVIRON, "getenv": _getenv, "killpg": _killpg, "pidfd_open": _pidfd_open})
 # DeepSpeed's CPU accelerator counts its devices from LOCAL_SIZE: each simulated node's own.
 _ENVIRON_READERS = ("deepspeed.accelerator.cpu_accelerator",)
 # Optuna's storages stamp a trial's start and end (``from datetime import datetime``).

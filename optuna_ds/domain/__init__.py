@@ -32,6 +32,7 @@ from optuna_ds.domain._record import ExperimentRecord
 from optuna_ds.domain._record import given_up
 from optuna_ds.domain._record import is_finished_experiment
 from optuna_ds.domain._record import launched
+from optuna_ds.domain._record import was_pruned
 from optuna_ds.domain._record import superseded
 from optuna_ds.domain._record import timed_out_sooner
 from optuna_ds.domain._root import ChoiceRecord
@@ -68,6 +69,7 @@ __all__ = [
     "is_finished_experiment",
     "knob_value",
     "launched",
+    "was_pruned",
     "superseded",
     "timed_out_sooner",
 ]

@@ -23,6 +23,7 @@ class FailureReason(str, enum.Enum):
     CHECKPOINTING = "checkpointing"  # the script or its model cannot checkpoint activations as set: the setting's, not the stage's or the size's
     AUTOTP = "autotp"  # AutoTP cannot shard the script's model, or its data differ within a tensor-parallel group: the setting's
     MACHINE = "machine"  # the machine's, not the config's (a disk full, a folder read-only, a node lost): stops the tuning, runs again on resume
+    PRUNED = "pruned"  # ended before its window did, its steps clearly below the incumbent's (docs/steps.md): its partial figure kept
 
     @property
     def judges_config(self) -> bool:

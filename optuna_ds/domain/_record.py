@@ -78,6 +78,9 @@ class ExperimentRecord:
     reason: FailureReason | None = None
     detail: str | None = None
     stderr_tail: str | None = None
+    # A run ended early by the pruner (reason "pruned"): its partial figure (the median of the
+    # profiled steps it logged), their count, and the incumbent and bar it was judged against.
+    pruned: dict[str, Any] | None = None
     # The marks: a claim that stood down, a dead driver's trial.
     duplicate_of: int | None = None  # the trial that has this experiment
     ended_by: dict[str, Any] | None = None  # the tune process ending the tuning when a worker claimed it
@@ -226,8 +229,15 @@ def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
 
 
 def launched(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that ran an experiment (a duplicate, pruned, launched nothing; a superseded trial's
-    launch is another's)."""
+    """Trials that ran an experiment (a duplicate, pruned as it stood down, launched nothing; a
+    superseded trial's launch is another's); a run the pruner ended early ran."""
     trials = list(trials)
     gone = superseded(trials)
-    return [t for t in trials if t.state != TrialState.PRUNED and ExperimentRecord.from_trial(t).claimed and t.number not in gone]
+    return [t for t in trials if (t.state != TrialState.PRUNED or was_pruned(t)) and ExperimentRecord.from_trial(t).claimed
+            and t.number not in gone]
+
+
+def was_pruned(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` is a run the pruner ended early (not a claim that stood down, which Optuna
+    marks pruned too)."""
+    return trial.state == TrialState.PRUNED and ExperimentRecord.from_trial(trial).reason is FailureReason.PRUNED

@@ -31,6 +31,7 @@ from optuna_ds.launcher._resources import device_kind
 from optuna_ds.launcher._resources import discover_resources
 from optuna_ds.launcher._resources import import_deepspeed
 from optuna_ds.launcher._resources import local_host_names
+from optuna_ds.launcher._live import Judge
 from optuna_ds.launcher._runner import ExperimentInterrupted
 from optuna_ds.launcher._runner import ExperimentRunner
 from optuna_ds.launcher._runner import Spawn
@@ -44,6 +45,7 @@ from optuna_ds.launcher._steps import later_window
 from optuna_ds.launcher._steps import profile_window
 from optuna_ds.launcher._steps import profiled_steps
 from optuna_ds.launcher._steps import still_falling
+from optuna_ds.launcher._steps import step_time_ms
 from optuna_ds.launcher._steps import read_finished
 from optuna_ds.launcher._steps import read_step_timers
 from optuna_ds.launcher._tracking import MARK_VAR
@@ -51,6 +53,7 @@ from optuna_ds.launcher._tracking import end_marked
 from optuna_ds.launcher._tracking import new_mark
 
 __all__ = [
+    "Judge",
     "BadMetrics",
     "CommandBuilder",
     "ExperimentFiles",
@@ -67,6 +70,7 @@ __all__ = [
     "Slot",
     "StepMeasurement",
     "measure_steps",
+    "step_time_ms",
     "profiled_steps",
     "later_window",
     "profile_window",

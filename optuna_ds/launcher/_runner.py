@@ -43,6 +43,9 @@ from optuna_ds.launcher._paths import rank_logs
 from optuna_ds.launcher._ports import lease_port
 from optuna_ds.launcher._resources import Slot
 from optuna_ds.launcher._checkpointing import read_checkpointing
+from optuna_ds.launcher._live import Judge
+from optuna_ds.launcher._live import LiveSteps
+from optuna_ds.launcher._live import RunPruned
 from optuna_ds.launcher._steps import read_step_timers
 from optuna_ds.launcher._slots import default_lock_dir
 from optuna_ds.launcher._tracking import MARK_VAR
@@ -138,9 +141,10 @@ class _Watch:
 
 
 def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Event | None,
-          watch: _Watch | None = None) -> int | None:
+          watch: _Watch | None = None, look: Callable[[], None] | None = None) -> int | None:
     """The launcher's exit status (``None``: lost, see :class:`ServedProcess`), its sightings
-    kept in ``watch`` where given; :class:`ExperimentInterrupted` once ``stop`` is set.
+    kept in ``watch`` where given; :class:`ExperimentInterrupted` once ``stop`` is set; ``look``
+    called at each poll while it runs (what it raises ends the wait).
 
     A slot waits here for most of its life, so it sleeps on a pidfd (woken by the exit, or to
     look at ``stop`` ten times a second): ``Popen.wait(timeout)`` would poll the child every
@@ -167,11 +171,26 @@ def _wait(proc: subprocess.Popen, *, timeout: float | None, stop: threading.Even
             watch.running = looked
             if stop.is_set():
                 raise ExperimentInterrupted("the tuning was stopped")
+            if look is not None:
+                look()
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _looker(live: LiveSteps, judge: Judge) -> Callable[[], None]:
+    """A poll's look at a running launch: its new step lines to ``judge``, :class:`RunPruned`
+    where it gives a reason."""
+
+    def look() -> None:
+        steps = live.read()
+        why = judge(steps) if steps is not None else None
+        if why:
+            raise RunPruned(why)
+
+    return look
 
 
 class Spawn(Protocol):
@@ -273,8 +292,9 @@ class ExperimentRunner:
         pass_fds: Sequence[int] = (),
         mark: str = "",
         on_exit: Callable[[], None] | None = None,
+        judge: Judge | None = None,
     ) -> ExperimentResult:
-        """Run one experiment to completion, timeout or interrupt, and classify the outcome.
+        """Run one experiment to completion, timeout, interrupt or prune, and classify the outcome.
 
         ``mark``: the token its processes carry (a new one if not given), recorded by the caller
         where a resumed tuning finds it.
@@ -289,6 +309,9 @@ class ExperimentRunner:
         ``on_command`` is given each run's ``deepspeed`` command line before it starts;
         ``on_exit`` is called the moment its launcher has exited by itself (the caller holds
         signals from then until its result is stored: a finished run is not lost to a signal).
+        ``judge`` is given the step-timer lines the run has logged each time new ones appear
+        (read from its stdout as it runs); a reason it returns ends the run by its process group,
+        as a timeout does, and the result is :attr:`FailureReason.PRUNED` with that reason.
 
         Files land where DeepSpeed's autotuner puts them: ``exps_dir/<name>.json`` and
         ``results_dir/<name>/`` with cmd.txt, ds_config.json, exp.json, metrics.json,
@@ -303,7 +326,8 @@ class ExperimentRunner:
                                         detail=f"no rendezvous port free on this node from {self.port(slot_index)} up")
             try:
                 result = self._run_once(experiment, slot=slot, port=port.port, timeout=timeout, on_start=on_start,
-                                        on_command=on_command, stop=stop, mark=mark, pass_fds=(*pass_fds, port.fd), on_exit=on_exit)
+                                        on_command=on_command, stop=stop, mark=mark, pass_fds=(*pass_fds, port.fd), on_exit=on_exit,
+                                        judge=judge)
             finally:
                 port.release()
             if result.reason not in (FailureReason.INTERRUPTED, FailureReason.PORT) or attempt == _ATTEMPTS:
@@ -326,6 +350,7 @@ class ExperimentRunner:
         mark: str,
         pass_fds: Sequence[int],
         on_exit: Callable[[], None] | None = None,
+        judge: Judge | None = None,
     ) -> ExperimentResult:
         try:
             files = ExperimentFiles(experiment.result_dir, self._exps_dir)
@@ -358,7 +383,10 @@ class ExperimentRunner:
         start, launched_at = time.monotonic(), time.time()
         watch = _Watch(start)
         timed_out = ended = False
+        pruned = ""
         unlocked: list[str] = []
+        look = None if judge is None else _looker(LiveSteps(stdout_path), judge)
+
         with contextlib.ExitStack() as logs:
             try:
                 out, err = (logs.enter_context(os.fdopen(create_file(path), "wb")) for path in (stdout_path, stderr_path))
@@ -369,11 +397,15 @@ class ExperimentRunner:
             try:
                 if on_start is not None:
                     on_start(proc.pid)  # the process group id, recorded so a resumed tuning can end it
-                returncode: int | None = _wait(proc, timeout=timeout, stop=stop, watch=watch)
+                returncode: int | None = _wait(proc, timeout=timeout, stop=stop, watch=watch, look=look)
                 if on_exit is not None:
                     on_exit()
             except subprocess.TimeoutExpired:
                 timed_out = True
+                kill_process_group(proc.pid, leader=proc)
+                returncode = proc.wait()
+            except RunPruned as e:
+                pruned = str(e)
                 kill_process_group(proc.pid, leader=proc)
                 returncode = proc.wait()
             except BaseException:  # noqa: BLE001 - re-raised: a signal or an error ends the experiment's process group first
@@ -386,7 +418,7 @@ class ExperimentRunner:
                 # Ranks the launcher left behind die with their group, and those that left it.
                 kill_process_group(proc.pid, grace=2.0, leader=proc)
                 end_marked(mark)
-                if timed_out or ended:  # ended by us, perhaps while it loaded an op
+                if timed_out or ended or pruned:  # ended by us, perhaps while it loaded an op
                     unlocked = release_build_locks(since=launched_at)
         # A run that ended by itself lasted until its launcher's exit, not until the tuner saw it.
         outputs = (stdout_path, stderr_path, files.metrics, files.model_info,
@@ -413,6 +445,8 @@ class ExperimentRunner:
             metrics_problem=problem, switches=[flag for flag, on in experiment.switches.items() if on],
             autotp=autotp_size(experiment.ds_config) > 1, timeout=timeout,
         )
+        if pruned:
+            reason, detail = FailureReason.PRUNED, pruned
         if unlocked:
             detail = f"{detail}; the op build lock it left as it was ended removed ({', '.join(unlocked)})"
         tail_source = stderr_tail if stderr_tail.strip() else stdout_tail

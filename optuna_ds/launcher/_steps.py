@@ -57,6 +57,11 @@ def read_step_timers(text: str) -> list[dict[str, float]]:
     return steps
 
 
+def step_time_ms(timers: Mapping[str, float]) -> float:
+    """One logged step's time (ms), as DeepSpeed sums its latency."""
+    return sum(timers[k] for k in _STEP_TIMERS)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepMeasurement:
     """A run's figure (the engine's) and the profiled steps it logged beside it."""
@@ -108,7 +113,7 @@ def measure_steps(*, metric: Metric, metrics: Mapping[str, Any], logged: Sequenc
     if not window or len(window) < profiled or not isinstance(latency, (int, float)) or not math.isfinite(latency) or latency <= 0:
         return StepMeasurement(value=value)
     exit_ms = float(latency) / 1000.0
-    times = [sum(step[k] for k in _STEP_TIMERS) for step in window]
+    times = [step_time_ms(step) for step in window]
     if min(times) <= 0 or not 1 / _UNIT_SANITY <= exit_ms / times[-1] <= _UNIT_SANITY:
         return StepMeasurement(value=value)
     keys = [k for k in window[0] if all(k in step for step in window)]

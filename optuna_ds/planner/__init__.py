@@ -7,6 +7,8 @@ again with what the storage holds.
 """
 
 from optuna_ds.planner._checkpointing import ignored as checkpointing_ignored
+from optuna_ds.planner._curve import ModelCurve
+from optuna_ds.planner._curve import model_curves
 from optuna_ds.planner._levers import communication_share
 from optuna_ds.planner._levers import lever_effect
 from optuna_ds.planner._memory import FeasibilityModel
@@ -32,6 +34,7 @@ __all__ = [
     "Decision",
     "FeasibilityModel",
     "KnobSetting",
+    "ModelCurve",
     "Observation",
     "PlannerSettings",
     "Priors",
@@ -43,6 +46,7 @@ __all__ = [
     "communication_share",
     "lever_effect",
     "measured_noise",
+    "model_curves",
     "robust_level",
     "launch_price",
     "plan",

@@ -82,6 +82,14 @@ def _repeat(state: State, config: Config, why: str) -> Proposal | None:
     return Proposal(config=config, repeat=n, why=why)
 
 
+def fitted(problem: Problem, observations: Sequence[Observation], settings: PlannerSettings,
+           knob_candidates: Mapping[tuple[int, str], Sequence[KnobSetting]] | None = None) -> tuple[State, ThroughputModel]:
+    """What :func:`plan` decides from: the observations' state and the throughput model fitted
+    to them (the report's model curve is drawn from the same, :func:`model_curves`)."""
+    state = State(problem, observations, settings, knob_candidates)
+    return state, ThroughputModel(problem, state.memory, state.points(), priors=settings.priors, levers=state.levers)
+
+
 def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: int = 1,
          settings: PlannerSettings = PlannerSettings(),
          knob_candidates: Mapping[tuple[int, str], Sequence[KnobSetting]] | None = None) -> Decision:
@@ -108,8 +116,7 @@ def plan(problem: Problem, observations: Sequence[Observation], *, free_slots: i
     learns across stages.
     """
     settings = priced(problem, observations, settings)
-    state = State(problem, observations, settings, knob_candidates)
-    model = ThroughputModel(problem, state.memory, state.points(), priors=settings.priors, levers=state.levers)
+    state, model = fitted(problem, observations, settings, knob_candidates)
     choice, ranked = _choose(model, state)
     noise = model.noise if state.ok else None
     launched = len(state.finished) + len(state.running)

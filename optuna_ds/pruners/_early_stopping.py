@@ -7,6 +7,7 @@ from optuna.trial import TrialState
 
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import Phase
+from optuna_ds.domain import was_pruned
 
 
 class TunerEarlyStopping:
@@ -46,14 +47,15 @@ class TunerEarlyStopping:
         """Whether the search is over; ``pending`` trials of the counted phase are about to be
         started (handed to slots, not yet in the storage): they count against ``max_trials``."""
         trials = study.get_trials(deepcopy=False)
-        counted = [t for t in trials if self._counts(t) and t.state != TrialState.PRUNED]
+        # A run the pruner ended ran (and did not improve); a claim that stood down ran nothing.
+        counted = [t for t in trials if self._counts(t) and (t.state != TrialState.PRUNED or was_pruned(t))]
         if self._max_trials is not None and len(counted) + pending >= self._max_trials:
             return True
         maximize = study.direction == StudyDirection.MAXIMIZE
         best: float | None = None
         since = 0
         finished = sorted(
-            (t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)),
+            (t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL) or was_pruned(t)),
             key=lambda t: (t.datetime_complete or t.datetime_start, t.number),
         )
         # The bar is the best value seen, lucky runs included: a bar held at the last counted

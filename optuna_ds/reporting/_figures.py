@@ -24,6 +24,8 @@ from optuna_ds.domain import Phase
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import ZERO_KEY
 from optuna_ds.domain import is_checkpointing
+from optuna_ds.planner import ModelCurve
+from optuna_ds.reporting._model_curve import model_traces
 from optuna_ds.reporting._rows import ExperimentRow
 from optuna_ds.reporting._rows import format_value
 from optuna_ds.reporting._summary import judged_noise
@@ -92,6 +94,7 @@ class _Context:
     mine: float | None = None  # the mean of its runs: the figure of the headline
     mine_runs: int = 1
     noise: float | None = None  # of one run, as the planner judged the configs by it
+    curves: tuple[ModelCurve, ...] = ()  # the planner's model over sizes, where it recorded one
 
     def is_mine(self, row: ExperimentRow) -> bool:
         """Whether ``row`` is a run of the user's config (its first or a re-run)."""
@@ -162,6 +165,8 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
                         "line": {"width": 2, "color": color}},
                 text=[_safe(f"{r.name}: {r.status}" + (f" ({r.detail})" if r.detail else "")) for r in failed],
                 hovertemplate="%{text}<br>mbs %{x}: no measurement<extra></extra>"))
+    for trace in model_traces(ctx.curves, metric, colors=_STAGE_COLORS):  # the model: lines, the runs: points
+        fig.add_trace(trace)
     sizes = [float(r.mbs) for r in rows if r.mbs]
     if baseline is not None and baseline.mbs and ctx.mine is not None:
         # At the mean of its runs, as the headline gives it, not at its first run.
@@ -355,7 +360,7 @@ def figures(result: TuningResult, *, studies: dict[int, optuna.Study], rows: lis
     base = result.baseline
     mine = base.value if base is not None and baseline is not None and base.name == baseline.name else None
     ctx = _Context(metric=result.metric, baseline=baseline, best=result.best, device=spend.noun, mine=mine,
-                   mine_runs=base.runs if base is not None else 1, noise=judged_noise(result))
+                   mine_runs=base.runs if base is not None else 1, noise=judged_noise(result), curves=result.model_curves)
     out = {
         "metric_vs_mbs": _metric_vs_mbs(rows, ctx),
         "best_per_stage": _best_per_stage({s.stage: s.best for s in result.stages if s.best is not None}, ctx),

@@ -767,6 +767,18 @@ def warmup_line(result: TuningResult) -> str:
     return line + ", where they held."
 
 
+def pruned_line(result: TuningResult) -> str:
+    """The runs the pruner ended before their profiled window did (clearly below the
+    incumbent): how many, and the first with its figure and the bar it fell below."""
+    if not result.pruned:
+        return ""
+    first, metric = result.pruned[0], result.metric
+    return (f"Pruned: {len(result.pruned)} run(s) ended early, clearly below the best so far ({first.name}: "
+            f"{metric.with_unit(first.figure)} over its first {first.steps} profiled steps, below "
+            f"{metric.with_unit(first.bar)}, the best's {metric.with_unit(first.incumbent)} less what a slow run "
+            "and the noise explain); each counts as measured from those steps.")
+
+
 def _runs(n: int) -> str:
     return f"{n} run{'s' if n > 1 else ''}"
 
@@ -818,6 +830,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
         lines.append(step)
     if warmup := warmup_line(result):
         lines.append(warmup)
+    if pruned := pruned_line(result):
+        lines.append(pruned)
     if off := exit_step_line(result):
         lines.append(off)
     if note := optuna_best_note(result):

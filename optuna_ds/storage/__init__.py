@@ -13,11 +13,13 @@ from optuna_ds.storage._plan import load_stage_study
 from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import open_stage_study
 from optuna_ds.storage._plan import set_choice
+from optuna_ds.storage._plan import set_model_curves
 from optuna_ds.storage._plan import set_verdict
 from optuna_ds.storage._plan import set_ending
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
 from optuna_ds.storage._plan import tune_choice
+from optuna_ds.storage._plan import model_curves_of
 from optuna_ds.storage._plan import verdict
 from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
@@ -50,6 +52,7 @@ __all__ = [
     "open_root_study",
     "open_stage_study",
     "set_choice",
+    "set_model_curves",
     "set_verdict",
     "set_ending",
     "redact_url",
@@ -58,6 +61,7 @@ __all__ = [
     "storage_failures",
     "tune_choice",
     "verdict",
+    "model_curves_of",
     "tuning_names",
     "tuning_study_names",
 ]

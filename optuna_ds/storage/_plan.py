@@ -29,6 +29,7 @@ _ENDING_ATTR = "optuna_ds:ending"
 _CHOICE_ATTR = "optuna_ds:choice"
 # A system attr: `optuna studies` prints every user attr on one line.
 _VERDICT_ATTR = "optuna_ds:verdict"
+_CURVES_ATTR = "optuna_ds:model_curves"
 # Optuna's study_name column holds 512 characters; stage studies add "-z<stage>".
 MAX_STUDY_NAME = 500
 _STAGE_SUFFIX = re.compile(r"-z[0-9]$")
@@ -313,6 +314,18 @@ def set_verdict(root: optuna.Study, *, equivalent: Sequence[str], noise: float |
     ``Config.name``) a run cannot tell from it, and the relative noise of one run it judged by."""
     stored = {"equivalent": list(equivalent), "noise": noise}
     storage_of(root).set_study_system_attr(id_of(root), _VERDICT_ATTR, stored)
+
+
+def set_model_curves(root: optuna.Study, curves: Sequence[dict[str, Any]]) -> None:
+    """Record on the root study the planner's model curves beside its choice (each a dict, as
+    ``ModelCurve.to_dict`` writes it), for the report."""
+    storage_of(root).set_study_system_attr(id_of(root), _CURVES_ATTR, list(curves))
+
+
+def model_curves_of(root: optuna.Study) -> list[dict[str, Any]]:
+    """The model curves recorded by :func:`set_model_curves`; none where none are."""
+    stored = storage_of(root).get_study_system_attrs(id_of(root)).get(_CURVES_ATTR)
+    return [c for c in stored if isinstance(c, dict)] if isinstance(stored, list) else []
 
 
 def verdict(root: optuna.Study) -> tuple[tuple[str, ...], float | None] | None:

@@ -8,6 +8,7 @@ from typing import Any
 import optuna
 
 from optuna_ds.config import Metric
+from optuna_ds.domain import Config
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import SlotPool
 from optuna_ds.studies._builder import ExperimentBuilder
@@ -36,3 +37,5 @@ class StageContext:
     # A worker's check before it launches: the live tune process ending the tuning (its identity),
     # if any; then the worker launches nothing more. Tune's own is always None.
     ending_tune: Callable[[], dict[str, Any] | None] = lambda: None
+    # Whether a config's runs are never pruned: the user's own (at their micro-batch size).
+    protected: Callable[[Config], bool] = lambda config: False

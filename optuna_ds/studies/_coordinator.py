@@ -60,9 +60,12 @@ def observation_of(trial: FrozenTrial, *, metric: Metric, dead: dict[str, Frozen
     memory: it ran, but without the headroom the chosen config must keep."""
     record = ExperimentRecord.from_trial(trial)
     config = record.config
-    if not record.claimed or trial.state == TrialState.PRUNED or config is None:
+    if not record.claimed or (trial.state == TrialState.PRUNED and not record.pruned) or config is None:
         return None
     repeat = record.repeat or 0
+    if record.pruned:  # ended early by the pruner: a measurement of fewer steps (docs/steps.md)
+        return Observation(config=config, status=Status.OK, score=metric.rate(float(record.pruned["figure"])),
+                           seconds=record.duration, repeat=repeat)
     if trial.state == TrialState.RUNNING:
         # How long it has run: the planner starts no extra experiment late in a round.
         started = trial.datetime_start
@@ -167,6 +170,10 @@ class Coordinator:
         self._phase_done = False
         self._idle_until = 0.0
         self.decision: Decision | None = None
+
+    @property
+    def problem(self) -> Problem:
+        return self._problem
 
     # -- the storage, as the planner sees it ------------------------------------------------------
 

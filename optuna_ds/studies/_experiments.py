@@ -38,6 +38,7 @@ from optuna_ds.domain import Phase
 from optuna_ds.config import Metric
 from optuna_ds.domain import Experiment
 from optuna_ds.launcher import ExperimentFiles
+from optuna_ds.launcher import Judge
 from optuna_ds.launcher import Lease
 from optuna_ds.launcher import StepMeasurement
 from optuna_ds.launcher import deferred_signals
@@ -49,6 +50,7 @@ from optuna_ds.launcher import still_falling
 from optuna_ds.launcher import read_finished
 from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import shell_line
+from optuna_ds.pruners import IncumbentPruner
 from optuna_ds.space import KnobSpace
 from optuna_ds.storage import GRACE_PERIOD
 from optuna_ds.storage import TrialCache
@@ -59,6 +61,8 @@ from optuna_ds.studies._claims import competitor
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
+from optuna_ds.studies._pruning import LiveReport
+from optuna_ds.studies._pruning import live_judge
 
 
 class UnreadableTrial(OptunaDSError):
@@ -189,6 +193,7 @@ class _Launches:
 
     figures: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     windows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    live: LiveReport = dataclasses.field(default_factory=LiveReport)  # reported as they ran
 
     @property
     def warmup(self) -> dict[str, Any] | None:
@@ -218,6 +223,7 @@ class StageExperiments:
         self._stage = stage
         storage = TrialCache(ctx.storage) if isinstance(ctx.storage, optuna.storages.RDBStorage) else ctx.storage
         self._study = open_stage_study(storage, tuning=tuning, stage=stage, direction=ctx.metric.direction)
+        self._study.pruner = IncumbentPruner()  # asked while a run runs (studies/_pruning.py)
         self._space = space
         self._reaper = Reaper(self._study, stage=stage, metric=ctx.metric, observer=ctx.observer)
         self._distributions = distributions
@@ -295,8 +301,8 @@ class StageExperiments:
             ctx.observer.decided(stage=self._stage, number=trial.number, name=experiment.name, seconds=time.monotonic() - free_since)
             ctx.observer.started(stage=self._stage, number=trial.number, name=experiment.name, slot=slot, why=why)
             attempt.launched = True
-            result, measured, runs = self._measure(trial, experiment, lease, mark=mark,
-                                                   hold_signals=hold_signals)
+            result, measured, runs = self._measure(trial, experiment, lease, mark=mark, hold_signals=hold_signals,
+                                                   protected=bool(repeat) or ctx.protected(config))
             engine = measured.value if measured is not None and measured.exit_off else None
             outcome = ExperimentRecord.outcome(result, warmup=runs.warmup, engine_figure=engine,
                                                **(measured.to_attrs() if measured else {}))
@@ -314,6 +320,13 @@ class StageExperiments:
             # positive where the run broke it, so the dashboard marks the trial infeasible.
             broken = [1.0 if result.reason is reason else 0.0 for reason in CONSTRAINTS]
             storage_of(trial.study).set_trial_system_attr(trial_id(trial), _CONSTRAINTS_KEY, broken)
+            if result.reason is FailureReason.PRUNED:
+                # Its partial figure kept (the record's ``pruned``): the planner reads it as a
+                # measurement of fewer steps (docs/steps.md).
+                ExperimentRecord(pruned=runs.live.pruned_attrs()).write(trial.set_user_attr)
+                ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
+                                      duration=result.duration, outcome=f"pruned ({result.detail})")
+                raise optuna.TrialPruned(result.detail)
             if not result.ok:
                 assert result.reason is not None
                 ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=None,
@@ -327,7 +340,8 @@ class StageExperiments:
             value = measured.figure(ctx.metric)
             # Optuna's intermediate values: the dashboard draws each run's steps.
             for step, figure in runs.figures:
-                trial.report(figure, step)
+                if step not in runs.live.figures:  # reported as it ran
+                    trial.report(figure, step)
             ctx.observer.finished(stage=self._stage, number=trial.number, name=experiment.name, value=value,
                                   duration=result.duration, outcome=f"{ctx.metric.key}={value:.4g}")
             return value
@@ -335,7 +349,7 @@ class StageExperiments:
         return objective
 
     def _measure(self, trial: optuna.Trial, experiment: Experiment, lease: Lease, *, mark: str,
-                 hold_signals: _Hold | None,
+                 hold_signals: _Hold | None, protected: bool = False,
                  ) -> tuple[ExperimentResult, StepMeasurement | None, _Launches]:
         """Run ``experiment`` for ``trial``, again with its profiled window later where its steps
         still fell (:func:`still_falling`), at most ``_WINDOW_MOVES`` times: the launch that
@@ -347,7 +361,8 @@ class StageExperiments:
         runs = _Launches()
         while True:
             with contextlib.ExitStack() as local:
-                result, measured = self._launch(trial, launch, lease, mark=mark, held=local)
+                judge = live_judge(trial, launch, metric=ctx.metric, report=runs.live, protected=protected)
+                result, measured = self._launch(trial, launch, lease, mark=mark, held=local, judge=judge)
                 seconds += result.duration
                 steps = list(profile_window(launch.ds_config))
                 if earlier is not None and not result.ok:
@@ -383,7 +398,7 @@ class StageExperiments:
             _store(trial, ExperimentRecord(ds_config=launch.ds_config))
 
     def _launch(self, trial: optuna.Trial, experiment: Experiment, lease: Lease, *, mark: str,
-                held: contextlib.ExitStack) -> tuple[ExperimentResult, StepMeasurement | None]:
+                held: contextlib.ExitStack, judge: Judge | None = None) -> tuple[ExperimentResult, StepMeasurement | None]:
         """One launch of ``experiment`` for ``trial``, and its steps where it measured; from its
         launcher's exit, SIGINT, SIGTERM and SIGHUP wait in ``held``. Whatever ends the launch (a
         signal, the stop) leaves the trial marked, with the metrics it wrote before the end."""
@@ -405,6 +420,7 @@ class StageExperiments:
                 pass_fds=lease.fds,
                 mark=mark,
                 on_exit=lambda: held.enter_context(deferred_signals()),
+                judge=judge,
             )
         except optuna.exceptions.UpdateFinishedTrialError:
             raise  # failed as stale before its launch was recorded: the runner ended the launch

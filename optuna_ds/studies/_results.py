@@ -25,6 +25,7 @@ from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import launched
 from optuna_ds.launcher import telling_line
+from optuna_ds.planner import ModelCurve
 from optuna_ds.planner import Priors
 from optuna_ds.planner import checkpointing_ignored
 from optuna_ds.planner import measured_noise
@@ -37,6 +38,7 @@ from optuna_ds.storage import load_stage_study
 from optuna_ds.storage import verdict
 from optuna_ds.studies._builder import checkpointing_space
 from optuna_ds.studies._coordinator import observation_of
+from optuna_ds.studies._curves import recorded_model_curves
 from optuna_ds.studies._listed import Unrun
 from optuna_ds.studies._listed import unrun_sizes
 from optuna_ds.studies._listed import unrun_values
@@ -515,6 +517,30 @@ def warmed_runs(trials: Iterable[FrozenTrial]) -> list[Warmed]:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class PrunedRun:
+    """A run the pruner ended before its window did: its figure over the steps it logged, the
+    bar it fell below and the incumbent's figure that bar comes from."""
+
+    name: str
+    figure: float
+    steps: int
+    bar: float
+    incumbent: float
+
+
+def pruned_runs(trials: Iterable[FrozenTrial]) -> list[PrunedRun]:
+    """The runs of ``trials`` the pruner ended early, oldest first."""
+    found = []
+    for t in launched(trials):
+        record = ExperimentRecord.from_trial(t)
+        p = record.pruned
+        if t.state == TrialState.PRUNED and isinstance(p, dict) and record.exp_name:
+            found.append(PrunedRun(name=record.exp_name, figure=float(p["figure"]), steps=int(p["steps"]), bar=float(p["bar"]),
+                                   incumbent=float(p["incumbent"])))
+    return found
+
+
 def exits_off(trials: Iterable[FrozenTrial]) -> list[tuple[str, float, float]]:
     """The runs whose exit step was off their window: name, DeepSpeed's figure, and the value
     (the median of their steps' figures)."""
@@ -616,6 +642,9 @@ class TuningResult:
     checkpointing: CheckpointingOutcome | None = None  # where activation checkpointing was a dimension
     autotp: AutotpOutcome | None = None  # where AutoTP was a dimension
     warmed: tuple[Warmed, ...] = ()  # runs still warming up in their profiled window
+    pruned: tuple[PrunedRun, ...] = ()  # runs the pruner ended before their window did
+    # The planner's model of each arm over micro-batch sizes, as it was when it chose (rates).
+    model_curves: tuple[ModelCurve, ...] = ()
     ignored_batch: IgnoredBatch | None = None  # the micro-batch size did not take effect
     # Runs whose exit step was off their window: (name, DeepSpeed's figure, the value: the median
     # of their steps').
@@ -684,6 +713,8 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
         warmed=tuple(warmed_runs(every)),
+        pruned=tuple(pruned_runs(every)),
+        model_curves=recorded_model_curves(root_study),
         exit_off=tuple(exits_off(every)),
         ignored_batch=ignored_batch(every, script_args=plan.script_args,
                                     mapped=user.arg_mappings.values()),

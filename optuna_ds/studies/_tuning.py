@@ -54,6 +54,7 @@ from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
+from optuna_ds.studies._curves import record_model_curves
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import dead
 from optuna_ds.studies._owner import this_process
@@ -293,6 +294,7 @@ class Tuning:
             timeout=self._timeout(),
             observer=observer,
             ending_tune=(lambda: _live_ending(self._root)) if self._worker else (lambda: None),
+            protected=lambda config: config.micro_batch == self._user.baseline_micro_batch_size,
         )
 
     def _distributions(self, stage: int, space: KnobSpace) -> dict[str, BaseDistribution]:
@@ -596,6 +598,7 @@ class Tuning:
         # by the planner's one rule.
         equivalent = [e.name for e in decision.equivalent if e != c.config]
         set_verdict(self._root, equivalent=equivalent, noise=decision.noise)
+        record_model_curves(self._root, coordinator.problem, observations)  # the report's model curve
         result = self.result()
         if result.best is not None:
             self._log(f"chosen: {result.best.name}: {result.best.figure(metric)}; {result.noise.phrase}")

@@ -1,0 +1,77 @@
+"""A run's steps reported to its trial as the engine logs them, and the study's pruner asked
+whether to end it (docs/steps.md, "Pruned runs")."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+
+from optuna_ds._optuna_compat import storage_of
+from optuna_ds._optuna_compat import trial_id
+from optuna_ds.config import Metric
+from optuna_ds.domain import Experiment
+from optuna_ds.launcher import Judge
+from optuna_ds.launcher import profile_window
+from optuna_ds.launcher import step_time_ms
+from optuna_ds.pruners import IncumbentPruner
+from optuna_ds.pruners import Verdict
+from optuna_ds.space import autotp_size
+
+
+@dataclasses.dataclass
+class LiveReport:
+    """What one trial reported while its launches ran: each step's figure by global step, and
+    the pruner's verdict where it ended a launch."""
+
+    figures: dict[int, float] = dataclasses.field(default_factory=dict)
+    verdict: Verdict | None = None
+
+    def pruned_attrs(self) -> dict[str, Any] | None:
+        """The record's ``pruned``: the verdict, its figure the median of the steps logged."""
+        return self.verdict.attrs() if self.verdict is not None else None
+
+    def reason(self, metric: Metric) -> str:
+        v = self.verdict
+        assert v is not None
+        return (f"pruned after {v.steps} profiled step(s): its fastest at {metric.with_unit(v.best)}, below "
+                f"{metric.with_unit(v.bar)}, the incumbent's {metric.with_unit(v.incumbent)} less what a straggler "
+                f"and the noise ({v.noise:.1%}) explain")
+
+
+def live_judge(trial: optuna.Trial, experiment: Experiment, *, metric: Metric, report: LiveReport,
+               protected: bool) -> Judge | None:
+    """The runner's judge of a launch of ``experiment`` for ``trial``: each profiled step it
+    logs is reported (``trial.report``, its figure from its time as the engine computes the
+    throughput) and, unless ``protected`` (the user's config, a re-measurement), the study's
+    pruner asked (``trial.should_prune``); a reason where it prunes. ``None`` for a metric other
+    than the throughput, which a step's time alone gives."""
+    if metric.key != "throughput":
+        return None
+    start, end = profile_window(experiment.ds_config)
+    batch = experiment.ds_config.get("train_batch_size")
+    if not isinstance(batch, int) or batch <= 0:
+        return None
+    size = autotp_size(experiment.ds_config)
+
+    def judge(steps: Sequence[Mapping[str, float]]) -> str | None:
+        new = False
+        for k, timers in enumerate(steps):
+            step, ms = k + 1, step_time_ms(timers)  # the engine logs global step k + 1
+            if start <= step <= end and step not in report.figures and ms > 0:
+                figure = batch * 1000.0 / ms / size
+                trial.report(figure, step)
+                report.figures[step] = figure
+                new = True
+        if protected or not new or not trial.should_prune():
+            return None
+        pruner = trial.study.pruner
+        if isinstance(pruner, IncumbentPruner):
+            report.verdict = pruner.verdict(trial.study, storage_of(trial.study).get_trial(trial_id(trial)))
+        if report.verdict is None:  # another pruner's, or no longer: the run goes on
+            return None
+        return report.reason(metric)
+
+    return judge
