@@ -110,6 +110,12 @@ def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig
     runs = _first_runs(ws)
     assert runs.count(2) == 1, "a finished experiment ran again"
     assert runs.count(4) == 2 and runs.count(8) == 1  # the interrupted launch, then its retry
+    # DeepSpeed's table counts experiments as DeepSpeed does, one folder each: the launch cut
+    # short and its retry are one experiment, in the row and in the closing count.
+    folders = [d for d in ws.results.iterdir() if d.is_dir() and d.name.startswith("z1_")]
+    deepspeed_summary = (ws.results / "summary.txt").read_text()
+    assert f"| z1             | {len(folders):17d} |" in deepspeed_summary, deepspeed_summary
+    assert deepspeed_summary.endswith(f"Total number of experiments: {len(folders)}."), deepspeed_summary
     assert {t.user_attrs["micro_batch_size"] for t in _trials(ws).values() if t.state == TrialState.COMPLETE} == {2, 4, 8}
 
 

@@ -234,7 +234,7 @@ class StageResult:
     stage: int
     status: str
     reason: str = ""
-    num_experiments: int = 0
+    num_experiments: int = 0  # by name, as DeepSpeed counts them: one cut short and run again is one
     num_failed: int = 0
     best: Optimum | None = None
     last_failure: str = ""
@@ -274,7 +274,7 @@ def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str
         stage=stage,
         status=status,
         reason=reason,
-        num_experiments=len(trials),
+        num_experiments=len({ExperimentRecord.from_trial(t).exp_name for t in trials}),
         num_failed=len(failed),
         best=leader(trials, metric=metric, choice=choice),
         last_failure=last_failure,
