@@ -54,14 +54,17 @@ class StageRecord:
 @dataclasses.dataclass(frozen=True)
 class ChoiceRecord:
     """The planner's final choice: its config (stored as :meth:`Config.to_attrs` writes it), the
-    planner's estimate of its metric, and its stage and first run's trial in that stage's study
-    (all a choice an earlier version recorded holds: its config is ``None``, found by the trial)."""
+    planner's estimate of its metric, the figure it was judged by (``level``: the robust level of
+    its runs, ``optuna_ds.planner.robust_level``), and its stage and first run's trial in that
+    stage's study (all a choice an earlier version recorded holds: its config is ``None``, found
+    by the trial; it recorded no level)."""
 
     stage: int
     trial: int
     estimate: float | None = None
     config: Config | None = None
     regret: float | None = None  # what the planner expected the choice still to lose (a share)
+    level: float | None = None  # the metric's figure the planner judged it by: the robust level of its runs
 
     def attrs(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {"stage": self.stage, "trial": self.trial}
@@ -69,6 +72,8 @@ class ChoiceRecord:
             attrs["estimate"] = self.estimate
         if self.regret is not None:
             attrs["regret"] = self.regret
+        if self.level is not None:
+            attrs["level"] = self.level
         if self.config is not None:
             attrs["config"] = self.config.to_attrs()
         return attrs
@@ -77,7 +82,8 @@ class ChoiceRecord:
     def from_attrs(cls, stored: Mapping[str, Any]) -> ChoiceRecord:
         config = stored.get("config")
         return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), estimate=stored.get("estimate"),
-                   config=Config.from_attrs(config) if isinstance(config, dict) else None, regret=stored.get("regret"))
+                   config=Config.from_attrs(config) if isinstance(config, dict) else None, regret=stored.get("regret"),
+                   level=stored.get("level"))
 
 
 def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,8 @@ def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_
     """The best config that ran, by the model's estimate, among those not measured below
     another by more than the measured noise can explain; with every measured config ranked.
 
-    Measured by each config's robust level (:func:`robust_level`: one-sided noise); the figure
-    shown beside the choice stays the mean of its runs."""
+    Measured by each config's robust level (:func:`robust_level`: one-sided noise), the one
+    figure the choice is both judged and shown by (``Choice.measured``)."""
     groups: dict[Config, list[float]] = {}
     for o in state.ok:
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
@@ -61,8 +61,8 @@ def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_
     plausible = measured >= measured[top] - spread
     order = sorted(range(len(configs)), key=lambda i: (not plausible[i], -means[i]))
     ranked = [_Ranked(configs[i], float(means[i]), float(np.mean(groups[configs[i]])), int(counts[i])) for i in order]
-    c, estimate, mean, _ = ranked[0]
-    return Choice(config=c, estimate=float(np.exp(estimate)), measured=mean), ranked
+    c, estimate, _, _ = ranked[0]
+    return Choice(config=c, estimate=float(np.exp(estimate)), measured=float(np.exp(measured[order[0]]))), ranked
 
 
 def _equivalent(model: ThroughputModel, ranked: list[_Ranked]) -> list[Config]:
