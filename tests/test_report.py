@@ -116,6 +116,23 @@ def _text(page: str) -> str:
     return re.sub(r"<script.*?</script>", "", page, flags=re.S)
 
 
+def test_the_optimum_is_shown_by_the_level_the_planner_chose_it_by(tmp_path: Path) -> None:
+    """A choice recorded with its robust level (the planner's figure for it under one-sided
+    noise) is shown by that level, and the summary names it; DeepSpeed's table and ours keep
+    their own figures (the best run, the mean)."""
+    storage, plan = _store(tmp_path)
+    study = optuna.load_study(study_name="optuna-ds", storage=storage)
+    study.set_user_attr("choice", {"stage": 1, "trial": 1, "estimate": 15_400.0, "level": 15_700.0})
+    result = _result(storage, plan)
+    best = result.best
+    assert best is not None and best.chosen and best.level == 15_700.0
+    assert best.value == 15_700.0 and best.mean == pytest.approx((15_973.2 + 15_100.0 + 15_500.0) / 3)
+    assert best.figure(result.metric) == "15,700 samples/s (robust level of 3 runs, ±2.8%; planner's estimate 15,400 samples/s)"
+    lines = summary_text(result, advice=None).splitlines()
+    assert "15,700 samples/s (robust level of 3 runs" in lines[1]
+    assert "| global         |                 8 |             15,520 |      3 | z1_gas1_tmbspg16 |" in lines
+
+
 def test_one_optimum_shown_the_same_way_everywhere(tmp_path: Path) -> None:
     storage, plan = _store(tmp_path)
     result = _result(storage, plan)

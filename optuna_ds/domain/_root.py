@@ -52,13 +52,16 @@ class StageRecord:
 @dataclasses.dataclass(frozen=True)
 class ChoiceRecord:
     """The planner's final choice: its config (stored as :meth:`Config.to_attrs` writes it), the
-    planner's estimate of its metric, and its stage and first run's trial in that stage's study."""
+    planner's estimate of its metric, the figure it was judged by (``level``: the robust level of
+    its runs, ``optuna_ds.planner.robust_level``), and its stage and first run's trial in that
+    stage's study."""
 
     stage: int
     trial: int
     config: Config
     estimate: float | None = None
     regret: float | None = None  # what the planner expected the choice still to lose (a share)
+    level: float | None = None  # the metric's figure the planner judged it by: the robust level of its runs
 
     def attrs(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {"stage": self.stage, "trial": self.trial}
@@ -66,6 +69,8 @@ class ChoiceRecord:
             attrs["estimate"] = self.estimate
         if self.regret is not None:
             attrs["regret"] = self.regret
+        if self.level is not None:
+            attrs["level"] = self.level
         attrs["config"] = self.config.to_attrs()
         return attrs
 
@@ -77,7 +82,7 @@ class ChoiceRecord:
         if config is None:
             return None
         return cls(stage=int(stored["stage"]), trial=int(stored["trial"]), config=config, estimate=stored.get("estimate"),
-                   regret=stored.get("regret"))
+                   regret=stored.get("regret"), level=stored.get("level"))
 
 
 def _known(cls: type[Any], stored: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,8 @@ def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_
     """The best config that ran, by the model's estimate, among those not measured below
     another by more than the measured noise can explain; with every measured config ranked.
 
-    Measured by each config's robust level (:func:`robust_level`: one-sided noise); the figure
-    shown beside the choice stays the mean of its runs."""
+    Measured by each config's robust level (:func:`robust_level`: one-sided noise), the one
+    figure the choice is both judged and shown by (``Choice.measured``)."""
     groups: dict[Config, list[float]] = {}
     for o in state.ok:
         groups.setdefault(o.config, []).append(float(o.score))  # type: ignore[arg-type]
@@ -61,8 +61,8 @@ def _choose(model: ThroughputModel, state: State) -> tuple[Choice | None, list[_
     plausible = measured >= measured[top] - spread
     order = sorted(range(len(configs)), key=lambda i: (not plausible[i], -means[i]))
     ranked = [_Ranked(configs[i], float(means[i]), float(np.mean(groups[configs[i]])), int(counts[i])) for i in order]
-    c, estimate, mean, _ = ranked[0]
-    return Choice(config=c, estimate=float(np.exp(estimate)), measured=mean), ranked
+    c, estimate, _, _ = ranked[0]
+    return Choice(config=c, estimate=float(np.exp(estimate)), measured=float(np.exp(measured[order[0]]))), ranked
 
 
 def _equivalent(model: ThroughputModel, ranked: list[_Ranked]) -> list[Config]:
@@ -208,12 +208,14 @@ class YourSize:
 
 
 class NoiseReplicate:
-    """Did enough runs succeed, none twice? The best so far runs again: the noise prices every
-    later launch (a gain within it is none a run can show) and the summary reports it, measured
-    once, not assumed."""
+    """Did enough runs succeed, no config twice? The best so far runs again: the noise prices
+    every later launch (a gain within it is none a run can show) and the summary reports it,
+    measured once, not assumed. Once only: where its pair is judged a straggler the noise stays
+    assumed, and a further run of it is a re-measurement like any other, bought by its value."""
 
     def propose(self, state: State, model: ThroughputModel, choice: Choice | None) -> Proposal | None:
-        if model.noise_dof != 0 or len(state.ok) < state.settings.noise_after or choice is None or remeasuring(state):
+        twice = len({o.config for o in state.ok}) < len(state.ok)
+        if twice or model.noise_dof != 0 or len(state.ok) < state.settings.noise_after or choice is None or remeasuring(state):
             return None
         return _repeat(state, choice.config, "measure again: the run-to-run noise")
 
@@ -356,10 +358,10 @@ def _check(slot: Slot, incumbent: tuple[Arm, int, Knobs]) -> tuple[Proposal, flo
     """Is a config's only run, not yet taken for a straggler, likely one by what the other runs
     predict for it (:attr:`ThroughputModel.slow` at least ``Priors.surprise``)? Two
     explanations hold: a slow run, or the curve bending there. Its second run tells them apart;
-    it is worth what leaving its region would lose were the run a straggler (the expected loss
-    of the incumbent against the run's config and the untried sizes of its arm about it, with
-    the run taken for a straggler, less the same with the run believed), times the straggler's
-    posterior probability, with that value; ``None`` where it is below ``min_gain``."""
+    it is worth the launch it unlocks: the best knowledge gradient among the run's config and
+    the untried sizes of its arm about it with the run taken for a straggler, net of that
+    launch's price and of what the region's best launch pays with the run believed, times the
+    straggler's posterior probability; with that value, ``None`` where it is below ``min_gain``."""
     state, model = slot.state, slot.measured_only
     priors = state.settings.priors
     runs: dict[Config, int] = {}
@@ -376,10 +378,15 @@ def _check(slot: Slot, incumbent: tuple[Arm, int, Knobs]) -> tuple[Proposal, flo
             if a.key == arm.key and k == o.knobs and abs(math.log(m / o.mbs)) <= 2.0 * priors.residual_length]
     region = [(arm, o.mbs, o.knobs)] + [slot.rows[j] for j in near]
     p_run = np.concatenate([[1.0], slot.p_run[near]])
-    other = model.as_straggler(i)
-    lost = float(np.max(p_run * other.expected_loss(region, incumbent))) - float(np.max(p_run * model.expected_loss(region, incumbent)))
-    value = p_slow * max(lost, 0.0)
-    if value < state.settings.min_gain:
+    # What the second run unlocks: were the run a straggler, the region's best launch (the run's
+    # config again or an untried size about it) would be worth its knowledge gradient under that
+    # explanation, less the launch's own price; believed, whatever the region's best launch pays
+    # already (it is bought without the check).
+    price = state.settings.min_gain
+    unlocked = float(np.max(p_run * model.as_straggler(i).knowledge_gradient(region, incumbent))) - price
+    already = float(np.max(p_run * model.knowledge_gradient(region, incumbent))) - price
+    value = p_slow * max(unlocked - max(already, 0.0), 0.0)
+    if value < price:
         return None
     again = _repeat(state, o.config, f"measure again: a run {p_slow:.0%} likely slowed may change the choice {value:.1%}")
     return (again, value) if again is not None else None
@@ -462,13 +469,7 @@ def _replicate(model: ThroughputModel, state: State, ranked: list[_Ranked]) -> t
     j = int(np.argmax(np.maximum(of_rival, of_chosen)))
     value = float(max(of_rival[j], of_chosen[j]))
     if value < state.settings.min_gain:
-        # No choice rests on one run against a rival within reach (one it is expected to lose
-        # a launch's worth to): the choice runs again before the search ends, a launch at the
-        # bar, so that any launch that pays comes first.
-        if ranked[0].runs > 1 or float(np.max(losses)) < state.settings.min_gain:
-            return None
-        again = _repeat(state, ranked[0].config, "measure again: the choice rests on one run, a rival within reach")
-        return (again, state.settings.min_gain) if again is not None else None
+        return None
     config = ranked[int(rivals[j])][0] if of_rival[j] > of_chosen[j] else ranked[0][0]
     again = _repeat(state, config, f"measure again: may change the choice {value:.1%}")
     return (again, value) if again is not None else None

@@ -196,7 +196,7 @@ class Choice(_OfConfig):
 
     config: Config
     estimate: float  # the model's score for it
-    measured: float  # the mean of its measurements
+    measured: float  # the robust level of its runs (robust_level): the figure it is judged and shown by
 
 
 @dataclasses.dataclass(frozen=True)

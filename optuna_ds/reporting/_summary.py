@@ -60,7 +60,7 @@ def runs_rows(result: TuningResult) -> list[tuple[str, ...]]:
         (
             space,
             str(experiments),
-            *((format_number(b.value), str(len(b.runs)), b.name) if b else ("-", "-", "-")),
+            *((format_number(b.mean), str(len(b.runs)), b.name) if b else ("-", "-", "-")),
         )
         for space, experiments, b in _spaces(result)
     ]
@@ -136,7 +136,7 @@ def speedup(result: TuningResult) -> float | None:
     base, best = result.baseline, result.best
     if no_speedup(result) or base is None or base.value is None or best is None:
         return None
-    return best.value / base.value if result.metric.maximize else base.value / best.value
+    return best.mean / base.value if result.metric.maximize else base.value / best.mean
 
 
 ALIKE_RUNS = 2  # runs of each config a speed-up factor rests on, at least

@@ -98,6 +98,9 @@ class Optimum:
     estimate: float | None = None  # the planner's, where this is its choice
     chosen: bool = False  # the planner's final choice, not the best mean so far
     regret: float | None = None  # what the planner expected its choice still to lose (a share)
+    # The planner's figure for its choice, the one it judged it by: the robust level of its runs
+    # (one-sided noise: a slow run among several moves it little); None elsewhere.
+    level: float | None = None
     peak_memory: int | None = None  # bytes per device, the highest of its runs, where the accelerator reports it
     # Each engine timer's median over every profiled step of its runs (ms), where the engine logged them.
     timers_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -108,7 +111,14 @@ class Optimum:
 
     @property
     def value(self) -> float:
-        """The mean of its runs: what it is compared by."""
+        """Its figure, as every view shows it: the planner's robust level of its runs where this
+        is its choice and it recorded one (the figure it was chosen by), else the mean of its
+        runs."""
+        return self.level if self.level is not None else self.mean
+
+    @property
+    def mean(self) -> float:
+        """The mean of its runs."""
         return statistics.fmean(self.runs)
 
     @property
@@ -134,9 +144,11 @@ class Optimum:
         return scatters(self.runs, noise.value)
 
     def figure(self, metric: Metric) -> str:
-        """Its measurement as every view writes it: the mean, the runs and their spread, and the
-        planner's estimate where it made one."""
-        runs = f"mean of {len(self.runs)} runs, ±{self.spread:.1%}" if self.spread is not None else "one run"
+        """Its measurement as every view writes it: its figure (:attr:`value`: the robust level
+        or the mean, saying which), the runs and their spread, and the planner's estimate where
+        it made one."""
+        of = "robust level" if self.level is not None else "mean"
+        runs = f"{of} of {len(self.runs)} runs, ±{self.spread:.1%}" if self.spread is not None else "one run"
         estimate = f"; planner's estimate {metric.with_unit(self.estimate)}" if self.estimate is not None else ""
         return f"{metric.with_unit(self.value)} ({runs}{estimate})"
 
@@ -191,6 +203,7 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
         estimate=estimate,
         chosen=final,
         regret=choice.regret if final and choice is not None else None,
+        level=choice.level if final and choice is not None else None,
         peak_memory=max(peaks) if peaks else None,
         timers_ms={k: statistics.median(float(ts[k]) for ts in timers) for k in timers[0] if all(k in ts for ts in timers)} if timers else {},
     )

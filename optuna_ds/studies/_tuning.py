@@ -592,7 +592,7 @@ class Tuning:
             return
         estimate = metric.rate(c.estimate)  # a rate back to the metric: its own inverse
         RootRecord(choice=ChoiceRecord(stage=c.stage, trial=trials[0].number, estimate=estimate,
-                                       config=c.config, regret=decision.regret)
+                                       config=c.config, regret=decision.regret, level=metric.rate(c.measured))
                    ).write(self._root.set_user_attr)
         # Which configs a run cannot tell from the choice: what every view calls equivalent,
         # by the planner's one rule.
