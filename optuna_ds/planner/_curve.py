@@ -46,7 +46,7 @@ def model_curves(problem: Problem, observations: Sequence[Observation], *,
     expects to fit: what the report draws as the model's curve beside the measured points."""
     state, model = fitted(problem, observations, priced(problem, observations, settings))
     curves = []
-    for arm in state.arms:
+    for arm in state.problem.arms:
         ran = sorted({o.mbs for o in state.ok if o.arm == arm.key and not o.knobs})
         if not ran:
             continue
