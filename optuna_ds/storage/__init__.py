@@ -12,12 +12,10 @@ from optuna_ds.storage._plan import load_plan
 from optuna_ds.storage._plan import load_stage_study
 from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import open_stage_study
-from optuna_ds.storage._plan import set_choice
 from optuna_ds.storage._plan import set_verdict
 from optuna_ds.storage._plan import set_ending
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
-from optuna_ds.storage._plan import tune_choice
 from optuna_ds.storage._plan import verdict
 from optuna_ds.storage._plan import tuning_names
 from optuna_ds.storage._plan import tuning_study_names
@@ -49,14 +47,12 @@ __all__ = [
     "load_stage_study",
     "open_root_study",
     "open_stage_study",
-    "set_choice",
     "set_verdict",
     "set_ending",
     "redact_url",
     "stage_of",
     "stage_study_name",
     "storage_failures",
-    "tune_choice",
     "verdict",
     "tuning_names",
     "tuning_study_names",
