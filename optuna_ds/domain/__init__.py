@@ -31,7 +31,9 @@ from optuna_ds.domain._record import DEFINITIVE_FAILURES
 from optuna_ds.domain._record import ExperimentRecord
 from optuna_ds.domain._record import given_up
 from optuna_ds.domain._record import is_finished_experiment
+from optuna_ds.domain._record import Run
 from optuna_ds.domain._record import launched
+from optuna_ds.domain._record import read_runs
 from optuna_ds.domain._record import superseded
 from optuna_ds.domain._record import timed_out_sooner
 from optuna_ds.domain._root import ChoiceRecord
@@ -59,6 +61,7 @@ __all__ = [
     "Phase",
     "RecordedResources",
     "RootRecord",
+    "Run",
     "StageRecord",
     "TBS_KEY",
     "ZERO_KEY",
@@ -68,6 +71,7 @@ __all__ = [
     "is_finished_experiment",
     "knob_value",
     "launched",
+    "read_runs",
     "superseded",
     "timed_out_sooner",
 ]

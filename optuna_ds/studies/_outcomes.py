@@ -9,14 +9,12 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
 
-from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.config import UserConfig
 from optuna_ds.domain import Config
-from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
-from optuna_ds.domain import launched
+from optuna_ds.domain import Run
 from optuna_ds.planner import Priors
 from optuna_ds.planner import checkpointing_ignored
 from optuna_ds.space import build_autotp_space
@@ -46,19 +44,19 @@ def _json(value: Any) -> str:
     return "true" if value is True else "false" if value is False else str(value)
 
 
-def checkpointing_outcome(trials: Sequence[FrozenTrial], user: UserConfig) -> CheckpointingOutcome | None:
-    """The tuning's checkpointing outcome from its trials (``None`` where it was no dimension):
+def checkpointing_outcome(runs: Sequence[Run], user: UserConfig) -> CheckpointingOutcome | None:
+    """The tuning's checkpointing outcome from its runs (``None`` where it was no dimension):
     what the planner reads of its runs (:func:`~optuna_ds.planner.checkpointing_ignored`) is
     what the summary says."""
     space = checkpointing_space(user)
     if not space.settings():
         return None
     metric = user.autotuning.tuned_metric
-    observations = [o for t in launched(trials) if (o := observation_of(t, metric=metric, dead={})) is not None]
+    observations = [o for t, _ in runs if (o := observation_of(t, metric=metric, dead={})) is not None]
     outcome = CheckpointingOutcome(switch=space.switch)
     why = checkpointing_ignored(observations, Priors())
-    failed = [(r.exp_name or "", failure_text(r)) for t in launched(trials) if t.state == TrialState.FAIL
-              and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.CHECKPOINTING]
+    failed = [(r.exp_name or "", failure_text(r)) for t, r in runs
+              if t.state == TrialState.FAIL and r.reason is FailureReason.CHECKPOINTING]
     return dataclasses.replace(outcome, runs=sum(1 for o in observations if o.knobs.checkpointing),
                                ignored=tuple((outcome.named([kv]), text) for kv, text in why.items()), failed=tuple(failed))
 
@@ -74,15 +72,14 @@ class AutotpOutcome:
     failed: tuple[tuple[str, str], ...] = ()
 
 
-def autotp_outcome(trials: Sequence[FrozenTrial], user: UserConfig) -> AutotpOutcome | None:
-    """The tuning's AutoTP outcome from its trials; ``None`` where it was no dimension."""
+def autotp_outcome(runs: Sequence[Run], user: UserConfig) -> AutotpOutcome | None:
+    """The tuning's AutoTP outcome from its runs; ``None`` where it was no dimension."""
     space = build_autotp_space(user.autotp_section())
     if not space.sizes:
         return None
     metric = user.autotuning.tuned_metric
-    observations = [o for t in launched(trials) if (o := observation_of(t, metric=metric, dead={})) is not None]
-    failed = [(r.exp_name or "", failure_text(r)) for t in launched(trials) if t.state == TrialState.FAIL
-              and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.AUTOTP]
+    observations = [o for t, _ in runs if (o := observation_of(t, metric=metric, dead={})) is not None]
+    failed = [(r.exp_name or "", failure_text(r)) for t, r in runs if t.state == TrialState.FAIL and r.reason is FailureReason.AUTOTP]
     return AutotpOutcome(sizes=space.sizes, runs=sum(1 for o in observations if o.knobs.autotp > 1), failed=tuple(failed[:1]))
 
 
@@ -98,11 +95,10 @@ class Warmed:
     settled: bool
 
 
-def warmed_runs(trials: Iterable[FrozenTrial]) -> list[Warmed]:
-    """The runs of ``trials`` that were still warming up in their profiled window, oldest first."""
+def warmed_runs(runs: Iterable[Run]) -> list[Warmed]:
+    """The ``runs`` that were still warming up in their profiled window, oldest first."""
     found = []
-    for t in launched(trials):
-        record = ExperimentRecord.from_trial(t)
+    for _, record in runs:
         warmup = record.warmup or {}
         windows = [w for w in warmup.get("windows", []) if isinstance(w, dict)]
         if windows and record.exp_name:
@@ -112,12 +108,11 @@ def warmed_runs(trials: Iterable[FrozenTrial]) -> list[Warmed]:
     return found
 
 
-def exits_off(trials: Iterable[FrozenTrial]) -> list[tuple[str, float, float]]:
+def exits_off(runs: Iterable[Run]) -> list[tuple[str, float, float]]:
     """The runs whose exit step was off their window: name, DeepSpeed's figure, and the value
     (the median of their steps' figures)."""
     found = []
-    for t in launched(trials):
-        record = ExperimentRecord.from_trial(t)
+    for t, record in runs:
         if t.state == TrialState.COMPLETE and t.value is not None and record.engine_figure is not None:
             found.append((record.exp_name or "", float(record.engine_figure), float(t.value)))
     return found
@@ -158,7 +153,7 @@ def _batch_flag(script_args: Sequence[str], mapped: Iterable[str]) -> str:
     return ""
 
 
-def ignored_batch(trials: Iterable[FrozenTrial], *, script_args: Sequence[str] = (),
+def ignored_batch(runs: Iterable[Run], *, script_args: Sequence[str] = (),
                   mapped: Iterable[str] = ()) -> IgnoredBatch | None:
     """Evidence that the micro-batch size did not take effect (:class:`IgnoredBatch`): of the
     runs of one config but for its micro-batch size and accumulation, the smallest size against
@@ -166,8 +161,7 @@ def ignored_batch(trials: Iterable[FrozenTrial], *, script_args: Sequence[str] =
     ``_IGNORED_GROWTH`` times, by DeepSpeed's own timers; ``None`` where no such pair ran."""
     forward: dict[Config, list[float]] = {}
     names: dict[Config, str] = {}
-    for t in launched(trials):
-        record = ExperimentRecord.from_trial(t)
+    for t, record in runs:
         fwd = (record.timers_ms or {}).get("fwd")
         ran = t.state == TrialState.COMPLETE and record.config is not None
         if ran and record.config is not None and isinstance(fwd, (int, float)) and fwd > 0:

@@ -20,7 +20,8 @@ from optuna_ds.domain import FailureReason
 from optuna_ds.domain import Knobs
 from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
-from optuna_ds.domain import launched
+from optuna_ds.domain import Run
+from optuna_ds.domain import read_runs
 from optuna_ds.planner import measured_noise
 from optuna_ds.space import KnobSpace
 from optuna_ds.space import distinct_batch
@@ -43,10 +44,11 @@ from optuna_ds.studies._outcomes import exits_off
 from optuna_ds.studies._outcomes import ignored_batch
 from optuna_ds.studies._outcomes import warmed_runs
 from optuna_ds.studies._runs import failure_text
+from optuna_ds.studies._runs import read_each
 from optuna_ds.studies._runs import runs_by_config
 from optuna_ds.studies._runs import starts
 from optuna_ds.studies._spend import Spend
-from optuna_ds.studies._spend import tuning_spend
+from optuna_ds.studies._spend import spend_of
 
 # A config whose runs scatter more than this many times the measured noise is flagged: with two
 # or three runs, scatter beyond the noise itself is common (the noise is their average).
@@ -153,27 +155,27 @@ class Optimum:
                 f"{SCATTER_WARNING:g}x the {noise.value:.1%} run-to-run noise: its {metric.name} is uncertain.")
 
 
-def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecord | None = None) -> Optimum | None:
-    """The best config among ``trials`` (one stage study's), the one definition of "best": the
+def leader(runs: Iterable[Run], *, metric: Metric, choice: ChoiceRecord | None = None) -> Optimum | None:
+    """The best config among ``runs`` (one stage study's), the one definition of "best": the
     planner's ``choice`` where it is among them, else the config with the best mean of runs. One
     run is not a result when the noise is a few percent, so no view ranks single runs."""
-    groups: dict[Config, list[FrozenTrial]] = {}
-    for t in launched(trials):
-        config = ExperimentRecord.from_trial(t).config
+    groups: dict[Config, list[Run]] = {}
+    for run in runs:
+        t, config = run.trial, run.record.config
         if t.state == TrialState.COMPLETE and t.value is not None and config is not None:
-            groups.setdefault(config, []).append(t)
+            groups.setdefault(config, []).append(run)
     if not groups:
         return None
-    picked = groups.get(choice.config) if choice is not None else None
-    estimate, final = (choice.estimate, True) if picked is not None and choice is not None else (None, False)
-    if picked is None:
+    chosen = groups.get(choice.config) if choice is not None else None
+    estimate, final = (choice.estimate, True) if chosen is not None and choice is not None else (None, False)
+    if chosen is None:
         estimate, final = None, False
-        picked = metric.best(groups.values(), key=lambda g: statistics.fmean(t.value for t in g))  # type: ignore[misc]
-    assert picked is not None
-    first = picked[0]
-    record = ExperimentRecord.from_trial(first)
-    peaks = [p for t in picked if (p := ExperimentRecord.from_trial(t).peak_gpu_memory)]
-    timers = [ts for t in picked if isinstance(ts := ExperimentRecord.from_trial(t).timers_ms, dict)]
+        chosen = metric.best(groups.values(), key=lambda g: statistics.fmean(r.trial.value for r in g))  # type: ignore[misc]
+    assert chosen is not None
+    picked = [r.trial for r in chosen]
+    first, record = chosen[0]
+    peaks = [p for _, r in chosen if (p := r.peak_gpu_memory)]
+    timers = [ts for _, r in chosen if isinstance(ts := r.timers_ms, dict)]
     assert record.exp_name is not None and record.config is not None
     return Optimum(
         name=record.exp_name,
@@ -184,8 +186,7 @@ def leader(trials: Iterable[FrozenTrial], *, metric: Metric, choice: ChoiceRecor
         cmd=record.cmd or [],
         runs=tuple(float(t.value) for t in picked),  # type: ignore[arg-type]
         trials=tuple(t.number for t in picked),
-        run_names=tuple(ExperimentRecord.from_trial(t).exp_name or record.exp_name
-                        for t in picked),
+        run_names=tuple(r.exp_name or record.exp_name for _, r in chosen),
         run_starts=starts(picked),
         estimate=estimate,
         chosen=final,
@@ -216,14 +217,13 @@ def departures(config: Config) -> Knobs:
     return Knobs(kv for kv in config.knobs if kv not in defaults.items())
 
 
-def measured_configs(trials: Iterable[FrozenTrial]) -> list[Measured]:
+def measured_configs(runs: Sequence[Run]) -> list[Measured]:
     """Every config with a completed run, named by its first run, with all its runs."""
     names: dict[Config, str] = {}
-    for t in launched(trials):
-        record = ExperimentRecord.from_trial(t)
+    for t, record in runs:
         if t.state == TrialState.COMPLETE and record.config is not None and record.exp_name:
             names.setdefault(record.config, record.exp_name)
-    return [Measured(name=names[c], config=c, runs=tuple(v)) for c, v in runs_by_config(trials).items() if c in names]
+    return [Measured(name=names[c], config=c, runs=tuple(v)) for c, v in runs_by_config(runs).items() if c in names]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,13 +245,18 @@ class StageResult:
 
 def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str = "tuned", reason: str = "",
                  choice: ChoiceRecord | None = None) -> StageResult:
-    trials = launched(study.get_trials(deepcopy=False))
+    """The outcome of the stage of ``study`` (:func:`result_of` its runs)."""
+    return result_of(read_runs(study.get_trials(deepcopy=False)), stage, metric=metric, status=status, reason=reason, choice=choice)
+
+
+def result_of(runs: Sequence[Run], stage: int, *, metric: Metric, status: str = "tuned", reason: str = "",
+              choice: ChoiceRecord | None = None) -> StageResult:
+    """The outcome of a stage from its ``runs``."""
     # An experiment the user (or a lost node) cut short, or the machine failed, is no failure of its config: it runs again.
-    failed = [t for t in trials if t.state == TrialState.FAIL
-              and ExperimentRecord.from_trial(t).reason not in (FailureReason.INTERRUPTED, FailureReason.MACHINE)]
+    failed = [r for t, r in runs if t.state == TrialState.FAIL and r.reason not in (FailureReason.INTERRUPTED, FailureReason.MACHINE)]
     last_failure = ""
     if failed:
-        record = ExperimentRecord.from_trial(failed[-1])
+        record = failed[-1]
         # A setting's own failure has its line (Checkpointing:, AutoTP:), which says why once.
         why = failure_text(record) if record.reason not in (FailureReason.CHECKPOINTING, FailureReason.AUTOTP) else ""
         last_failure = f"{record.exp_name}: {record.reason.value if record.reason else 'failed'}" + (f": {why}" if why else "")
@@ -259,17 +264,22 @@ def stage_result(study: optuna.Study, stage: int, *, metric: Metric, status: str
         stage=stage,
         status=status,
         reason=reason,
-        num_experiments=len(trials),
+        num_experiments=len(runs),
         num_failed=len(failed),
-        best=leader(trials, metric=metric, choice=choice),
+        best=leader(runs, metric=metric, choice=choice),
         last_failure=last_failure,
     )
 
 
 def measurement_noise(trials: Iterable[FrozenTrial]) -> Noise:
+    """The run-to-run noise of ``trials`` (:func:`noise_of` each)."""
+    return noise_of(read_each(trials))
+
+
+def noise_of(runs: Iterable[Run]) -> Noise:
     """The run-to-run noise this tuning measured, as the planner measures it (relative, from the
     configs that ran more than once): one run says nothing of its noise."""
-    groups = [v for v in runs_by_config(trials).values() if all(x > 0 for x in v)]
+    groups = [v for v in runs_by_config(runs).values() if all(x > 0 for x in v)]
     repeated = [v for v in groups if len(v) > 1]
     noise, dof = measured_noise(groups)
     return Noise(value=noise if dof else None, configs=len(repeated), runs=sum(len(v) for v in repeated))
@@ -331,18 +341,20 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     choice = root.choice
     results = []
     trials: dict[int, list[optuna.trial.FrozenTrial]] = {}
+    runs: dict[int, list[Run]] = {}  # each trial read once
     spaces: dict[int, dict[str, Any]] = {}
     for stage in user.stages:
         entry = root.stages.get(stage)
         study = load_stage_study(storage, tuning=plan.study_name, stage=stage)
         if study is not None:
             trials[stage] = study.get_trials(deepcopy=False)
+            runs[stage] = read_runs(trials[stage])
             spaces[stage] = study.user_attrs.get("knob_space") or {}
         if entry is not None and entry.status in ("skipped", "pending"):
             results.append(StageResult(stage=stage, status=entry.status, reason=entry.reason))
         elif study is not None:
             mine = choice if choice is not None and choice.stage == stage else None
-            result = stage_result(study, stage, metric=a.tuned_metric, choice=mine)
+            result = result_of(runs[stage], stage, metric=a.tuned_metric, choice=mine)
             if result.best is None:
                 result = dataclasses.replace(result, reason="no experiment ran successfully")
             results.append(result)
@@ -351,7 +363,7 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
     leaders = [r.best for r in results if r.best is not None]
     # The planner's choice; before it chose (an interrupted or running tuning), the best mean so far.
     best = next((b for b in leaders if b.chosen), None) or a.tuned_metric.best(leaders, key=lambda b: b.value)
-    every = [t for ts in trials.values() for t in ts]
+    every = [r for rs in runs.values() for r in rs]
     measured = tuple(measured_configs(every))
     judged = verdict(root_study)
     resources = root.resources or RecordedResources()
@@ -363,16 +375,16 @@ def load_result(storage: optuna.storages.BaseStorage, plan: TuningPlan, user: Us
         baseline=find_baseline(stages=trials, order=list(user.stages),
                                skipped={r.stage: r.reason for r in results if r.status == "skipped"},
                                micro_batch_size=user.baseline_micro_batch_size, user_list=bool(user.micro_batch_sizes)),
-        spend=tuning_spend(every, profile_seconds=root.profile_duration, gpus_per_experiment=resources.gpus_per_experiment,
-                           device=resources.device),
-        noise=measurement_noise(every),
+        spend=spend_of(every, profile_seconds=root.profile_duration, gpus_per_experiment=resources.gpus_per_experiment,
+                       device=resources.device),
+        noise=noise_of(every),
         best=best,
         optuna_best=_optuna_best(storage, plan.study_name, best),
         device_memory=resources.device_memory,
         memory_margin=plan.memory_margin,
         measured=measured,
-        interrupted=tuple((stage, t.number, r.exp_name or "") for stage, ts in trials.items() for t in launched(ts)
-                          if t.state == TrialState.FAIL and (r := ExperimentRecord.from_trial(t)).reason is FailureReason.INTERRUPTED),
+        interrupted=tuple((stage, t.number, r.exp_name or "") for stage, rs in runs.items() for t, r in rs
+                          if t.state == TrialState.FAIL and r.reason is FailureReason.INTERRUPTED),
         checkpointing=checkpointing_outcome(every, user),
         autotp=autotp_outcome(every, user),
         warmed=tuple(warmed_runs(every)),

@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 from optuna_ds.domain import Config
 from optuna_ds.domain import ExperimentRecord
 from optuna_ds.domain import FailureReason
+from optuna_ds.domain import Run
 from optuna_ds.launcher import telling_line
 
 
@@ -33,14 +34,18 @@ def failure_text(record: ExperimentRecord) -> str:
     return detail
 
 
-def runs_by_config(trials: Iterable[FrozenTrial]) -> dict[Config, list[float]]:
+def runs_by_config(runs: Iterable[Run]) -> dict[Config, list[float]]:
     """The values of the completed runs, by config."""
     values: dict[Config, list[float]] = {}
-    for t in trials:
-        config = ExperimentRecord.from_trial(t).config
-        if t.state == TrialState.COMPLETE and t.value is not None and config is not None:
-            values.setdefault(config, []).append(t.value)
+    for t, record in runs:
+        if t.state == TrialState.COMPLETE and t.value is not None and record.config is not None:
+            values.setdefault(record.config, []).append(t.value)
     return values
+
+
+def read_each(trials: Iterable[FrozenTrial]) -> list[Run]:
+    """Every one of ``trials``, read once (those that launched nothing too)."""
+    return [Run(t, ExperimentRecord.from_trial(t)) for t in trials]
 
 
 def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
@@ -49,7 +54,7 @@ def runs_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[float]:
     config = ExperimentRecord.from_trial(trial).config
     if config is None:
         return [] if trial.value is None else [trial.value]
-    return runs_by_config(trials).get(config, [])
+    return runs_by_config(read_each(trials)).get(config, [])
 
 
 def completed_of(trial: FrozenTrial, trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:

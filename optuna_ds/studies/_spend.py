@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from optuna.trial import FrozenTrial
 
 from optuna_ds.config import format_number
-from optuna_ds.domain import ExperimentRecord
-from optuna_ds.domain import launched
+from optuna_ds.domain import Run
+from optuna_ds.domain import read_runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +42,10 @@ class Spend:
         return f"{figure} device-hours" + (f" ({self.device})" if self.device else "")
 
 
-def experiment_seconds(trial: FrozenTrial) -> float | None:
-    """How long a trial's experiment ran: the runner's measure, else (an interrupted one) the
+def experiment_seconds(run: Run) -> float | None:
+    """How long a run's experiment ran: the runner's measure, else (an interrupted one) the
     trial's wall time; ``None`` when it launched nothing."""
-    record = ExperimentRecord.from_trial(trial)
+    trial, record = run
     if record.duration is not None:
         return float(record.duration)
     if record.launched and trial.datetime_start and trial.datetime_complete:
@@ -55,7 +55,13 @@ def experiment_seconds(trial: FrozenTrial) -> float | None:
 
 def tuning_spend(trials: Iterable[FrozenTrial], *, profile_seconds: float | None, gpus_per_experiment: int,
                  device: str = "") -> Spend:
-    seconds = [s for t in launched(trials) if (s := experiment_seconds(t)) is not None]
+    """What ``trials`` cost (:func:`spend_of` their runs)."""
+    return spend_of(read_runs(trials), profile_seconds=profile_seconds, gpus_per_experiment=gpus_per_experiment, device=device)
+
+
+def spend_of(runs: Iterable[Run], *, profile_seconds: float | None, gpus_per_experiment: int, device: str = "") -> Spend:
+    """What ``runs`` cost, with the profile run's ``profile_seconds``."""
+    seconds = [s for run in runs if (s := experiment_seconds(run)) is not None]
     if profile_seconds is not None:
         seconds.append(profile_seconds)
     return Spend(experiments=len(seconds), gpu_seconds=sum(seconds) * gpus_per_experiment, profiled=profile_seconds is not None,
