@@ -62,7 +62,7 @@ def test_headline_compares_the_users_config_with_the_optimum_and_counts_device_h
     assert summary[0] == f"Your config (z1, micro-batch 2): {format_number(mine_mean)} samples/s{of_runs}.", summary[0]
     # ...by the figure the planner chose it by (the best so far runs twice: the noise is measured on it),
     # with the planner's estimate beside them: the figure the tuning printed when it chose.
-    from optuna_ds.studies._results import runs_of
+    from optuna_ds.studies._runs import runs_of
 
     runs = runs_of(best, trials)
     mean = sum(runs) / len(runs)
@@ -199,7 +199,7 @@ def test_noise_is_measured_only_from_configs_run_more_than_once() -> None:
 
 def test_the_headline_compares_the_means_of_the_runs_not_one_lucky_run() -> None:
     from optuna_ds.studies import Optimum
-    from optuna_ds.studies._results import runs_of
+    from optuna_ds.studies._runs import runs_of
 
     def trial(value: float, mbs: int, name: str) -> optuna.trial.FrozenTrial:
         return optuna.trial.create_trial(value=value, user_attrs=ExperimentRecord(config=Config(stage=0, micro_batch=mbs),

@@ -445,9 +445,9 @@ def test_a_worker_names_tunes_choice_never_its_own(ws: Workspace, monkeypatch: p
     assert done.returncode == 0, done.stderr
     last = done.stdout.strip().splitlines()[-1]
     assert last == f"tuning 'optuna-ds' is done: optimum {chosen['exp_name']} {chosen['figure']} (tune's choice)", last
-    from optuna_ds.storage import set_choice
+    from optuna_ds.domain import RootRecord
 
-    set_choice(root, {})  # tune's search open again, its choice not yet made
+    RootRecord.reopen_choice(root.set_user_attr)  # tune's search open again, its choice not yet made
     done = ws.cli(*args, surface=SURFACE)
     assert done.returncode == 0, done.stderr
     last = done.stdout.strip().splitlines()[-1]

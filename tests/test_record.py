@@ -32,7 +32,7 @@ from optuna_ds.studies._owner import fail_orphaned_trials
 from optuna_ds.studies._owner import process_identity
 from optuna_ds.studies._owner import this_process
 from optuna_ds.studies._results import stage_result
-from optuna_ds.studies._results import tuning_spend
+from optuna_ds.studies._spend import tuning_spend
 
 _EXPERIMENT = Experiment(
     name="z1_gas2_tmbspg4", phase=Phase.MICRO_BATCH, config=Config(stage=1, micro_batch=4, accumulation=2),

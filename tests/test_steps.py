@@ -146,7 +146,7 @@ def test_a_micro_batch_size_the_script_ignores_is_said_in_one_line(tmp_path) -> 
 
 
 def test_the_scripts_own_batch_flag_is_named_unless_arg_mappings_maps_it() -> None:
-    from optuna_ds.studies._results import _batch_flag
+    from optuna_ds.studies._outcomes import _batch_flag
 
     args = ["--deepspeed_config", "ds.json", "--batch_size", "8", "--lr", "1e-3"]
     assert _batch_flag(args, mapped=[]) == "--batch_size 8"

@@ -39,7 +39,6 @@ from optuna_ds.storage import create_storage
 from optuna_ds.storage import delete_tuning
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import redact_url
-from optuna_ds.storage import set_choice
 from optuna_ds.storage import storage_failures
 from optuna_ds.storage import tuning_study_names
 from optuna_ds.studies import TuningResult
@@ -144,9 +143,6 @@ def write_outputs(
         with _writing(files.optimal_config, kept="its experiments are kept"):
             written = write_optimal(result, results_dir=results_dir, command=command, config=scaled.config if scaled else None,
                                     comment=scaled.note if scaled and scaled.applied else None)
-        if result.best is not None:
-            set_choice(optuna.load_study(study_name=plan.study_name, storage=storage),
-                       {"name": result.best.name, "figure": result.best.figure(result.metric)})
     kept = f"{os.path.basename(files.optimal_config)} and {os.path.basename(files.optimal_cmd)} are written" if written else "its experiments are kept"
     with _writing(files.summary, kept=kept):
         summary = write_summary(result, results_dir=results_dir, advice=note, budget=budget)

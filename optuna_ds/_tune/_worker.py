@@ -17,6 +17,7 @@ from optuna_ds._tune._interrupts import RESUME
 from optuna_ds._tune._interrupts import sigterm_raises
 from optuna_ds.config import check_gpus
 from optuna_ds.config import parse_user_config
+from optuna_ds.domain import RootRecord
 from optuna_ds.launcher import LauncherOptions
 from optuna_ds.launcher import Spawn
 from optuna_ds.launcher import check_ports
@@ -31,7 +32,6 @@ from optuna_ds.storage import create_storage
 from optuna_ds.storage import load_plan
 from optuna_ds.storage import redact_url
 from optuna_ds.storage import storage_failures
-from optuna_ds.storage import tune_choice
 from optuna_ds.storage import tuning_names
 from optuna_ds.studies import PrintObserver
 from optuna_ds.studies import Tuning
@@ -161,5 +161,17 @@ def work(options: WorkerOptions, *, observer: TuningObserver | None = None, spaw
         except KeyboardInterrupt:
             observer.log("interrupted: this worker's experiments were ended and will run again elsewhere")
             raise
-        choice = tune_choice(tuning.root)
-        return WorkerOutcome(result=result, choice=choice, results_dir=plan.results_dir)
+        return WorkerOutcome(result=result, choice=_tune_choice(tuning), results_dir=plan.results_dir)
+
+
+def _tune_choice(tuning: Tuning) -> dict[str, str] | None:
+    """The optimum tune chose (:class:`RootRecord`'s choice), its name and figure as the tuning's
+    results read now; ``None`` while tune has chosen none."""
+    recorded = RootRecord.from_attrs(tuning.root.user_attrs).choice
+    if recorded is None:
+        return None
+    result = tuning.result()
+    best = result.best
+    if best is None or best.config != recorded.config:
+        return None
+    return {"name": best.name, "figure": best.figure(result.metric)}

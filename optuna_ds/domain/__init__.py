@@ -31,8 +31,10 @@ from optuna_ds.domain._record import DEFINITIVE_FAILURES
 from optuna_ds.domain._record import ExperimentRecord
 from optuna_ds.domain._record import given_up
 from optuna_ds.domain._record import is_finished_experiment
+from optuna_ds.domain._record import Run
 from optuna_ds.domain._record import launched
 from optuna_ds.domain._record import was_pruned
+from optuna_ds.domain._record import read_runs
 from optuna_ds.domain._record import superseded
 from optuna_ds.domain._record import timed_out_sooner
 from optuna_ds.domain._root import ChoiceRecord
@@ -60,6 +62,7 @@ __all__ = [
     "Phase",
     "RecordedResources",
     "RootRecord",
+    "Run",
     "StageRecord",
     "TBS_KEY",
     "ZERO_KEY",
@@ -70,6 +73,7 @@ __all__ = [
     "knob_value",
     "launched",
     "was_pruned",
+    "read_runs",
     "superseded",
     "timed_out_sooner",
 ]

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
+from typing import NamedTuple
 
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
@@ -202,13 +203,27 @@ def is_finished_experiment(trial: FrozenTrial, *, timeout: float | None = None) 
             and not timed_out_sooner(trial, timeout=timeout))
 
 
+class Run(NamedTuple):
+    """A trial read once: the trial and the record its user attrs hold (:func:`read_runs`)."""
+
+    trial: FrozenTrial
+    record: ExperimentRecord
+
+
+def _read(trials: Iterable[FrozenTrial]) -> list[Run]:
+    return [Run(t, ExperimentRecord.from_trial(t)) for t in trials]
+
+
+def _superseded(runs: list[Run]) -> set[int]:
+    recovered = {r.mark for _, r in runs if r.recovered and r.mark}
+    return {t.number for t, r in runs if t.state == TrialState.FAIL and not r.recovered and r.mark in recovered}
+
+
 def superseded(trials: Iterable[FrozenTrial]) -> set[int]:
     """The numbers of the failed trials whose launch (``mark``) another trial recovered: a trial
     failed as stale while its experiment ran on, whose process then kept the result in a trial
     of its own. The launch is that trial's; the stale one counts for nothing, not as a failure."""
-    records = [(t, ExperimentRecord.from_trial(t)) for t in trials]
-    recovered = {r.mark for _, r in records if r.recovered and r.mark}
-    return {t.number for t, r in records if t.state == TrialState.FAIL and not r.recovered and r.mark in recovered}
+    return _superseded(_read(trials))
 
 
 def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
@@ -228,13 +243,18 @@ def given_up(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
     return {name: ts[-1] for name, ts in lost.items() if len(ts) >= 2}
 
 
+def read_runs(trials: Iterable[FrozenTrial]) -> list[Run]:
+    """The trials that ran an experiment (a duplicate, pruned as it stood down, launched nothing;
+    a superseded trial's launch is another's; a run the pruner ended early ran), each read once."""
+    runs = _read(trials)
+    gone = _superseded(runs)
+    return [r for r in runs if (r.trial.state != TrialState.PRUNED or r.record.reason is FailureReason.PRUNED)
+            and r.record.claimed and r.trial.number not in gone]
+
+
 def launched(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that ran an experiment (a duplicate, pruned as it stood down, launched nothing; a
-    superseded trial's launch is another's); a run the pruner ended early ran."""
-    trials = list(trials)
-    gone = superseded(trials)
-    return [t for t in trials if (t.state != TrialState.PRUNED or was_pruned(t)) and ExperimentRecord.from_trial(t).claimed
-            and t.number not in gone]
+    """The trials that ran an experiment (:func:`read_runs`)."""
+    return [r.trial for r in read_runs(trials)]
 
 
 def was_pruned(trial: FrozenTrial) -> bool:

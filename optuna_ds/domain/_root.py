@@ -147,3 +147,9 @@ class RootRecord:
         """Store :meth:`attrs`; ``set_user_attr`` is the root study's."""
         for key, value in self.attrs().items():
             set_user_attr(key, value)
+
+    @staticmethod
+    def reopen_choice(set_user_attr: Callable[[str, Any], None]) -> None:
+        """Store that tune's search is open again: no choice until it chooses anew (a worker
+        names none meanwhile)."""
+        set_user_attr("choice", {})

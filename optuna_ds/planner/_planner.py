@@ -225,8 +225,8 @@ OPENING = (YourSize(), NoiseReplicate())
 
 
 @dataclasses.dataclass(frozen=True)
-class Slot:
-    """What the policy's steps see when they fill one slot. ``model`` counts the experiments
+class FreeSlot:
+    """A free slot as the policy's steps see it. ``model`` counts the experiments
     under way at its mean (so a batch spreads out), ``measured_only`` the runs alone: a launch is
     worth the lower of its two values, as results not in yet cannot make one worth more."""
 
@@ -249,7 +249,7 @@ class ListedStages:
     """Is a stage the user listed not measured yet? Each is measured once, at the size expected
     to run fastest."""
 
-    def propose(self, slot: Slot) -> Proposal | None:
+    def propose(self, slot: FreeSlot) -> Proposal | None:
         if not slot.problem.explicit:
             return None
         fresh = [i for i, (a, _, _) in enumerate(slot.rows) if a.key not in slot.explored and a.offload == ""]
@@ -263,7 +263,7 @@ class ListedSizes:
     """Is a size the user listed not measured yet at a stage explored? Each is, at every stage
     explored, as DeepSpeed does."""
 
-    def propose(self, slot: Slot) -> Proposal | None:
+    def propose(self, slot: FreeSlot) -> Proposal | None:
         if not (user_sizes := slot.problem.sizes):
             return None
         rows = slot.rows
@@ -280,7 +280,7 @@ class FirstLaunch:
     expected to run fastest of those likely to fit: DeepSpeed's order, the lowest stage that runs
     communicates least."""
 
-    def propose(self, slot: Slot) -> Proposal | None:
+    def propose(self, slot: FreeSlot) -> Proposal | None:
         state, rows, p_run, fits = slot.state, slot.rows, slot.p_run, slot.fits
         if state.ok or state.running or slot.taken or not rows:
             return None
@@ -302,7 +302,7 @@ class WhilePending:
     """Are the first results still pending? The best guess of an arm not tried yet, else a
     smaller size."""
 
-    def propose(self, slot: Slot) -> Proposal | None:
+    def propose(self, slot: FreeSlot) -> Proposal | None:
         state, rows = slot.state, slot.rows
         if state.ok:
             return None
@@ -321,7 +321,7 @@ class MostValue:
     """Is a launch expected to raise the final choice by ``min_gain``? The one expected to raise
     it most: a size, else (the sizes settled) a knob setting, against a re-measurement."""
 
-    def propose(self, slot: Slot) -> Proposal | None:
+    def propose(self, slot: FreeSlot) -> Proposal | None:
         state, model, measured_only, taken = slot.state, slot.model, slot.measured_only, slot.taken
         if not state.ok:
             return None
@@ -354,7 +354,7 @@ class MostValue:
         return Proposal(config=slot.problem.config(a, m, k), why=f"may raise the choice {value:.1%}")
 
 
-def _check(slot: Slot, incumbent: tuple[Arm, int, Knobs]) -> tuple[Proposal, float] | None:
+def _check(slot: FreeSlot, incumbent: tuple[Arm, int, Knobs]) -> tuple[Proposal, float] | None:
     """Is a config's only run, not yet taken for a straggler, likely one by what the other runs
     predict for it (:attr:`ThroughputModel.slow` at least ``Priors.surprise``)? Two
     explanations hold: a slow run, or the curve bending there. Its second run tells them apart;
@@ -397,7 +397,7 @@ class OnlyWithRoom:
     setting, at the lowest stage and the size likeliest to run fast: where one sample's
     activations fit nowhere, or the model states fit only split, it is what may make any size fit."""
 
-    def propose(self, slot: Slot) -> Proposal | None:
+    def propose(self, slot: FreeSlot) -> Proposal | None:
         if slot.state.ok or slot.state.running or slot.taken or slot.rows:
             return None
         rows, p_run = _room(slot, slot.model.noise)
@@ -412,7 +412,7 @@ class OnlyWithRoom:
         return dataclasses.replace(proposal, why=f"nothing fits without {without}")
 
 
-def _room(slot: Slot, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
+def _room(slot: FreeSlot, noise: float) -> tuple[list[tuple[Arm, int, Knobs]], np.ndarray]:
     """The state's settings that buy room (:meth:`State.room_rows`) not taken in this batch."""
     rows, p_run = slot.state.room_rows(noise)
     keep = [i for i, (a, m, k) in enumerate(rows) if slot.problem.config(a, m, k) not in slot.taken]
@@ -431,7 +431,7 @@ def _next(state: State, model: ThroughputModel, taken: set[Config], ranked: list
     fits = state.candidate_fits
     keep = [i for i, (a, m, k) in enumerate(rows) if state.problem.config(a, m, k) not in taken]
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
-    slot = Slot(state=state, model=model, measured_only=measured_only, taken=taken, ranked=ranked,
+    slot = FreeSlot(state=state, model=model, measured_only=measured_only, taken=taken, ranked=ranked,
                 rows=[rows[i] for i in keep], p_run=p_run[keep] if len(keep) else np.zeros(0),
                 fits=fits[keep] if len(keep) else np.zeros(0), explored=explored)
     for step in POLICY:

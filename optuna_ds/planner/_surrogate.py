@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from optuna_ds.domain import Offload
 from optuna_ds.planner._autotp import EXCHANGE
 from optuna_ds.planner._autotp import autotp_shares
 from optuna_ds.planner._memory import FeasibilityModel
@@ -63,7 +64,7 @@ _NOISE_LOGPRIOR = -0.5 * (np.log(_NOISE_GRID / 0.02) / 0.8) ** 2
 # A run measured ``Priors.straggler_z`` deviations below what the others predict for it is taken
 # for a straggler: it stays in the data, with its noise widened by the range, so it neither drags
 # its curve down nor inflates the noise.
-_OFFLOADS = ("offload-opt", "offload-opt-param")
+_OFFLOADS = tuple(o for o in Offload if o)
 
 
 def _arm_code(arm: Arm) -> int:
@@ -233,7 +234,7 @@ class ThroughputModel:
                  points: Sequence[tuple[Arm, int, Knobs, float]], *, priors: Priors = Priors(),
                  levers: Mapping[tuple[str, Any], tuple[float, float]] | None = None) -> None:
         self._memory = memory
-        self._beliefs = priors
+        self._priors = priors
         self._grid = _grid_of(priors)
         self._shares = autotp_shares(problem, priors)
         self._shared, self._own = _knob_features(problem, points, self._shares)
@@ -261,13 +262,13 @@ class ThroughputModel:
         # One prior covariance per scale of the knob effects (one, where no knob is tuned).
         knob_sds, knob_prior = ((_KNOB_SDS, _KNOB_SD_PRIOR[problem.gpus > 1]) if k_shared and not lever.all()
                                 else (np.zeros(1), np.ones(1)))
-        self._priors = []
+        self._knob_covariances = []
         for sd, prior in zip(knob_sds, knob_prior / knob_prior.sum()):
             s0 = np.zeros((n0 + k_shared + k_own, n0 + k_shared + k_own))
             s0[:n0, :n0] = cov_scales
             s0[n0:n0 + k_shared, n0:n0 + k_shared] = np.diag(np.where(lever, lever_sd, sd) ** 2)
             s0[n0 + k_shared:, n0 + k_shared:] = np.diag(np.where(lever_own, 0.0, priors.knob_own * sd) ** 2)
-            self._priors.append((float(sd), float(prior), s0))
+            self._knob_covariances.append((float(sd), float(prior), s0))
         x = self._design([(a, kn) for a, _, kn, _ in points])
         f = self._shape([(a, m) for a, m, _, _ in points])  # (G, n)
         self._x = x
@@ -290,7 +291,7 @@ class ThroughputModel:
         every = self._points + points
         keys = [(a.key, m, k) for a, m, k, _ in every]
         if len(set(keys)) < len(keys) or _knob_features(self._problem, every, self._shares) != (self._shared, self._own):
-            return ThroughputModel(self._problem, self._memory, every, priors=self._beliefs, levers=self._levers)
+            return ThroughputModel(self._problem, self._memory, every, priors=self._priors, levers=self._levers)
         model = copy.copy(self)
         model.__dict__.pop("slow", None)  # of this model's runs, not the new ones'
         y = np.log(np.array([p[3] for p in points], dtype=float))
@@ -302,8 +303,8 @@ class ThroughputModel:
         z = self._design([(a, kn) for a, _, kn, _ in points])
         log_m = np.log(np.array([m for _, m, _, _ in points], dtype=float))
         arms = np.array([_arm_code(a) for a, _, _, _ in points], dtype=int)
-        cross = _kernel(self._log_m, self._arms, log_m, arms, self._beliefs)
-        model._unit = np.block([[self._unit, cross], [cross.T, _kernel(log_m, arms, log_m, arms, self._beliefs)]])
+        cross = _kernel(self._log_m, self._arms, log_m, arms, self._priors)
+        model._unit = np.block([[self._unit, cross], [cross.T, _kernel(log_m, arms, log_m, arms, self._priors)]])
         r_new = y[None, :] - self._shape([(a, m) for a, m, _, _ in points]) - (z @ model._mu0)[None, :]
         model._r = np.concatenate([self._r - shift, r_new], axis=1)
         model._x, model._log_m, model._arms = np.concatenate([self._x, z]), np.concatenate([self._log_m, log_m]), np.concatenate([self._arms, arms])
@@ -321,7 +322,7 @@ class ThroughputModel:
             _, _, alpha, kinv = self._fits[s]
             diagonal = np.diag(kinv)
             z = alpha[:, g] / np.sqrt(diagonal)
-            self.straggler = z < -self._beliefs.straggler_z
+            self.straggler = z < -self._priors.straggler_z
             if self.straggler.any():
                 self._fit()
 
@@ -334,7 +335,7 @@ class ThroughputModel:
         Plain, the run lies about that prediction; a straggler (probability ``straggler_p``),
         anywhere within ``straggler_range`` below it, never above. 0 for a run taken for a
         straggler already, and where fewer than three runs are."""
-        p, width = self._beliefs.straggler_p, self._beliefs.straggler_range
+        p, width = self._priors.straggler_p, self._priors.straggler_range
         out = np.zeros(self.n)
         if self.n <= 2:
             return out
@@ -376,14 +377,14 @@ class ThroughputModel:
         """The posterior of every (amplitude, knob scale, shape) component given the runs: its
         weight, and what its predictions need."""
         r = self._r
-        noise = self.noise**2 + np.where(self.straggler, self._beliefs.straggler_range**2, 0.0)
+        noise = self.noise**2 + np.where(self.straggler, self._priors.straggler_range**2, 0.0)
         # Per (amplitude, knob scale): (amplitude, prior covariance, alpha (n, G), inverse of the covariance (n, n)).
         self._fits = []
         logs = []
         # Until a run sets a knob, the knob scales fit the runs alike: one solve serves them all.
         knobs_ran = bool(self._x[:, self._n0:].any())
         solved: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
-        for _, knob_prior, s0 in self._priors:
+        for _, knob_prior, s0 in self._knob_covariances:
             structural = self._x @ s0 @ self._x.T
             for amplitude, prior in zip(_AMPLITUDE, _AMPLITUDE_PRIOR):
                 if knobs_ran or amplitude not in solved:
@@ -404,7 +405,7 @@ class ThroughputModel:
         self._log_w = log_w  # unnormalised and unpruned: what a run's leave-one-out reweighs
         w = np.exp(log_w - log_w.max())
         w /= w.sum()
-        w = np.where(w >= self._beliefs.keep, w, 0.0)
+        w = np.where(w >= self._priors.keep, w, 0.0)
         self._w = w / w.sum()
         self._active = [np.flatnonzero(row) for row in self._w]
 
@@ -462,8 +463,8 @@ class ThroughputModel:
         row ``(rows,)``; the structural part depends on the knob scale (``z @ s0 @ x.T``)."""
         log_m = np.log(np.array([m for _, m, _ in rows], dtype=float))
         arms = np.array([_arm_code(a) for a, _, _ in rows], dtype=int)
-        return (_kernel(log_m, arms, self._log_m, self._arms, self._beliefs),
-                _kernel(log_m, arms, log_m[-1:], arms[-1:], self._beliefs)[:, 0])
+        return (_kernel(log_m, arms, self._log_m, self._arms, self._priors),
+                _kernel(log_m, arms, log_m[-1:], arms[-1:], self._priors)[:, 0])
 
     def _structural(self, z: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per fit, the rows' structural prior covariance with the points ``(rows, n)``, their
@@ -548,7 +549,7 @@ class ThroughputModel:
         once, whose value the shapes disagree on, is worth measuring again, and one pinned by
         several runs is not. ``(of the row, of chosen)``."""
         w, mean_r, mean_c, var_r, var_c, cov, noise = self._versus(rows, chosen)
-        keep = _heaviest(w, self._beliefs.max_components)
+        keep = _heaviest(w, self._priors.max_components)
         w, noise = w[keep] / w[keep].sum(), noise[keep]
         mean_r, mean_c, var_r, var_c, cov = (a[keep] for a in (mean_r, mean_c, var_r, var_c, cov))
         diff = mean_r - mean_c  # (K, R)

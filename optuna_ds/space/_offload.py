@@ -3,11 +3,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from optuna_ds.domain import Offload
+
 OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
-# The offload variants tried at stage 3, cheapest first, by the label their experiments carry.
+# The offload variants tried at stage 3, cheapest first, by their label (:class:`Offload`).
 OFFLOAD_VARIANTS: dict[str, dict[str, Any]] = {
-    "offload-opt": {"offload_optimizer": {"device": "cpu", "pin_memory": True}},
-    "offload-opt-param": {
+    Offload.OPTIMIZER: {"offload_optimizer": {"device": "cpu", "pin_memory": True}},
+    Offload.OPTIMIZER_AND_PARAMS: {
         "offload_optimizer": {"device": "cpu", "pin_memory": True},
         "offload_param": {"device": "cpu", "pin_memory": True},
     },

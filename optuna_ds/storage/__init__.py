@@ -12,13 +12,11 @@ from optuna_ds.storage._plan import load_plan
 from optuna_ds.storage._plan import load_stage_study
 from optuna_ds.storage._plan import open_root_study
 from optuna_ds.storage._plan import open_stage_study
-from optuna_ds.storage._plan import set_choice
 from optuna_ds.storage._plan import set_model_curves
 from optuna_ds.storage._plan import set_verdict
 from optuna_ds.storage._plan import set_ending
 from optuna_ds.storage._plan import stage_of
 from optuna_ds.storage._plan import stage_study_name
-from optuna_ds.storage._plan import tune_choice
 from optuna_ds.storage._plan import model_curves_of
 from optuna_ds.storage._plan import verdict
 from optuna_ds.storage._plan import tuning_names
@@ -51,7 +49,6 @@ __all__ = [
     "load_stage_study",
     "open_root_study",
     "open_stage_study",
-    "set_choice",
     "set_model_curves",
     "set_verdict",
     "set_ending",
@@ -59,7 +56,6 @@ __all__ = [
     "stage_of",
     "stage_study_name",
     "storage_failures",
-    "tune_choice",
     "verdict",
     "model_curves_of",
     "tuning_names",

@@ -24,9 +24,6 @@ _TUNING_ATTR = "optuna_ds:tuning"  # on a stage study: the tuning that owns it
 # planner is done, from when workers launch nothing more; {} while its search is open. A system
 # attr: coordination, not a figure for `optuna studies`.
 _ENDING_ATTR = "optuna_ds:ending"
-# On the root study: tune's choice ({"name", "figure"}), recorded once it wrote the optimal config;
-# {} while its search is open. What a worker names as the tuning's optimum.
-_CHOICE_ATTR = "optuna_ds:choice"
 # A system attr: `optuna studies` prints every user attr on one line.
 _VERDICT_ATTR = "optuna_ds:verdict"
 _CURVES_ATTR = "optuna_ds:model_curves"
@@ -293,20 +290,6 @@ def ending(root: optuna.Study) -> dict[str, Any] | None:
     """The process recorded as ending the tuning of ``root`` (:func:`set_ending`), read now."""
     owner = storage_of(root).get_study_system_attrs(id_of(root)).get(_ENDING_ATTR)
     return owner if isinstance(owner, dict) and owner else None
-
-
-def set_choice(root: optuna.Study, choice: dict[str, Any]) -> None:
-    """Record on the root study the optimum tune chose (``{"name", "figure"}``; ``{}``: none yet)."""
-    storage_of(root).set_study_system_attr(id_of(root), _CHOICE_ATTR, choice)
-
-
-def tune_choice(root: optuna.Study) -> dict[str, str] | None:
-    """The optimum tune chose for the tuning of ``root`` (:func:`set_choice`), read now; ``None``
-    where it has chosen none yet."""
-    choice = storage_of(root).get_study_system_attrs(id_of(root)).get(_CHOICE_ATTR)
-    if not isinstance(choice, dict) or not all(isinstance(choice.get(k), str) for k in ("name", "figure")):
-        return None
-    return {"name": choice["name"], "figure": choice["figure"]}
 
 
 def set_verdict(root: optuna.Study, *, equivalent: Sequence[str], noise: float | None) -> None:

@@ -8,7 +8,7 @@ from optuna_ds.studies._observer import PrintObserver
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._observer import started_line
 from optuna_ds.studies._owner import live_trials
-from optuna_ds.studies._results import Baseline
+from optuna_ds.studies._baseline import Baseline
 from optuna_ds.studies._results import Measured
 from optuna_ds.studies._results import Noise
 from optuna_ds.studies._results import Optimum
@@ -16,11 +16,11 @@ from optuna_ds.studies._results import SCATTER_WARNING
 from optuna_ds.studies._results import relative_spread
 from optuna_ds.studies._results import scatters
 from optuna_ds.studies._results import OptunaBest
-from optuna_ds.studies._results import Spend
+from optuna_ds.studies._spend import Spend
 from optuna_ds.studies._results import StageResult
 from optuna_ds.studies._results import TuningResult
 from optuna_ds.studies._results import departures
-from optuna_ds.studies._results import failure_text
+from optuna_ds.studies._runs import failure_text
 from optuna_ds.studies._results import leader
 from optuna_ds.studies._results import load_result
 from optuna_ds.studies._tuning import Tuning

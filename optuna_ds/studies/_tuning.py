@@ -48,7 +48,6 @@ from optuna_ds.storage import TuningPlan
 from optuna_ds.storage import ending
 from optuna_ds.storage import set_verdict
 from optuna_ds.storage import open_root_study
-from optuna_ds.storage import set_choice
 from optuna_ds.storage import set_ending
 from optuna_ds.studies._builder import ExperimentBuilder
 from optuna_ds.studies._context import StageContext
@@ -465,7 +464,7 @@ class Tuning:
             return
         if not self._worker:
             set_ending(self._root, {})  # a resumed tune's search is open again
-            set_choice(self._root, {})
+            RootRecord.reopen_choice(self._root.set_user_attr)
         zero = self._user.zero_section()
 
         def buffers(stage: int, offload: str, knobs: Mapping[str, Any]) -> float:
