@@ -11,21 +11,15 @@ The quality side (the choice) is benchmarks/planner.py's, run with and without t
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import product  # noqa: E402
-import stats  # noqa: E402
-import surfaces  # noqa: E402
+import catalog
+import product
+import stats
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", nargs="*", help="these jobs (surfaces.by_name)")
+    parser.add_argument("--jobs", nargs="*", help="these jobs (catalog.by_name)")
     parser.add_argument("--random", type=int, default=8, metavar="N", help="else N generated jobs...")
     parser.add_argument("--first", type=int, default=2000, metavar="SEED", help="...from this seed")
     parser.add_argument("--full", action="store_true", help="full mode: the knobs too")
@@ -34,7 +28,7 @@ def main() -> None:
     names = args.jobs or [f"random-{i}" for i in range(args.first, args.first + args.random)]
     saved, spent, pruned, launches = [], [], [], []
     for name in names:
-        r = product.tune(surfaces.by_name(name), fast=not args.full, tuner_type=args.tuner)
+        r = product.tune(catalog.by_name(name), fast=not args.full, tuner_type=args.tuner)
         gpu_s = r["gpu_hours"] * 3600.0
         saved.append(sum(e.get("saved_s", 0.0) * e["gpus"] for e in r["experiments"]))
         spent.append(gpu_s + saved[-1])  # what the tuning would have spent without the pruner

@@ -2,7 +2,6 @@
 as a dashed line of its own beside the measured points, never as if measured."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ from optuna_ds.storage import create_storage
 from optuna_ds.storage import load_plan
 from optuna_ds.studies import load_result
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import product  # noqa: E402
+import product
 
 
 def test_the_model_is_a_dashed_line_of_its_own_and_a_size_never_run_is_only_on_it(tmp_path: Path) -> None:

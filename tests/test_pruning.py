@@ -25,10 +25,9 @@ from optuna_ds.pruners import IncumbentPruner
 from optuna_ds.studies._pruning import LiveReport
 from optuna_ds.studies._pruning import live_judge
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import product  # noqa: E402
+import product
 
-FAKE_LAUNCHER = str(Path(__file__).resolve().parent / "fake_deepspeed.py")
+FAKE_LAUNCHER = str(Path(__file__).resolve().parent.parent / "benchmarks" / "fake_deepspeed.py")
 THROUGHPUT = Metric.named("throughput")
 BATCH = 8
 
