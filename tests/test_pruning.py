@@ -120,7 +120,7 @@ def test_the_runner_ends_a_run_its_judge_prunes_by_its_process_group(tmp_path: P
     experiment = _experiment(tmp_path, 2)
     result = runner.run(experiment, slot=slot, timeout=120, judge=judge, on_start=pids.append)
     assert result.reason is FailureReason.PRUNED and result.detail == "clearly below"
-    assert seen[-1] == 2 and result.duration < 12.0
+    assert seen[-1] == 2  # ended at its second step, not timed: a loaded machine starts it slowly
     assert not (Path(experiment.result_dir) / "metrics.json").exists()
     with pytest.raises(ProcessLookupError):
         os.killpg(pids[0], 0)
