@@ -312,3 +312,75 @@ def test_processes_sharing_a_machines_gpus_count_them_once() -> None:
     assert me.look().slots == 2
     Peers(root, slots=2, lead=False, me={"host": "b", "pid": 1, "started": "1"}, gpus=gpus).beat()
     assert me.look().slots == 4
+
+
+def test_a_workers_free_slots_get_experiments_though_the_deciders_are_free_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decider's slots hear of a queued trial first and free first (here at once): they
+    took every experiment, and a worker's free slots ran nothing under load. Each proposal goes
+    to a process's free slot, the one free longest first, and only that process takes it."""
+    from optuna_ds.studies._handout import HANDED
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.InMemoryStorage()
+    root = optuna.create_study(storage=storage, study_name="root")
+    shared = optuna.create_study(storage=storage, study_name="z1", direction="maximize")
+    worker_peers = _peers(root, host="node-b", slots=2, lead=False)
+    worker_peers.beat()  # the worker is there before tune decides
+    tune_peers = _peers(root, host="node-a", slots=2, lead=True)
+    tune_stage, worker_stage = _MeasuringStage(shared), _MeasuringStage(optuna.load_study(storage=storage, study_name="z1"))
+    tune = _coordinator(tune_stage, [], slots=2, peers=tune_peers)
+    worker = _coordinator(worker_stage, [], slots=2, peers=worker_peers)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    tune.run()
+    thread.join()
+    trials = shared.get_trials()
+    to = {t.number: t.user_attrs[HANDED]["to"] for t in trials}
+    assert set(to.values()) <= {tune_peers.key, worker_peers.key}
+    # The first decision (four free slots, two proposals at least): the slots freed together,
+    # another process's first, the worker's two.
+    first = sorted(trials, key=lambda t: t.number)[:2]
+    assert [to[t.number] for t in first] == [worker_peers.key] * 2
+    # Each process ran what was handed to it, and only that.
+    for_worker = [t for t in trials if to[t.number] == worker_peers.key]
+    assert sorted(c.run_name(0) for c in worker_stage.ran) == sorted(
+        ExperimentRecord.from_trial(t).config.run_name(0) for t in for_worker)
+    assert len(worker_stage.ran) == len(for_worker) >= 1 and len(tune_stage.ran) == len(trials) - len(for_worker)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+
+
+def test_a_queued_re_measurement_claimed_while_the_decider_reads_is_never_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot claims a queued run between the decider's reads of the storage: read first for
+    the claimed trials (not claimed yet), then for the queued ones (claimed by then), the run
+    was in neither, and the planner proposed it again ("proposed z1_gas1_tmbspg8_r1 twice")."""
+    from optuna_ds.planner import Proposal
+    from optuna_ds.studies import _coordinator as module
+    from optuna_ds.studies._handout import hand_out
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seen: list[list[Any]] = []
+    real = module.plan
+    monkeypatch.setattr(module, "plan", lambda problem, observations, **k: (
+        seen.append(list(observations)), real(problem, observations, **k))[1])
+    stage = _MeasuringStage()
+    config = Config(stage=1, micro_batch=8)
+    first = stage.study.ask()
+    ExperimentRecord(worker=this_process(), phase=Phase.MICRO_BATCH, config=config, exp_name=config.run_name(0)).write(first.set_user_attr)
+    stage.study.tell(first, _speed(config))
+    hand_out(stage.study, Proposal(config=config, repeat=1, why="measure again"), order=1, by={})
+    queued = stage.study.get_trials()[-1]
+    reads = stage.study.get_trials
+
+    def read_then_claim(*args: Any, **kwargs: Any) -> Any:
+        trials = reads(*args, **kwargs)
+        if queued.number in {t.number for t in trials if t.state == optuna.trial.TrialState.WAITING}:
+            # A slot of another process takes and claims it right after this read.
+            stage.study._storage.set_trial_state_values(queued._trial_id, state=optuna.trial.TrialState.RUNNING)
+            ExperimentRecord(worker=this_process(), phase=Phase.MICRO_BATCH, config=config, repeat=1,
+                             exp_name=config.run_name(1)).write(
+                lambda k, v: stage.study._storage.set_trial_user_attr(queued._trial_id, k, v))
+        return trials
+
+    monkeypatch.setattr(stage.study, "get_trials", read_then_claim)
+    _coordinator(stage, [])._decide(1)
+    assert sorted(o.repeat for o in seen[0] if o.config == config) == [0, 1]

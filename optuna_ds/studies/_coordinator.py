@@ -32,9 +32,11 @@ from optuna_ds.planner import measured_noise
 from optuna_ds.planner import plan
 from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._decider import BEAT_SECONDS
+from optuna_ds.studies._decider import Look
 from optuna_ds.studies._decider import Peers
 from optuna_ds.studies._experiments import StageExperiments
 from optuna_ds.studies._experiments import check_unreadable
+from optuna_ds.studies._handout import addressee
 from optuna_ds.studies._handout import hand_out
 from optuna_ds.studies._handout import handed
 from optuna_ds.studies._handout import order_of
@@ -142,6 +144,19 @@ def run_slots(targets: list[Callable[[], None]], *, halt: Callable[[], None]) ->
         raise errors[0]
 
 
+def _unclaimed(snapshot: dict[int, list[FrozenTrial]]) -> list[Proposal]:
+    """The experiments handed out and not claimed yet (queued, or taken by a slot that has not
+    claimed it yet): what the planner counts as under way beside the claimed trials."""
+    return [p for trials in snapshot.values() for t in trials
+            if t.state in (TrialState.RUNNING, TrialState.WAITING) and "exp_name" not in t.user_attrs
+            and (p := handed(t)) is not None]
+
+
+def _finished(snapshot: dict[int, list[FrozenTrial]]) -> frozenset[tuple[int, int, TrialState]]:
+    return frozenset((stage, t.number, t.state) for stage, trials in snapshot.items() for t in trials
+                     if t.state not in (TrialState.RUNNING, TrialState.WAITING))
+
+
 class Finishing(Protocol):
     """The experiments the decider queues beside the planner's: once it is done (``spare`` 0),
     or on ``spare`` slots its decision left free."""
@@ -186,6 +201,7 @@ class Coordinator:
         self._poke = threading.Event()  # a slot of this process freed: read the storage now
         self._first_seen: dict[tuple[int, int], float] = {}  # a running trial: when this process first saw it
         self._handed_seen: set[tuple[Config, int, Hashable]] = set()
+        self._free_since: dict[str, list[float]] = {}  # a live process: since when each free slot is (the decider's clock)
         self._order = 0
         self._last: Hashable = None  # what the last decision saw, with the slots free then
         self._seen: Hashable = None
@@ -194,11 +210,16 @@ class Coordinator:
 
     # -- the storage, as the planner sees it ------------------------------------------------------
 
-    def observations(self) -> list[Observation]:
+    def _snapshot(self) -> dict[int, list[FrozenTrial]]:
+        """Every stage study's trials, read once: a decision reads one snapshot, so a queued
+        trial a slot claims meanwhile is either pending or observed, never neither."""
+        return {stage: experiments.study.get_trials(deepcopy=False) for stage, experiments in self._stages.items()}
+
+    def observations(self, snapshot: dict[int, list[FrozenTrial]] | None = None) -> list[Observation]:
+        """What the trials of ``snapshot`` (read now by default) tell the planner."""
         seen: list[Observation] = []
         now = time.monotonic()
-        for stage, experiments in self._stages.items():
-            trials = experiments.study.get_trials(deepcopy=False)
+        for stage, trials in (snapshot if snapshot is not None else self._snapshot()).items():
             dead = given_up(trials)
             for t in trials:
                 o = observation_of(t, metric=self._ctx.metric, dead=dead, memory_limit=self._ctx.memory_limit, timeout=self._ctx.timeout)
@@ -222,19 +243,24 @@ class Coordinator:
             self._remaining = (left, starting)
             self._ctx.observer.plan(left, metric=self._ctx.metric, ceiling=self._problem.max_experiments, starting=starting)
 
-    def _decide(self, free_slots: int = 1) -> Decision:
+    def _decide(self, free_slots: int = 1, snapshot: dict[int, list[FrozenTrial]] | None = None) -> Decision:
         """The planner's decision for ``free_slots`` slots, the queued experiments counted as under way."""
-        observations = self.observations()
-        # A handed trial is claimed (an observation) or not (pending), never both: the storage is
-        # read for observations first. Each run of a config counts, its repeats apart.
+        snapshot = snapshot if snapshot is not None else self._snapshot()
+        observations = self.observations(snapshot)
+        # A handed trial is claimed (an observation) or not (pending), never both, and never
+        # neither: both are read from one snapshot. Each run of a config counts, its repeats apart.
         pending = [Observation(config=p.config, status=Status.RUNNING, repeat=p.repeat, seconds=0.0)
-                   for p in self._read()[1]]
+                   for p in _unclaimed(snapshot)]
         noise = _noise(observations)
         candidates = (self._knobs(self._problem.arms, {s: e.study for s, e in self._stages.items()}, noise,
                                   [o.config for o in pending]) if self._knobs is not None else None)
         decision = plan(self._problem, observations + pending, free_slots=free_slots, knob_candidates=candidates)
         self.decision = decision
-        self._seen = frozenset(collections.Counter((o.config, o.status, o.score, o.repeat) for o in observations).items())
+        # What "nothing new in the storage" means to the loop check: the observations and the
+        # failed trials (a handed trial its dead taker left unclaimed, failed by the reaper, is
+        # new; one that stood down, pruned, is not).
+        self._seen = (frozenset(collections.Counter((o.config, o.status, o.score, o.repeat) for o in observations).items()),
+                      frozenset(k for k in _finished(snapshot) if k[2] == TrialState.FAIL))
         self._progress(decision, observations)
         return decision
 
@@ -246,32 +272,28 @@ class Coordinator:
 
     # -- the decider --------------------------------------------------------------------------------
 
-    def _read(self) -> tuple[list[tuple[int, FrozenTrial]], list[Proposal], int, Hashable]:
-        """The queued trials in order; the experiments handed out and not claimed yet (queued,
-        or taken by a slot that has not claimed it yet); the trials under way (running, queued);
-        and what a decision depends on: the finished trials."""
+    def _read(self, snapshot: dict[int, list[FrozenTrial]]) -> tuple[list[tuple[int, FrozenTrial]], int,
+                                                                  collections.Counter[str | None], Hashable]:
+        """Of ``snapshot``: the queued trials in order; the trials under way (running, queued),
+        in all and by the process they were handed to; and what a decision depends on: the
+        finished trials."""
         queued: list[tuple[int, FrozenTrial]] = []
-        unclaimed: list[Proposal] = []
-        busy = 0
-        finished = []
-        for stage, experiments in self._stages.items():
-            trials = experiments.study.get_trials(deepcopy=False)
+        under_way: collections.Counter[str | None] = collections.Counter()
+        for stage, trials in snapshot.items():
             queued += [(stage, t) for t in waiting(trials)]
             for t in trials:
                 if t.state in (TrialState.RUNNING, TrialState.WAITING):
-                    busy += 1
-                    if "exp_name" not in t.user_attrs and (p := handed(t)) is not None:
-                        unclaimed.append(p)
-                else:
-                    finished.append((stage, t.number, t.state))
+                    under_way[addressee(t) if handed(t) is not None else None] += 1
         queued.sort(key=lambda item: order_of(item[1]))
-        return queued, unclaimed, busy, frozenset(finished)
+        return queued, sum(under_way.values()), under_way, _finished(snapshot)
 
-    def _hand_out(self, proposals: list[Proposal], queued: list[tuple[int, FrozenTrial]], *, check: bool) -> None:
+    def _hand_out(self, proposals: list[Proposal], queued: list[tuple[int, FrozenTrial]], *, check: bool,
+                  to: list[str | None]) -> None:
+        """Queue ``proposals``, each for the process ``to`` names beside it (``None``: any)."""
         by = self._peers.identity if self._peers is not None else {}
         # After the queue's last, whoever decided it (a decider taking over starts at none).
         self._order = max([self._order] + [order_of(t)[0] for _, t in queued])
-        for proposal in proposals:
+        for i, proposal in enumerate(proposals):
             if check:
                 key = (proposal.config, proposal.repeat, self._seen)
                 if key in self._handed_seen:
@@ -283,28 +305,60 @@ class Coordinator:
                         "optuna-ds: please report it); every finished experiment is kept")
                 self._handed_seen.add(key)
             self._order += 1
-            hand_out(self._stages[proposal.stage].study, proposal, order=self._order, by=by)
+            hand_out(self._stages[proposal.stage].study, proposal, order=self._order, by=by, to=to[i] if i < len(to) else None)
 
-    def _decide_now(self, free: int, busy: int, digest: Hashable, queued: list[tuple[int, FrozenTrial]]) -> bool:
+    def _addresses(self, look: Look | None, under_way: collections.Counter[str | None], n: int) -> list[str | None]:
+        """Whose slot each of ``n`` proposals goes to: the free slots of the live processes, the
+        slot free longest first (another process's before this one's where they freed
+        together), so that the decider's own slots, which hear of a queued trial first, cannot
+        take every one. A slot's free time is when the decider first counted it free. ``None``
+        (any process's) alone, or for proposals beyond the slots counted (GPUs shared)."""
+        if look is None or len(look.members) <= 1:
+            return [None] * n
+        now = time.monotonic()
+        me = look.members[0][0]
+        members = dict(look.members)
+        for key in list(self._free_since):
+            if key not in members:
+                del self._free_since[key]
+        for key, slots in members.items():
+            since = self._free_since.setdefault(key, [])
+            free = max(0, slots - under_way[key])
+            del since[:max(0, len(since) - free)]  # taken otherwise: its longest free first
+            since += [now] * (free - len(since))
+        entries = sorted(((t, key != me, key) for key, since in self._free_since.items() for t in since),
+                         key=lambda e: (e[0], not e[1], e[2]))
+        to: list[str | None] = []
+        for _, _, key in entries[:n]:
+            to.append(key)
+            self._free_since[key].pop(0)  # served: the slot is busy now
+        return to + [None] * (n - len(to))
+
+    def _decide_now(self, free: int, busy: int, digest: Hashable, queued: list[tuple[int, FrozenTrial]], *,
+                    snapshot: dict[int, list[FrozenTrial]], look: Look | None,
+                    under_way: collections.Counter[str | None]) -> bool:
         """Decide for ``free`` slots where a trial ended or slots freed since the last decision;
         returns whether it queued anything. Marks the search done where nothing is left to run."""
         key = (digest, free)
         if free <= 0 or key == self._last:
             return False
         self._last = key
-        decision = self._decide(free)
+        decision = self._decide(free, snapshot)
         if decision.proposals:
-            self._hand_out(list(decision.proposals), queued, check=True)
+            extra = []
             spare = free - len(decision.proposals)
             if spare >= 2 and self._finishing is not None:
                 # The headline's runs on slots the search leaves free: no wall time of their own.
-                self._hand_out(self._finishing(decision, spare=spare), queued, check=False)
+                extra = self._finishing(decision, spare=spare)
+            to = self._addresses(look, under_way, len(decision.proposals) + len(extra))
+            self._hand_out(list(decision.proposals), queued, check=True, to=to)
+            self._hand_out(extra, queued, check=False, to=to[len(decision.proposals):])
             return True
         if not decision.done or busy:
             return False
         extra = self._finishing(decision) if self._finishing is not None else []
         if extra:
-            self._hand_out(extra, queued, check=False)
+            self._hand_out(extra, queued, check=False, to=self._addresses(look, under_way, len(extra)))
             return True
         self._say_stopped(decision.reason)
         self._finish()
@@ -345,21 +399,25 @@ class Coordinator:
             for stage in self._stages.values():
                 # A dead worker's running experiment holds the planner up until it is failed.
                 stage.reap()
-            queued, _, busy, digest = self._read()
+            snapshot = self._snapshot()
+            queued, busy, under_way, digest = self._read(snapshot)
             if look is None or look.deciding:
                 slots = look.slots if look is not None else self._pool.size
-                if self._decide_now(slots - busy, busy, digest, queued):
-                    queued = self._read()[0]
+                if self._decide_now(slots - busy, busy, digest, queued, snapshot=snapshot, look=look, under_way=under_way):
+                    queued = self._read(self._snapshot())[0]
             elif (look.done and not queued) or ended:
                 self._finish()
+            # This process's slots take what was handed to it or to any, or to a process gone.
+            mine = queued if look is None or self._peers is None else [
+                (stage, t) for stage, t in queued if addressee(t) in (None, self._peers.key) or addressee(t) in look.gone]
             with self._lock:
-                self._queue = queued
+                self._queue = mine
                 self._changed.notify_all()
                 if self._done:
                     return
             # Alone and deciding, only this process's slots change the storage (they poke): a
             # process that joins is seen at the next beat.
-            alone = look is None or (look.deciding and look.slots <= self._pool.size)
+            alone = look is None or (look.deciding and len(look.members) <= 1)
             self._poke.wait(BEAT_SECONDS if alone else _POLL_SECONDS)
             self._poke.clear()
 

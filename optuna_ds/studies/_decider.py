@@ -32,20 +32,25 @@ _PROCESS = "optuna_ds:process:"
 @dataclasses.dataclass(frozen=True)
 class Look:
     """The tuning's processes as read once: whether this process decides, whether a live
-    decider said its search is done, and the slots of the live processes together."""
+    decider said its search is done, and the slots of the live processes together;
+    ``members``: each live process's key and slots, this one's first; ``gone``: the keys of
+    processes known gone (ended, dead, or a beat unchanged for :data:`LAPSE_SECONDS`): what
+    was handed to one of them is anyone's."""
 
     deciding: bool
     done: bool
     slots: int
     holder: dict[str, Any] | None
+    members: tuple[tuple[str, int], ...] = ()
+    gone: frozenset[str] = frozenset()
 
 
 class Peers:
     """This process among the processes of the tuning of ``root``, with ``slots`` slots;
     ``lead``: whether it takes the decision at once (``tune``) or only from a holder that is gone;
     ``me``: its identity (``{"host", "pid", "started"}``), this process's by default;
-    ``gpus``: the GPUs its slots lease (``"host:gpu"`` of its hostfile, each slot's alike in
-    number), so that processes of one machine sharing GPUs count them once, not once each.
+    ``gpus``: the GPUs its slots lease (their lock files, :attr:`SlotPool.gpus`, each slot's
+    alike in number), so that processes of one machine sharing GPUs count them once, not once each.
     """
 
     def __init__(self, root: optuna.Study, *, slots: int, lead: bool, me: dict[str, Any] | None = None,
@@ -70,6 +75,11 @@ class Peers:
     @property
     def identity(self) -> dict[str, Any]:
         return dict(self._me)
+
+    @property
+    def key(self) -> str:
+        """This process's record's key: what the decider hands its experiments to."""
+        return self._key
 
     @property
     def deciding(self) -> bool:
@@ -151,12 +161,14 @@ class Peers:
                 self._lead = False  # tune takes it once; taken back from it, it follows
                 self.take()
                 holder = {**self._me}
-        live = [r for k, r in attrs.items()
-                if k.startswith(_PROCESS) and k != self._key and not self._lapsed(k, r, now)]
-        slots = _slots([{"slots": self._slots, "gpus": self._gpus}] + live, per=self._per)
+        processes = {k: r for k, r in attrs.items() if k.startswith(_PROCESS) and k != self._key}
+        left = frozenset(k for k, r in processes.items() if self._lapsed(k, r, now))
+        live = {k: r for k, r in processes.items() if k not in left}
+        slots = _slots([{"slots": self._slots, "gpus": self._gpus}] + list(live.values()), per=self._per)
+        members = ((self._key, self._slots), *((k, int(r.get("slots") or 0)) for k, r in sorted(live.items())))
         done = not self._holding and isinstance(holder, dict) and bool(holder.get("done"))
-        return Look(deciding=self._holding, done=done, slots=slots, holder=holder if isinstance(holder, dict) else None)
-
+        return Look(deciding=self._holding, done=done, slots=slots, holder=holder if isinstance(holder, dict) else None,
+                    members=members, gone=left)
 
 def _slots(records: list[dict[str, Any]], *, per: int) -> int:
     """The experiments the processes of ``records`` can run at once: their slots, except that

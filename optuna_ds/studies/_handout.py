@@ -18,9 +18,11 @@ from optuna_ds.planner import Proposal
 HANDED = "handed"  # the user attr of a queued trial: the proposal, the order and who decided it
 
 
-def hand_out(study: optuna.Study, proposal: Proposal, *, order: int, by: dict[str, Any]) -> None:
-    """Queue ``proposal`` on ``study`` for any free slot; ``order``: slots take the lowest first."""
-    handed = {"config": proposal.config.to_attrs(), "repeat": proposal.repeat, "why": proposal.why, "order": order, "by": by}
+def hand_out(study: optuna.Study, proposal: Proposal, *, order: int, by: dict[str, Any], to: str | None = None) -> None:
+    """Queue ``proposal`` on ``study`` for a free slot of the process ``to`` (its
+    :attr:`Peers.key`; ``None``: any process's); ``order``: slots take the lowest first."""
+    handed = {"config": proposal.config.to_attrs(), "repeat": proposal.repeat, "why": proposal.why, "order": order, "by": by,
+              "to": to}
     study.enqueue_trial({}, user_attrs={HANDED: handed})
 
 
@@ -33,6 +35,13 @@ def handed(trial: FrozenTrial) -> Proposal | None:
     if config is None:
         return None
     return Proposal(config=config, repeat=int(value.get("repeat") or 0), why=str(value.get("why") or ""))
+
+
+def addressee(trial: FrozenTrial) -> str | None:
+    """The process a queued trial was handed to (``None``: any)."""
+    value = trial.user_attrs.get(HANDED)
+    to = value.get("to") if isinstance(value, dict) else None
+    return to if isinstance(to, str) else None
 
 
 def order_of(trial: FrozenTrial) -> tuple[int, int]:
