@@ -384,3 +384,21 @@ def test_a_queued_re_measurement_claimed_while_the_decider_reads_is_never_missed
     monkeypatch.setattr(stage.study, "get_trials", read_then_claim)
     _coordinator(stage, [])._decide(1)
     assert sorted(o.repeat for o in seen[0] if o.config == config) == [0, 1]
+
+
+def test_what_was_handed_to_a_process_that_left_is_anyones() -> None:
+    from optuna_ds.planner import Proposal
+    from optuna_ds.studies._handout import hand_out
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.InMemoryStorage()
+    root = optuna.create_study(storage=storage, study_name="root")
+    stage = _MeasuringStage(optuna.create_study(storage=storage, study_name="z1", direction="maximize"))
+    left = _peers(root, host="node-b", slots=1, lead=False)
+    left.beat()
+    config = Config(stage=1, micro_batch=12)
+    hand_out(stage.study, Proposal(config=config, why="handed to node-b"), order=1, by={}, to=left.key)
+    left.leave()  # ended before it took it
+    _coordinator(stage, [], peers=_peers(root, host="node-a", slots=1, lead=True)).run()
+    assert config in stage.ran
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in stage.study.get_trials())
