@@ -441,9 +441,9 @@ def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Cos
         draws = random.getstate()
         random.seed(f"{study}/{processes}x{slots}")
         with _environment(work), virtual_time.install() as world:
-            def decide(self: Any) -> Any:
+            def decide(self: Any, *args: Any, **kwargs: Any) -> Any:
                 t0 = time.thread_time()
-                decision = real_decide(self)
+                decision = real_decide(self, *args, **kwargs)
                 spent = time.thread_time() - t0
                 decisions.append(spent)
                 curve.append((sum(1 for e in launched if not e["profile"]),

@@ -187,3 +187,39 @@ class TrialCache(_CachedStorage):
 
                 upsert = mysql.insert(table).values(rows)
                 session.execute(upsert.on_duplicate_key_update(value_json=upsert.inserted.value_json))
+
+
+def take_waiting_trial(storage: optuna.storages.BaseStorage, trial_id: int, attrs: Mapping[str, Any]) -> bool:
+    """Move a WAITING trial to RUNNING, for this caller only, with the user attrs ``attrs`` (who
+    took it: a process killed a moment later leaves a trial the reaper can tell as its): ``True``
+    where it was waiting and is now this caller's. Optuna's own pop (``set_trial_state_values``)
+    reads the state and then writes it, under a row lock PostgreSQL and MySQL take but SQLite
+    does not: two processes on one SQLite file both took one trial. On an RDB storage this is one
+    transaction: a conditional ``UPDATE ... WHERE state = 'WAITING'`` through Optuna's private
+    ORM models (``optuna.storages._rdb.models.TrialModel``, columns ``trial_id``, ``state``,
+    ``datetime_start``; ``TrialUserAttributeModel``, as :meth:`TrialCache.set_trial_user_attrs`)
+    and session helper (``_create_scoped_session``); elsewhere (in memory, under its lock)
+    Optuna's public calls."""
+    backend = storage._backend if isinstance(storage, _CachedStorage) else storage
+    if not isinstance(backend, optuna.storages.RDBStorage):
+        try:
+            if not storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.RUNNING):
+                return False
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        for key, value in attrs.items():
+            storage.set_trial_user_attr(trial_id, key, value)
+        return True
+    import datetime
+
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    table = models.TrialModel
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        taken = session.query(table).filter(table.trial_id == trial_id, table.state == optuna.trial.TrialState.WAITING).update(
+            {"state": optuna.trial.TrialState.RUNNING, "datetime_start": datetime.datetime.now()}, synchronize_session=False)
+        if taken:
+            session.add_all([models.TrialUserAttributeModel(trial_id=trial_id, key=key, value_json=json.dumps(value))
+                             for key, value in attrs.items()])
+    return bool(taken)

@@ -171,7 +171,7 @@ def test_an_interrupt_ends_the_slots_within_their_grace_even_one_stuck(monkeypat
     begin = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_slots(1, slot, halt=halted.set)
+            run_slots([slot], halt=halted.set)
         assert time.monotonic() - begin < 10
         assert halted.is_set()
     finally:

@@ -25,6 +25,7 @@ from optuna_ds._optuna_compat import hide_in_memory_studies
 from optuna_ds._optuna_compat import stale_trial_ids
 from optuna_ds._optuna_compat import storage_of
 from optuna_ds._optuna_compat import study_id
+from optuna_ds._optuna_compat import take_waiting_trial
 from optuna_ds._optuna_compat import trial_id
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -213,3 +214,20 @@ def test_hide_in_memory_studies(caplog: pytest.LogCaptureFixture) -> None:
         optuna.logging.disable_propagation()
     messages = [r.getMessage() for r in caplog.records if r.name == "optuna.storages._in_memory"]
     assert any("shown-study" in m for m in messages) and not any("hidden-copy" in m for m in messages)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_a_waiting_trial_is_taken_once_with_its_takers_attrs(url: str, kind: str) -> None:
+    """Optuna's queued trials (``enqueue_trial``) taken by :func:`take_waiting_trial`: RUNNING,
+    started, with the taker's attrs; a second taker, or a taker of a finished trial, gets none."""
+    storage = TrialCache(optuna.storages.RDBStorage(url)) if kind == "sqlite" else optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, study_name="q")
+    study.enqueue_trial({}, user_attrs={"handed": 1})
+    (waiting,) = study.get_trials(states=(TrialState.WAITING,))
+    assert take_waiting_trial(storage, trial_id(waiting), {"worker": {"pid": 1}})
+    assert not take_waiting_trial(storage, trial_id(waiting), {"worker": {"pid": 2}})
+    (taken,) = study.get_trials()
+    assert taken.state == TrialState.RUNNING and taken.datetime_start is not None
+    assert taken.user_attrs == {"handed": 1, "worker": {"pid": 1}}
+    study.tell(optuna.Trial(study, trial_id(taken)), 1.0)
+    assert not take_waiting_trial(storage, trial_id(taken), {"worker": {"pid": 3}})

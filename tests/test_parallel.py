@@ -402,22 +402,24 @@ def test_two_processes_given_one_storage_hand_the_planner_the_same_knob_settings
 
 
 def test_knob_settings_handed_to_slots_count_against_tuner_num_trials(monkeypatch) -> None:
-    """In-process: a coordinator whose slots hold knob settings not yet claimed (no trial yet)
+    """In-process: a decider that queued knob settings not yet claimed (no slot took them yet)
     stops offering knob settings once those and the stored trials reach ``tuner_num_trials``;
     four slots asking at once would otherwise start three trials beyond it."""
     from optuna_ds.domain import Config
     from optuna_ds.planner import Proposal
+    from optuna_ds.studies._handout import hand_out
 
     study, space = _knob_study([({}, 0, 100.0), ({"overlap_comm": True, "reduce_bucket_size": 5e8}, 0, 110.0)])
     coordinator = _knob_coordinator(study, space, early_stopping=100, num_trials=2)
     handed = _handed_knob_settings(monkeypatch)
     coordinator._decide()
     assert handed[-1], "one knob trial of two: the search goes on"
-    # A size at the default knobs in a slot is no knob trial; a knob setting is the second.
-    coordinator._handed.append(Proposal(config=Config(stage=1, micro_batch=16)))
+    # A size at the default knobs queued for a slot is no knob trial; a knob setting is the second.
+    hand_out(study, Proposal(config=Config(stage=1, micro_batch=16)), order=1, by={})
     coordinator._decide()
     assert handed[-1]
-    coordinator._handed.append(Proposal(config=Config(stage=1, micro_batch=8, knobs={"overlap_comm": False, "reduce_bucket_size": 5e7})))
+    hand_out(study, Proposal(config=Config(stage=1, micro_batch=8, knobs={"overlap_comm": False, "reduce_bucket_size": 5e7})),
+             order=2, by={})
     coordinator._decide()
     assert handed[-1] == {}
 

@@ -5,6 +5,7 @@ import re
 
 from optuna_ds.config import Metric
 from optuna_ds.reporting import Progress
+from optuna_ds.reporting._progress import busy_slots
 from optuna_ds.config import format_number
 
 
@@ -49,7 +50,9 @@ def test_status_shows_best_first_a_bar_over_the_estimate_and_time_left() -> None
     assert lines[1].startswith("2/~8 (1 running) ") and " 31% " in lines[1]
     # 2.5 experiments' work in the 25 s since the first started: 5.5 left at 10 s each
     assert re.search(r" 0:00:25 elapsed, ~0:00:5[56] left$", lines[1]), lines[1]  # rich rounds up
-    assert lines[2].startswith("localhost:2,3 0:00:05 z2_gas1_tmbspg4")
+    # one slot, busy all 25 s (the two runs back to back, then z2)
+    assert lines[2] == "busy slots 1 now, 1.0 on average, 1 at most " + "█" * 24
+    assert lines[3].startswith("localhost:2,3 0:00:05 z2_gas1_tmbspg4")
 
 
 def test_the_time_left_counts_the_running_experiments_share_and_holds_while_one_runs() -> None:
@@ -134,10 +137,27 @@ def test_the_essentials_fit_80_columns_with_two_busy_slots() -> None:
     clock.now += 3600
     lines = progress.render(width=80).splitlines()
     assert all(len(line) <= 80 for line in lines), lines
-    assert len(lines) == 4  # best, bar, one line per busy slot
+    assert len(lines) == 5  # best, bar, busy slots, one line per busy slot
     assert lines[0].startswith("fastest run 15,970 samples/s z3_gas16")
     assert lines[1].startswith("1/~41 (2 running) ") and "elapsed" in lines[1] and lines[1].endswith(" left")
-    assert lines[2].startswith("localhost:0,1,2,3 1:00:00 z3_gas16") and lines[3].startswith("localhost:4,5,6,7 1:01:01 z3_gas16")
+    assert lines[2].startswith("busy slots 2 now, 2.0 on average, 2 at most")
+    assert lines[3].startswith("localhost:0,1,2,3 1:00:00 z3_gas16") and lines[4].startswith("localhost:4,5,6,7 1:01:01 z3_gas16")
+
+
+def test_busy_slots_show_width_over_time() -> None:
+    """Four slots busy for the first half, one for the second: the line shows the drop."""
+    line, mean, peak = busy_slots([(0.0, 4), (50.0, 1)], 100.0, width=4)
+    assert (line, mean, peak) == ("██▂▂", 2.5, 4)
+    assert busy_slots([], 10.0) == ("", 0.0, 0)
+    clock = Clock()
+    progress = Progress(stream=io.StringIO(), tty=False, clock=clock)
+    assert progress.busy_line() == "busy slots: none yet"
+    for i in range(3):
+        progress.started(stage=0, number=i, name=f"a{i}", slot=f"localhost:{i}")
+    clock.now += 30
+    progress.finished(stage=0, number=0, name="a0", value=1.0, duration=30.0, outcome="ok")
+    clock.now += 30
+    assert progress.busy_line().startswith("busy slots 2 now, 2.5 on average, 3 at most ")
 
 
 def test_numbers_are_written_for_people() -> None:

@@ -387,6 +387,7 @@ def test_report_shows_what_a_person_looks_for(tuned: Workspace) -> None:
     assert "your config</span>" in page
     assert "Peak memory per experiment: not measured on this accelerator (CPU device)." in page
     assert "CPU device slots: " in page and "device-hours (CPU)" in page and '"name":"profile run"' in page
+    assert '"name":"busy slots"' in page  # the slot plot shows width over time
     # The optimum the summary names is the optimal config, marked in the table and the figures.
     optimal = json.loads((tuned.results / "ds_config_optimal.json").read_text())
     name = (tuned.results / "optuna_ds_summary.txt").read_text().splitlines()[1].split("(", 1)[1].split(":", 1)[0]
@@ -596,3 +597,13 @@ def test_no_error_bar_spans_a_config_the_text_sets_apart(tmp_path: Path) -> None
     same = _result(*_store(tmp_path / "b", runs, choice=(1, 1), equivalent=((2, 8),), noise=0.05))
     assert "Equivalent within the noise (5.0% per run): z2_gas1_tmbspg8 (15,150 samples/s, 2 runs)" in summary_text(same, advice=None)
     assert all(t.mode == "markers" for t in figures["metric_vs_mbs"].data if t.name in ("z1", "z2"))
+
+
+def test_busy_slots_step_at_each_start_and_end() -> None:
+    import datetime
+
+    from optuna_ds.reporting._figures import busy_steps
+
+    t = [datetime.datetime(2026, 1, 1, 0, 0, s) for s in range(6)]
+    # two runs overlap from 1 to 3; a third starts as the first ends
+    assert busy_steps([(t[0], t[3]), (t[1], t[4]), (t[3], t[5])]) == [(t[0], 1), (t[1], 2), (t[3], 2), (t[4], 1), (t[5], 0)]

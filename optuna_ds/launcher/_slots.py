@@ -64,6 +64,12 @@ class SlotPool:
     def size(self) -> int:
         return len(self._slots)
 
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """The GPUs its slots lease, each as its lock file (in the lock folder): processes whose
+        slots lease one lock file share that GPU; a folder of its own makes GPUs of their own."""
+        return tuple(self._path(host, gpu) for slot in self._slots for host, ids in slot.hosts.items() for gpu in ids)
+
     def _path(self, host: str, gpu: int) -> str:
         return os.path.join(self._lock_dir, f"{re.sub(r'[^A-Za-z0-9_.-]', '_', host)}-{gpu}.lock")
 

@@ -255,6 +255,21 @@ class _Profile:
     slot: str
 
 
+def busy_steps(spans: list[tuple[datetime.datetime, datetime.datetime]]) -> list[tuple[datetime.datetime, int]]:
+    """The slots busy over time with runs ``spans`` (start, end): a step at each start and end,
+    the count from then on."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda ev: (ev[0], ev[1]))
+    steps: list[tuple[datetime.datetime, int]] = []
+    busy = 0
+    for when, change in events:
+        busy += change
+        if steps and steps[-1][0] == when:
+            steps[-1] = (when, busy)
+        else:
+            steps.append((when, busy))
+    return steps
+
+
 def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None, spend: str,
               cut: list[ExperimentRow] | None = None) -> go.Figure:
     """Every run in time on its slot; ``cut``: the runs an interrupt cut short, the table's
@@ -296,13 +311,21 @@ def _timeline(rows: list[ExperimentRow], ctx: _Context, profile: _Profile | None
             marker={"color": "rgba(0,0,0,0)", "line": {"color": _CHOSEN_COLOR, "width": 3}},
             text=[_safe(r.name) for r in chosen], textposition="none",
             hovertemplate=_chosen_label(ctx.best, ctx.metric) + "<br>this run: %{text}<extra></extra>"))
+    # Width at a glance: how many slots ran at once, over time, on the right-hand axis.
+    steps = busy_steps([(r.start, r.end) for r in timed + cut if r.start and r.end])
+    if steps:
+        fig.add_trace(go.Scatter(x=[t.isoformat() for t, _ in steps], y=[n for _, n in steps], mode="lines", line_shape="hv",
+                                 name="busy slots", yaxis="y2", line={"color": "#495057", "width": 1.5},
+                                 hovertemplate="%{y} busy<extra></extra>"))
     # One day: its date in the axis title, not as a second line of tick labels over the legend.
     days = {t.date() for t in [*(r.start for r in timed), *(r.end for r in timed), *([profile.start] if profile else [])] if t}
     xaxis: dict[str, Any] = {"type": "date", "title": "time"}
     if len(days) == 1:
         xaxis.update(title=f"time on {next(iter(days)):%b %d, %Y}", tickformat="%H:%M:%S")
     fig.update_layout(title=_title(f"{ctx.device} slots: {_safe(spend)}"), xaxis=xaxis,
-                      yaxis_title=f"{ctx.device} slot", barmode="overlay", **_FIGURE_LAYOUT)
+                      yaxis_title=f"{ctx.device} slot", barmode="overlay", **_FIGURE_LAYOUT,
+                      yaxis2={"title": "busy slots", "overlaying": "y", "side": "right", "rangemode": "tozero", "showgrid": False,
+                              "dtick": 1})
     return fig
 
 

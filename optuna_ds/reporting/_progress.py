@@ -37,6 +37,26 @@ _RUNNING_CAP = 0.9
 # rich measures a rate from its first sample on, that sample's progress left out: the first
 # start leaves this much, so the rate counts from there.
 _ANCHOR = 1e-9
+_BARS = " ▁▂▃▄▅▆▇█"
+_SPARK_WIDTH = 24  # the busy slots line's history: this many spans of the time since the first start
+
+
+def busy_slots(changes: list[tuple[float, int]], now: float, *, width: int = _SPARK_WIDTH) -> tuple[str, float, int]:
+    """The busy slots over time from ``changes`` (each: when, how many busy from then on, in
+    time order): a sparkline of ``width`` equal spans from the first change to ``now``, each
+    its mean busy slots against the peak; the mean over the whole time, and the peak."""
+    if not changes or now <= changes[0][0]:
+        return "", 0.0, max((n for _, n in changes), default=0)
+    start, peak = changes[0][0], max(n for _, n in changes)
+    step = (now - start) / width
+    area = [0.0] * width
+    ends = [t for t, _ in changes[1:]] + [now]
+    for (t0, n), t1 in zip(changes, ends):
+        for i in range(width):
+            lo, hi = start + i * step, start + (i + 1) * step
+            area[i] += n * max(0.0, min(t1, hi) - max(t0, lo))
+    line = "".join(_BARS[round(a / step / peak * (len(_BARS) - 1))] if peak else _BARS[0] for a in area)
+    return line, sum(area) / (now - start), peak
 
 
 class _CountColumn(ProgressColumn):
@@ -85,8 +105,8 @@ class Progress:
     """What a tuning tells the person watching it.
 
     On a terminal, a live block stays at the bottom: the fastest single run so far first (globally, then per
-    stage), a ``rich.progress`` bar with elapsed and remaining time, then one line per busy GPU
-    slot; finished experiments scroll above it. Elsewhere (a log file, CI) plain lines.
+    stage), a ``rich.progress`` bar with elapsed and remaining time, this process's busy slots over
+    time (:func:`busy_slots`), then one line per busy GPU slot; finished experiments scroll above it. Elsewhere (a log file, CI) plain lines.
     ``quiet`` prints none of the progress (the summary follows it); ``verbose`` adds each command and the end of each
     failure's stderr.
 
@@ -114,6 +134,7 @@ class Progress:
         self._done = 0
         self._durations = 0.0
         self._running: dict[tuple[int, int], tuple[str, str, float]] = {}
+        self._busy: list[tuple[float, int]] = []  # this process's busy slots from each start or end on
         self._best: dict[int, tuple[float, str]] = {}
         self._metric = Metric.named("throughput")  # until the tuning says its own
         self._sampled = -math.inf
@@ -172,6 +193,7 @@ class Progress:
     def started(self, *, stage: int, number: int, name: str, slot: str, why: str = "") -> None:
         with self._lock:
             self._running[(stage, number)] = (name, slot, self._clock())
+            self._busy.append((self._clock(), len(self._running)))
             self._starting = max(0, self._starting - 1)
             self._update(sample=True)
         self.log(started_line(stage=stage, number=number, name=name, slot=slot, why=why))
@@ -190,7 +212,8 @@ class Progress:
 
     def finished(self, *, stage: int, number: int, name: str, value: float | None, duration: float, outcome: str) -> None:
         with self._lock:
-            self._running.pop((stage, number), None)
+            if self._running.pop((stage, number), None) is not None:
+                self._busy.append((self._clock(), len(self._running)))
             self._done += 1
             self._durations += duration
             if value is not None:
@@ -264,6 +287,15 @@ class Progress:
             stages = " ".join(f"z{s} {format_number(v)}" for s, (v, _) in sorted(self._best.items()))
             return f"fastest run {self._with_unit(value)} {name} | {stages}"
 
+    def busy_line(self) -> str:
+        """This process's busy slots over time: now, their mean and peak since the first start,
+        and a sparkline of them (width shows: several at once)."""
+        with self._lock:
+            line, mean, peak = busy_slots(self._busy, self._clock())
+            if not self._busy:
+                return "busy slots: none yet"
+            return f"busy slots {len(self._running)} now, {mean:.1f} on average, {peak} at most {line}".rstrip()
+
     def slot_lines(self) -> list[str]:
         with self._lock:
             now = self._clock()
@@ -284,7 +316,8 @@ class Progress:
         with self._lock:
             self._update(sample=False)
             lines: list[RenderableType] = [Text(self.best_line(), no_wrap=True, overflow="ellipsis"),
-                                           self._bar.make_tasks_table(self._bar.tasks)]
+                                           self._bar.make_tasks_table(self._bar.tasks),
+                                           Text(self.busy_line(), no_wrap=True, overflow="ellipsis")]
             lines += [Text(line, no_wrap=True, overflow="ellipsis") for line in self.slot_lines()]
         return Group(*lines)
 

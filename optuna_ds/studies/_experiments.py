@@ -120,13 +120,14 @@ def _measured_before_the_end(experiment: Experiment, *, metric: Metric, since: f
     return read_finished(experiment.result_dir, metric=metric, ds_config=experiment.ds_config)
 
 
-def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float]) -> None:
-    """One trial of ``objective``, as ``study.optimize(n_trials=1)`` runs one, with a heartbeat
+def run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], trial: optuna.Trial | None = None) -> None:
+    """One trial of ``objective`` (on ``trial``, taken from the queue, else a new one), as
+    ``study.optimize(n_trials=1)`` runs one, with a heartbeat
     that a database away for a while does not end (:func:`heartbeat`). The trial ends as the
     objective says (a value, NaN for a failure, :class:`optuna.TrialPruned`, an exception raised
     on), unless another process failed it as stale meanwhile: that is not undone, and a trial
     another process failed is never told again (Optuna's optimize raised "Cannot tell a FAIL trial")."""
-    trial = study.ask()
+    trial = trial if trial is not None else study.ask()
     try:
         with heartbeat(study, trial, transient=lambda e: database_error(e) is not None):
             value = objective(trial)
@@ -238,9 +239,11 @@ class StageExperiments:
         """Fail the trials of dead workers so that their experiments run again (:meth:`Reaper.reap`)."""
         self._reaper.reap(force=force)
 
-    def run(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "") -> bool:
-        """Run the planner's experiment of ``config`` on ``lease``, one trial, and say whether it
-        launched (not where it stood down); ``repeat``: how many times it ran before;
+    def run(self, config: Config, lease: Lease, *, free_since: float, repeat: int = 0, why: str = "",
+            trial: optuna.Trial | None = None) -> bool:
+        """Run the planner's experiment of ``config`` on ``lease``, one trial (``trial``, taken
+        from the queue, else a new one), and say whether it launched (not where it stood down);
+        ``repeat``: how many times it ran before;
         ``free_since``: when the slot became free (``time.monotonic()``), the start of the
         decision the observer is told the time of; ``why``: the planner's reason for it, which
         its line on screen carries."""
@@ -251,7 +254,7 @@ class StageExperiments:
         # experiment ended lost its result, and the resumed tuning ran it again).
         with contextlib.ExitStack() as held:
             run_trial(self._study, self._objective(config, lease, attempt, free_since=free_since, repeat=repeat, why=why,
-                                                   hold_signals=held.enter_context))
+                                                   hold_signals=held.enter_context), trial)
         failed = attempt.stops
         # Recorded (reason "port", "machine" or "script", run again on resume); the other slots are stopped.
         if failed is not None and failed.reason is FailureReason.MACHINE:
@@ -451,10 +454,30 @@ class StageExperiments:
         if competitor is None or competitor.state == TrialState.RUNNING:
             return
         if competitor.number in self._settled:
-            name = ExperimentRecord.from_trial(competitor).exp_name
-            raise UnreadableTrial(
-                f"trial {competitor.number} of study '{self._study.study_name}' claims experiment {name} but holds no result "
-                "optuna-ds can read (another tool wrote it): optuna-ds will neither run that experiment again nor "
-                "change the trial; choose another --study-name"
-            )
+            raise unreadable(self._study, competitor)
         self._settled.add(competitor.number)
+
+
+def unreadable(study: optuna.Study, settled: FrozenTrial) -> UnreadableTrial:
+    """The error for ``settled``, a finished trial of ``study`` claiming an experiment with a
+    record the planner cannot read."""
+    name = ExperimentRecord.from_trial(settled).exp_name
+    return UnreadableTrial(
+        f"trial {settled.number} of study '{study.study_name}' claims experiment {name} but holds no result "
+        "optuna-ds can read (another tool wrote it): optuna-ds will neither run that experiment again nor "
+        "change the trial; choose another --study-name"
+    )
+
+
+def check_unreadable(study: optuna.Study, name: str) -> None:
+    """Raise :class:`UnreadableTrial` where a trial of ``study`` (of any process) stood down to
+    a settled trial claiming experiment ``name``: the decider, asked for ``name`` again with
+    nothing new, tells the cause from the storage, whichever process's slot stood down."""
+    trials = study.get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    for t in trials:
+        of = ExperimentRecord.from_trial(t).duplicate_of
+        settled = by_number.get(of) if of is not None else None
+        if (settled is not None and settled.state not in (TrialState.RUNNING, TrialState.WAITING)
+                and ExperimentRecord.from_trial(settled).exp_name == name):
+            raise unreadable(study, settled)

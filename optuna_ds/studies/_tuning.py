@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +34,9 @@ from optuna_ds.launcher import device_kind
 from optuna_ds.launcher import gpu_memory_support
 from optuna_ds.launcher import telling_line
 from optuna_ds.planner import Arm
+from optuna_ds.planner import Decision
 from optuna_ds.planner import Problem
+from optuna_ds.planner import Proposal
 from optuna_ds.planner import Status
 from optuna_ds.space import AUTOTP_STAGES
 from optuna_ds.space import OFFLOAD_VARIANTS
@@ -54,6 +57,8 @@ from optuna_ds.studies._context import StageContext
 from optuna_ds.studies._coordinator import Coordinator
 from optuna_ds.studies._coordinator import observation_of
 from optuna_ds.studies._curves import record_model_curves
+from optuna_ds.studies._decider import Peers
+from optuna_ds.studies._handout import handed
 from optuna_ds.studies._observer import TuningObserver
 from optuna_ds.studies._owner import dead
 from optuna_ds.studies._owner import this_process
@@ -139,6 +144,9 @@ class Tuning:
         self._recorded_memory: float | None = None
         self._measured_alike: set[Config] = set()  # the choices measured alike with the user's config
         self._check_resources()
+        # Its slots counted by the decider from now: a worker's are while it waits for the profile.
+        self._peers = Peers(self._root, slots=self._pool.size, lead=not worker, gpus=self._pool.gpus)
+        self._peers.keep_beating()
 
     def _check_resources(self) -> None:
         """Every process of a tuning runs experiments of one size on one kind of GPU: the
@@ -334,6 +342,7 @@ class Tuning:
                 with threadpool_limits(limits=1, user_api="blas"):
                     self._run_drivers(info)
             finally:
+                self._peers.leave()
                 if not self._worker:
                     # Wall time of the tuning across its resumed runs; workers only help within it.
                     elapsed = (self._recorded().elapsed or 0.0) + time.monotonic() - start
@@ -471,7 +480,8 @@ class Tuning:
             return self._estimate(stage, info, {**zero, **(offload_sections(offload) if offload else {}), **knobs}).buffers
 
         knob_search = None if a.fast else KnobCandidates(ctx=ctx, spaces=spaces, buffers=buffers)
-        coordinator = Coordinator(problem=self._problem(info, arms), stages=stages, ctx=ctx, root=self._root, knobs=knob_search)
+        coordinator = Coordinator(problem=self._problem(info, arms), stages=stages, ctx=ctx, root=self._root, knobs=knob_search,
+                                  peers=self._peers, finishing=None if self._worker else functools.partial(self._alike_runs, stages=stages))
         for stage, experiments in stages.items():
             for t in experiments.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
                 name = ExperimentRecord.from_trial(t).exp_name
@@ -482,43 +492,45 @@ class Tuning:
         try:
             coordinator.run()
             if not self._worker and coordinator.decision is not None and coordinator.decision.done:
-                # Tune ends the tuning (workers' claims stand down: StageContext.ending_tune), so
-                # its choice and files are the last word.
-                coordinator.end(lambda: set_ending(self._root, this_process()))
-            # The planner sees the runs measured alike (a resumed tuning would): where they
-            # change its mind, its search goes on now, not at the next run of the command.
-            while self._measure_alike(coordinator, stages):
-                coordinator.reopen()
-                coordinator.run()
+                # Tune ends the tuning (a claim of a worker that thought it decided stands down:
+                # StageContext.ending_tune), so its choice and files are the last word.
+                set_ending(self._root, this_process())
             ended = True
         finally:
             self._record_outcome(coordinator, stages, estimates, ended=ended)
 
-    def _measure_alike(self, coordinator: Coordinator, stages: dict[int, StageExperiments]) -> bool:
-        """Once the planner chose, the headline's two configs, the user's and the optimum, run
-        alternately, one at a time, until each ran at least twice, their runs interleaved (the
-        headline's rule for a factor, on one slot as on many): its figures must not rest on one
-        run of the user's config taken first (cold, or beside another slot's experiment) against
-        the optimum's repeats taken later. Not the planner's decision: the choice stands;
-        a resumed tuning finds these runs in the storage like any other. Returns whether it
-        launched any."""
-        decision = coordinator.decision
-        if self._worker or decision is None or decision.choice is None or not decision.done or self._stop.is_set():
-            return False
+    def _alike_runs(self, decision: Decision, stages: dict[int, StageExperiments], *, spare: int = 0) -> list[Proposal]:
+        """The headline's two configs, the user's and the planner's choice, run side by side in
+        pairs (on free slots at once; on one slot alternately) until each ran at least twice,
+        their runs interleaved (the headline's rule for a factor, on one slot as on many): its
+        figures must not rest on one run of the user's config taken first (cold, or beside other
+        experiments) against the optimum's repeats taken otherwise. Once the planner is
+        done; or, with ``spare`` slots (at least two) the search leaves free, beside the search,
+        for its choice so far (a choice that changes gets a pair of its own at the end). Not the
+        planner's decision: the choice stands; the decider queues them, and a resumed tuning
+        finds these runs in the storage like any other. Returns none where none is needed."""
+        if decision.choice is None or not (decision.done or spare >= 2) or self._stop.is_set():
+            return []
         base = self.result().baseline
         if base is None or not base.name or base.stage is None or base.stage not in stages or base.status != "complete":
-            return False
+            return []
         base_config = next((r.config for t in stages[base.stage].study.get_trials(deepcopy=False)
                             if (r := ExperimentRecord.from_trial(t)).exp_name == base.name), None)
         chosen = decision.choice.config
         if base_config is None or base_config == chosen:
-            return False
+            return []
 
         def runs(config: Config) -> tuple[int, int]:
-            """Its completed runs, and its launches (each names the next one's ``_r<n>``)."""
+            """Its completed runs, and its launches and runs handed out (each names the next one's ``_r<n>``)."""
             trials = [t for t in stages[config.stage].study.get_trials(deepcopy=False)
-                      if t.state != TrialState.PRUNED and (r := ExperimentRecord.from_trial(t)).claimed and r.config == config]
+                      if t.state != TrialState.PRUNED and ((r := ExperimentRecord.from_trial(t)).claimed and r.config == config
+                                                           or not r.claimed and (h := handed(t)) is not None and h.config == config)]
             return sum(t.state == TrialState.COMPLETE for t in trials), len(trials)
+
+        def under_way(config: Config) -> bool:
+            return any(t.state in (TrialState.RUNNING, TrialState.WAITING) and (
+                ExperimentRecord.from_trial(t).config == config or (h := handed(t)) is not None and h.config == config)
+                for t in stages[config.stage].study.get_trials(deepcopy=False))
 
         claimed = [t for stage in stages.values() for t in stage.study.get_trials(deepcopy=False)
                    if t.datetime_start is not None and ExperimentRecord.from_trial(t).claimed]
@@ -532,30 +544,29 @@ class Tuning:
         # Each round adds a launch of the user's config: the storage bounds the rounds, so a
         # finished tuning run again launches nothing; a planner that changes its mind on these
         # runs gets its new choice measured alike too, and a run that fails is not tried for ever.
-        if alike or chosen in self._measured_alike or runs(base_config)[1] > _ALIKE_ROUNDS:
-            return False
+        if alike or chosen in self._measured_alike or runs(base_config)[1] > _ALIKE_ROUNDS \
+                or {base_config, chosen} & {p.config for p in decision.proposals} or under_way(base_config) or under_way(chosen):
+            return []
         self._measured_alike.add(chosen)
-        # The optimum's last run the tuning's last launch (its noise replicate, say): a run of
-        # yours next is taken alike with it, and the pair needs no run of the optimum again.
+        pairs = max(1, _ALIKE_RUNS - min(len(mine), len(its)))
+        if not decision.done:
+            pairs = min(pairs, spare // 2)
+        # The search over, the optimum's last run the tuning's last launch (its noise replicate,
+        # say) and its second at least: a run of yours next is taken alike with it, and needs no
+        # run of the optimum again.
         last = max(claimed, key=lambda t: t.datetime_start or datetime.datetime.min, default=None)
-        adjacent = last is not None and last.state == TrialState.COMPLETE and ExperimentRecord.from_trial(last).config == chosen
-        self._log(f"measuring your config and the optimum alike: alternately, one at a time, at least {_ALIKE_RUNS} runs "
-                  f"each, for the headline ({1 if adjacent else 2} to {_ALIKE_LAUNCHES} more experiments)")
-        for i, config in enumerate((base_config, chosen) * (_ALIKE_LAUNCHES // 2)):
-            # Pairs: the last runs of the two always alternate (the first pair may begin with
-            # the optimum's last run).
-            if (i and (i % 2 == 0 or adjacent) and min(runs(base_config)[0], runs(chosen)[0]) >= _ALIKE_RUNS) or self._stop.is_set():
-                break
-            launched = runs(config)[1]
-            lease = self._pool.acquire(self._stop, on_wait=self._log)
-            if lease is None:
-                break
-            try:
-                why = "your config, measured alike with the optimum" if config == base_config else "the optimum, measured alike with your config"
-                stages[config.stage].run(config, lease, free_since=time.monotonic(), repeat=launched, why=why)
-            finally:
-                self._pool.release(lease)
-        return True
+        adjacent = decision.done and len(its) >= _ALIKE_RUNS and len(mine) == _ALIKE_RUNS - 1 and last is not None \
+            and last.state == TrialState.COMPLETE and ExperimentRecord.from_trial(last).config == chosen
+        (_, base_launched), (_, chosen_launched) = runs(base_config), runs(chosen)
+        if adjacent:
+            self._log("measuring your config and the optimum alike: one run of yours after the optimum's last, for the headline")
+            return [Proposal(config=base_config, repeat=base_launched, why="your config, measured alike with the optimum")]
+        self._log(f"measuring your config and the optimum alike: side by side, {pairs} run(s) each, for the headline")
+        proposals: list[Proposal] = []
+        for i in range(min(pairs, _ALIKE_LAUNCHES // 2)):
+            proposals += [Proposal(config=base_config, repeat=base_launched + i, why="your config, measured alike with the optimum"),
+                          Proposal(config=chosen, repeat=chosen_launched + i, why="the optimum, measured alike with your config")]
+        return proposals
 
     def _record_outcome(self, coordinator: Coordinator, stages: dict[int, StageExperiments],
                         estimates: dict[int, MemoryEstimate], *, ended: bool) -> None:
