@@ -21,7 +21,7 @@ from optuna_ds.domain import Phase
 from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import Resources
-from optuna_ds.pruners import IncumbentPruner
+from optuna_ds.studies._incumbent import IncumbentPruner
 from optuna_ds.studies._pruning import LiveReport
 from optuna_ds.studies._pruning import live_judge
 

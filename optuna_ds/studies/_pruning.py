@@ -3,6 +3,7 @@ whether to end it (docs/steps.md, "Pruned runs")."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -16,8 +17,8 @@ from optuna_ds.domain import Experiment
 from optuna_ds.launcher import Judge
 from optuna_ds.launcher import profile_window
 from optuna_ds.launcher import step_time_ms
-from optuna_ds.pruners import IncumbentPruner
-from optuna_ds.pruners import Verdict
+from optuna_ds.studies._incumbent import IncumbentPruner
+from optuna_ds.studies._incumbent import Verdict
 from optuna_ds.space import autotp_size
 
 
@@ -28,10 +29,16 @@ class LiveReport:
 
     figures: dict[int, float] = dataclasses.field(default_factory=dict)
     verdict: Verdict | None = None
+    left: int = 0  # where it pruned: the steps its window had left, its exit step counted
+    step_s: float = 0.0  # ...and the median of its logged steps' seconds
 
     def pruned_attrs(self) -> dict[str, Any] | None:
-        """The record's ``pruned``: the verdict, its figure the median of the steps logged."""
-        return self.verdict.attrs() if self.verdict is not None else None
+        """The record's ``pruned``: the verdict, its figure the median of the steps logged, and
+        the seconds its steps left would have taken at their pace (``saved_s``: what it saved,
+        the time from the run's last logged step to its end aside)."""
+        if self.verdict is None:
+            return None
+        return {**self.verdict.attrs(), "steps_left": self.left, "saved_s": round(self.left * self.step_s, 3)}
 
     def reason(self, metric: Metric) -> str:
         v = self.verdict
@@ -72,6 +79,8 @@ def live_judge(trial: optuna.Trial, experiment: Experiment, *, metric: Metric, r
             report.verdict = pruner.verdict(trial.study, storage_of(trial.study).get_trial(trial_id(trial)))
         if report.verdict is None:  # another pruner's, or no longer: the run goes on
             return None
+        logged = [ms for k, timers in enumerate(steps) if start <= k + 1 <= end and (ms := step_time_ms(timers)) > 0]
+        report.left, report.step_s = end + 1 - len(steps), statistics.median(logged) / 1000.0
         return report.reason(metric)
 
     return judge
