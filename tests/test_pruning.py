@@ -121,7 +121,7 @@ def test_the_runner_ends_a_run_its_judge_prunes_by_its_process_group(tmp_path: P
     experiment = _experiment(tmp_path, 2)
     result = runner.run(experiment, slot=slot, timeout=120, judge=judge, on_start=pids.append)
     assert result.reason is FailureReason.PRUNED and result.detail == "clearly below"
-    assert seen[-1] == 2 and result.duration < 12.0
+    assert seen[-1] == 2 and len(result.logged_steps) < 5  # ended before its window: no later step logged
     assert not (Path(experiment.result_dir) / "metrics.json").exists()
     with pytest.raises(ProcessLookupError):
         os.killpg(pids[0], 0)
@@ -171,3 +171,26 @@ def test_the_simulated_launch_writes_its_steps_as_its_clock_reaches_them(monkeyp
     monkeypatch.setattr(experiments, "live_judge", spy)
     product.simulate(job, costs=product.Costs(decision_s=0.1, launch_s=0.2))
     assert seen[:5] == [1, 2, 3, 4, 5]
+
+
+def test_a_database_that_fails_while_a_run_is_judged_lets_the_run_go_on(tmp_path: Path) -> None:
+    # A step reported to a database that is away: the run is not ended for it (a timeout or
+    # an interrupt would be), and another error is raised on.
+    class Away:
+        study = optuna.create_study(direction="maximize")
+
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def report(self, value: float, step: int) -> None:
+            raise self.error
+
+    gone = optuna.exceptions.StorageInternalError("An exception is raised during the commit")
+    judge = live_judge(Away(gone), _experiment(tmp_path, BATCH), metric=THROUGHPUT, report=LiveReport(),  # type: ignore[arg-type]
+                       protected=False)
+    assert judge is not None and judge([_line(300.0)] * 4) is None
+    broken = live_judge(Away(ValueError("a bug")), _experiment(tmp_path, BATCH), metric=THROUGHPUT,  # type: ignore[arg-type]
+                        report=LiveReport(), protected=False)
+    assert broken is not None
+    with pytest.raises(ValueError):
+        broken([_line(300.0)] * 4)

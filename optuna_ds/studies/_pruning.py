@@ -20,6 +20,7 @@ from optuna_ds.launcher import step_time_ms
 from optuna_ds.studies._incumbent import IncumbentPruner
 from optuna_ds.studies._incumbent import Verdict
 from optuna_ds.space import autotp_size
+from optuna_ds.storage import database_error
 
 
 @dataclasses.dataclass
@@ -54,7 +55,8 @@ def live_judge(trial: optuna.Trial, experiment: Experiment, *, metric: Metric, r
     logs is reported (``trial.report``, its figure from its time as the engine computes the
     throughput) and, unless ``protected`` (the user's config, a re-measurement), the study's
     pruner asked (``trial.should_prune``); a reason where it prunes. ``None`` for a metric other
-    than the throughput, which a step's time alone gives."""
+    than the throughput, which a step's time alone gives. A database that fails meanwhile judges
+    nothing: the run goes on (its steps are reported once it ended)."""
     if metric.key != "throughput":
         return None
     start, end = profile_window(experiment.ds_config)
@@ -64,6 +66,14 @@ def live_judge(trial: optuna.Trial, experiment: Experiment, *, metric: Metric, r
     size = autotp_size(experiment.ds_config)
 
     def judge(steps: Sequence[Mapping[str, float]]) -> str | None:
+        try:
+            return judged(steps)
+        except Exception as e:  # noqa: BLE001 - a database's failure is not the run's: raised on otherwise
+            if database_error(e) is None:
+                raise
+            return None
+
+    def judged(steps: Sequence[Mapping[str, float]]) -> str | None:
         new = False
         for k, timers in enumerate(steps):
             step, ms = k + 1, step_time_ms(timers)  # the engine logs global step k + 1
