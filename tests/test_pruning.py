@@ -147,6 +147,22 @@ def test_a_tuning_prunes_a_clearly_slow_run_and_reads_it_as_a_measurement_of_few
     assert trials["z1_gas1_tmbspg16"].state.name == "COMPLETE"  # the user's config: never pruned
     assert re.search(r"Pruned: 1 run\(s\) ended early.*z1_gas1_tmbspg171", run.summary), run.summary
     assert "Spent: 2 experiment(s)" in run.summary
+    # The report: its row says pruned (not hidden as a claim that launched nothing), and the
+    # figure has it at the figure of the steps it ran, a mark of its own.
+    from optuna_ds.config import parse_user_config
+    from optuna_ds.reporting import load_report
+    from optuna_ds.storage import create_storage
+    from optuna_ds.storage import load_plan
+    from optuna_ds.studies import load_result
+
+    store = create_storage(storage, create=False)
+    plan = load_plan(store, product.STUDY)
+    assert plan is not None
+    result = load_result(store, plan, parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args))
+    data = load_report(store, product.STUDY, result=result)
+    assert [r.status for r in data.rows if r.name == "z1_gas1_tmbspg171"] == ["pruned"]
+    (mark,) = [tr for tr in data.figures["metric_vs_mbs"].data if tr.name == "z1 pruned"]
+    assert list(mark.x) == [171] and mark.y[0] == pytest.approx(t.user_attrs["pruned"]["figure"])
 
 
 def test_the_simulated_launch_writes_its_steps_as_its_clock_reaches_them(monkeypatch) -> None:
