@@ -397,11 +397,19 @@ class Simulation:
         return len(names) - len(set(names))
 
 
+# The trial timeout the simulated tunings run under unless a run's timeout is asked for: none a
+# job's run reaches. The runner now sees a simulated run's pace (its step lines as they come), so
+# a run past the trial timeout the product derives from the profile run would be ended, as a real
+# one is; the simulator's runs never were, and the benchmarks' figures judge the planner alone.
+NO_TIMEOUT = ("--trial-timeout", "1e9")
+
+
 def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Costs(), study: str = STUDY,
-             keep: Path | None = None, train_samples: int | None = None) -> Simulation:
+             keep: Path | None = None, train_samples: int | None = None, timeouts: bool = False) -> Simulation:
     """optuna-ds's tuning of ``job``: ``tune`` and ``processes - 1`` workers, each a node of its
     own with ``slots`` experiments at once, all started together on one SQLite storage, in one
-    virtual world. ``study``: the tuning's name (the knob search's seed derives from it; so does
+    virtual world; with ``timeouts``, under the trial timeout the product derives (else
+    :data:`NO_TIMEOUT`). ``study``: the tuning's name (the knob search's seed derives from it; so does
     the seed of the draws the processes make from ``random``, such as a slot's pause for the
     other processes). ``train_samples``: the training's length, as ``--train-samples`` gives it.
     A process that fails fails the simulation, once every one has ended."""
@@ -470,7 +478,8 @@ def simulate(job: Job, *, processes: int = 1, slots: int = 1, costs: Costs = Cos
                     w.start()
                 world.sleep(costs.start_s)
                 train = ["--train-samples", str(train_samples)] if train_samples else []
-                outcome = run_tuning(cli_options(job, extra=[*train, *(storage if processes > 1 else ["--study-name", study])]),
+                limit = [] if timeouts else list(NO_TIMEOUT)
+                outcome = run_tuning(cli_options(job, extra=[*train, *limit, *(storage if processes > 1 else ["--study-name", study])]),
                                      observer=Observer(quiet=True, verbose=False), spawn=launcher(0))
                 world.sleep(costs.finish_s)
             finally:
@@ -501,10 +510,10 @@ def tune(surface: surfaces.Surface, *, fast: bool = True, tuner_type: str = "mod
     return {
         "launches": len(run.ledger),
         "oom": sum(1 for e in run.ledger if e["outcome"] == "oom"),
-        # A run the pruner ended (its line in the launches says what it saved) ran that much less.
+        # A run the runner ended (pruned, timed out: its line in the launches says what it saved) ran that much less.
         "gpu_hours": (sum(e["seconds"] * e["gpus"] for e in run.ledger) - run.saved_gpu_s) / 3600.0,
         "saved_s": sum(e.get("saved_s", 0.0) for e in run.launches),
-        "pruned": sum(1 for e in run.launches if "saved_s" in e),
+        "ended_early": sum(1 for e in run.launches if "saved_s" in e),  # by the pruner or the trial timeout
         "chosen": chosen,
         "true": surface.evaluate(chosen).throughput if chosen else 0.0,
         "wall_s": run.wall_s,

@@ -21,7 +21,7 @@ from optuna_ds.domain import Phase
 from optuna_ds.launcher import CommandBuilder
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import Resources
-from optuna_ds.pruners import IncumbentPruner
+from optuna_ds.studies._incumbent import IncumbentPruner
 from optuna_ds.studies._pruning import LiveReport
 from optuna_ds.studies._pruning import live_judge
 
@@ -120,7 +120,7 @@ def test_the_runner_ends_a_run_its_judge_prunes_by_its_process_group(tmp_path: P
     experiment = _experiment(tmp_path, 2)
     result = runner.run(experiment, slot=slot, timeout=120, judge=judge, on_start=pids.append)
     assert result.reason is FailureReason.PRUNED and result.detail == "clearly below"
-    assert seen[-1] == 2  # ended at its second step, not timed: a loaded machine starts it slowly
+    assert seen[-1] == 2 and len(result.logged_steps) < 5  # ended before its window: no later step logged
     assert not (Path(experiment.result_dir) / "metrics.json").exists()
     with pytest.raises(ProcessLookupError):
         os.killpg(pids[0], 0)
@@ -146,6 +146,22 @@ def test_a_tuning_prunes_a_clearly_slow_run_and_reads_it_as_a_measurement_of_few
     assert trials["z1_gas1_tmbspg16"].state.name == "COMPLETE"  # the user's config: never pruned
     assert re.search(r"Pruned: 1 run\(s\) ended early.*z1_gas1_tmbspg171", run.summary), run.summary
     assert "Spent: 2 experiment(s)" in run.summary
+    # The report: its row says pruned (not hidden as a claim that launched nothing), and the
+    # figure has it at the figure of the steps it ran, a mark of its own.
+    from optuna_ds.config import parse_user_config
+    from optuna_ds.reporting import load_report
+    from optuna_ds.storage import create_storage
+    from optuna_ds.storage import load_plan
+    from optuna_ds.studies import load_result
+
+    store = create_storage(storage, create=False)
+    plan = load_plan(store, product.STUDY)
+    assert plan is not None
+    result = load_result(store, plan, parse_user_config(plan.user_config, path=plan.config_path, script_args=plan.script_args))
+    data = load_report(store, product.STUDY, result=result)
+    assert [r.status for r in data.rows if r.name == "z1_gas1_tmbspg171"] == ["pruned"]
+    (mark,) = [tr for tr in data.figures["metric_vs_mbs"].data if tr.name == "z1 pruned"]
+    assert list(mark.x) == [171] and mark.y[0] == pytest.approx(t.user_attrs["pruned"]["figure"])
 
 
 def test_the_simulated_launch_writes_its_steps_as_its_clock_reaches_them(monkeypatch) -> None:
@@ -170,3 +186,26 @@ def test_the_simulated_launch_writes_its_steps_as_its_clock_reaches_them(monkeyp
     monkeypatch.setattr(experiments, "live_judge", spy)
     product.simulate(job, costs=product.Costs(decision_s=0.1, launch_s=0.2))
     assert seen[:5] == [1, 2, 3, 4, 5]
+
+
+def test_a_database_that_fails_while_a_run_is_judged_lets_the_run_go_on(tmp_path: Path) -> None:
+    # A step reported to a database that is away: the run is not ended for it (a timeout or
+    # an interrupt would be), and another error is raised on.
+    class Away:
+        study = optuna.create_study(direction="maximize")
+
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def report(self, value: float, step: int) -> None:
+            raise self.error
+
+    gone = optuna.exceptions.StorageInternalError("An exception is raised during the commit")
+    judge = live_judge(Away(gone), _experiment(tmp_path, BATCH), metric=THROUGHPUT, report=LiveReport(),  # type: ignore[arg-type]
+                       protected=False)
+    assert judge is not None and judge([_line(300.0)] * 4) is None
+    broken = live_judge(Away(ValueError("a bug")), _experiment(tmp_path, BATCH), metric=THROUGHPUT,  # type: ignore[arg-type]
+                        report=LiveReport(), protected=False)
+    assert broken is not None
+    with pytest.raises(ValueError):
+        broken([_line(300.0)] * 4)

@@ -152,7 +152,15 @@ def _metric_vs_mbs(rows: list[ExperimentRow], ctx: _Context) -> go.Figure:
                 x=[r.mbs for r in knobs], y=[r.value for r in knobs], mode="markers", name=f"{group} knobs", legendgroup=group,
                 marker={"symbol": "diamond-open", "size": 11, "color": color, "line": {"width": 2}},
                 text=[_safe(r.name) for r in knobs], hovertemplate=hover))
-        failed = [r for r in rows if r.stage == stage and r.status not in ("complete", "duplicate", "not launched", "running") and r.mbs]
+        pruned = [r for r in rows if r.stage == stage and r.status == "pruned" and r.mbs and r.record.pruned]
+        if pruned:  # at the figure of the steps it ran (docs/steps.md)
+            fig.add_trace(go.Scatter(
+                x=[r.mbs for r in pruned], y=[float(r.record.pruned["figure"]) for r in pruned], mode="markers",  # type: ignore[index]
+                name=f"{group} pruned", legendgroup=group,
+                marker={"symbol": f"{_STAGE_SYMBOL.get(stage, 'circle')}-open", "size": 9, "color": color, "line": {"width": 1}},
+                text=[_safe(f"{r.name}: {r.detail}") for r in pruned], hovertemplate=hover))
+        failed = [r for r in rows if r.stage == stage and r.status not in ("complete", "duplicate", "not launched", "running", "pruned")
+                  and r.mbs]
         if failed:
             # At its stage and size, on the level of the stage's nearest size that ran.
             def level(r: ExperimentRow) -> float:

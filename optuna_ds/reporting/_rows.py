@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_ds.domain import ExperimentRecord
+from optuna_ds.domain import FailureReason
 from optuna_ds.domain import superseded
 from optuna_ds.storage import stage_of
 from optuna_ds.storage import tuning_study_names
@@ -47,6 +48,8 @@ class ExperimentRow:
             return "complete"
         if self.record.duplicate_of is not None:
             return "duplicate"
+        if t.state == TrialState.PRUNED and self.record.reason is FailureReason.PRUNED:
+            return "pruned"  # ended early by the pruner: a measurement of fewer steps
         if t.state == TrialState.PRUNED:
             return "not launched"  # a worker's claim once tune was ending the tuning
         if t.state == TrialState.RUNNING:

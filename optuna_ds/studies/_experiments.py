@@ -50,7 +50,7 @@ from optuna_ds.launcher import still_falling
 from optuna_ds.launcher import read_finished
 from optuna_ds.launcher import new_mark
 from optuna_ds.launcher import shell_line
-from optuna_ds.pruners import IncumbentPruner
+from optuna_ds.studies._incumbent import IncumbentPruner
 from optuna_ds.space import KnobSpace
 from optuna_ds.storage import GRACE_PERIOD
 from optuna_ds.storage import TrialCache

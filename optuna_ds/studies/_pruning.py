@@ -3,6 +3,7 @@ whether to end it (docs/steps.md, "Pruned runs")."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -16,9 +17,10 @@ from optuna_ds.domain import Experiment
 from optuna_ds.launcher import Judge
 from optuna_ds.launcher import profile_window
 from optuna_ds.launcher import step_time_ms
-from optuna_ds.pruners import IncumbentPruner
-from optuna_ds.pruners import Verdict
+from optuna_ds.studies._incumbent import IncumbentPruner
+from optuna_ds.studies._incumbent import Verdict
 from optuna_ds.space import autotp_size
+from optuna_ds.storage import database_error
 
 
 @dataclasses.dataclass
@@ -28,10 +30,16 @@ class LiveReport:
 
     figures: dict[int, float] = dataclasses.field(default_factory=dict)
     verdict: Verdict | None = None
+    left: int = 0  # where it pruned: the steps its window had left, its exit step counted
+    step_s: float = 0.0  # ...and the median of its logged steps' seconds
 
     def pruned_attrs(self) -> dict[str, Any] | None:
-        """The record's ``pruned``: the verdict, its figure the median of the steps logged."""
-        return self.verdict.attrs() if self.verdict is not None else None
+        """The record's ``pruned``: the verdict, its figure the median of the steps logged, and
+        the seconds its steps left would have taken at their pace (``saved_s``: what it saved,
+        the time from the run's last logged step to its end aside)."""
+        if self.verdict is None:
+            return None
+        return {**self.verdict.attrs(), "steps_left": self.left, "saved_s": round(self.left * self.step_s, 3)}
 
     def reason(self, metric: Metric) -> str:
         v = self.verdict
@@ -47,7 +55,8 @@ def live_judge(trial: optuna.Trial, experiment: Experiment, *, metric: Metric, r
     logs is reported (``trial.report``, its figure from its time as the engine computes the
     throughput) and, unless ``protected`` (the user's config, a re-measurement), the study's
     pruner asked (``trial.should_prune``); a reason where it prunes. ``None`` for a metric other
-    than the throughput, which a step's time alone gives."""
+    than the throughput, which a step's time alone gives. A database that fails meanwhile judges
+    nothing: the run goes on (its steps are reported once it ended)."""
     if metric.key != "throughput":
         return None
     start, end = profile_window(experiment.ds_config)
@@ -57,6 +66,14 @@ def live_judge(trial: optuna.Trial, experiment: Experiment, *, metric: Metric, r
     size = autotp_size(experiment.ds_config)
 
     def judge(steps: Sequence[Mapping[str, float]]) -> str | None:
+        try:
+            return judged(steps)
+        except Exception as e:  # noqa: BLE001 - a database's failure is not the run's: raised on otherwise
+            if database_error(e) is None:
+                raise
+            return None
+
+    def judged(steps: Sequence[Mapping[str, float]]) -> str | None:
         new = False
         for k, timers in enumerate(steps):
             step, ms = k + 1, step_time_ms(timers)  # the engine logs global step k + 1
@@ -72,6 +89,8 @@ def live_judge(trial: optuna.Trial, experiment: Experiment, *, metric: Metric, r
             report.verdict = pruner.verdict(trial.study, storage_of(trial.study).get_trial(trial_id(trial)))
         if report.verdict is None:  # another pruner's, or no longer: the run goes on
             return None
+        logged = [ms for k, timers in enumerate(steps) if start <= k + 1 <= end and (ms := step_time_ms(timers)) > 0]
+        report.left, report.step_s = end + 1 - len(steps), statistics.median(logged) / 1000.0
         return report.reason(metric)
 
     return judge

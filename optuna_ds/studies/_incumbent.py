@@ -1,3 +1,4 @@
+"""The pruner of a stage study: a run clearly below the incumbent ends while it runs (docs/steps.md)."""
 from __future__ import annotations
 
 import dataclasses
