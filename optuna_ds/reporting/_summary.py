@@ -728,7 +728,7 @@ def ignored_batch_line(result: TuningResult) -> str:
                f"(\"{MBS_KEY}\": \"{ignored.flag.split()[0]}\")")
     else:
         fix = f"the script must train the {MBS_KEY} of the config it is given"
-    return (f"The micro-batch size did not take effect: one forward pass took "
+    return (f"The micro-batch size did not take effect: the fastest forward pass took "
             f"{ignored.small_fwd_ms:,.4g} ms at micro-batch {ignored.small_mbs} ({ignored.small}) and "
             f"{ignored.large_fwd_ms:,.4g} ms at {ignored.large_mbs} ({ignored.large}), so the figures "
             f"count samples that were not trained and the optimum does not hold; {fix}, and tune again.")
