@@ -37,6 +37,7 @@ from optuna_ds.domain._record import timed_out_sooner
 from optuna_ds.domain._root import ChoiceRecord
 from optuna_ds.domain._root import RecordedResources
 from optuna_ds.domain._root import RootRecord
+from optuna_ds.domain._root import restart_unmeasured
 from optuna_ds.domain._root import StageRecord
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "Phase",
     "RecordedResources",
     "RootRecord",
+    "restart_unmeasured",
     "StageRecord",
     "TBS_KEY",
     "ZERO_KEY",
