@@ -364,7 +364,9 @@ def headline(result: TuningResult, budget: Budget | None = None) -> list[str]:
     lines.append(mine + ".")
     lines.append(optimum_line(result))
     spend = result.spend
-    lines.append(f"Spent: {spend.experiments} experiment(s)" + (" (the profile run included)" if spend.profiled else "")
+    cut = len(result.interrupted)
+    included = [what for what, on in (("the profile run", spend.profiled), (f"{cut} cut short by an interrupt", cut)) if on]
+    lines.append(f"Spent: {spend.experiments} experiment(s)" + (f" ({' and '.join(included)} included)" if included else "")
                  + f", {spend.hours}.")
     warning = best.warning(metric, result.noise) if best is not None else ""
     if warning:
