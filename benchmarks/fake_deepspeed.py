@@ -28,6 +28,8 @@ The tests' surface is the JSON in ``FAKE_DS_SURFACE``:
                 its steps take that size's time, and the engine counts the config's samples
     exit_step   {"factor": f, "at": sizes}          the exit step (DeepSpeed's figure) f times the steps' throughput: one
                 step of a loaded machine
+    fwd_stall   ms added to the forward timer (so to the step) of every logged step but the last: a loaded machine's
+                waits for the CPU, which only lengthen a step (the exit step, DeepSpeed's figure, has none)
     script_steps  the steps the script trains, then exits 0: a window ending later never writes its metrics
     warmup      {"steps": k, "slow": f, "at": sizes}  the first k steps are slower (step i by 1 + f (1 - (i-1)/k)),
                 at every micro-batch size or those listed: a warm-up that outlasts a short profiled window
@@ -242,7 +244,7 @@ def autotp_size(launch: Launch) -> int:
 
 
 def report(launch: Launch, *, throughput: float, steps: Sequence[float] = (), flops_per_gpu: float, seconds: float = 0.0,
-           recompute: bool = False) -> None:
+           recompute: bool = False, stall_ms: float = 0.0) -> None:
     """What DeepSpeed's engine does in autotuning mode once the model runs: it logs its global
     timers on rank 0 at every optimizer step, ``[Rank 0] time (ms) | fwd: ...``, for global
     steps 1..end_profile_step (``steps``: each one's throughput, samples/s; where fewer are given,
@@ -250,11 +252,13 @@ def report(launch: Launch, *, throughput: float, steps: Sequence[float] = (), fl
     that step's timers alone and exits. ``throughput`` is that last step's. The metrics file
     holds ``fwd``, ``bwd``, ``step`` (each micro-step's mean) and ``latency`` (the optimizer
     step) in microseconds, though DeepSpeed calls them milliseconds, and throughput =
-    train_batch_size * 1e6 / latency. ``seconds``: how long it all takes, spread over the steps."""
+    train_batch_size * 1e6 / latency. ``seconds``: how long it all takes, spread over the steps;
+    ``stall_ms``: added to the forward timer of every logged step but the last."""
     end = int(launch.autotuning.get("end_profile_step", 5))
     for k in range(end):
         time.sleep(seconds / (end + 1))
         timers = _timers(launch.train_batch_size / (steps[k] if k < len(steps) else throughput), recompute=recompute)
+        timers["fwd"] += stall_ms if k < end - 1 else 0.0
         print("[Rank 0] time (ms) | " + " | ".join(f"{name}: {value:.2f}" for name, value in timers.items()), flush=True)
     time.sleep(seconds / (end + 1))
     latency = launch.train_batch_size * 1e6 / throughput
@@ -406,7 +410,7 @@ def answer(surface: dict[str, Any], launch: Launch) -> int:
         measured *= float(blip["factor"])
     # DeepSpeed's count: each sample once per rank of its AutoTP group.
     report(launch, throughput=measured * tp, steps=[x * tp for x in steps], flops_per_gpu=measured * 1e9, seconds=seconds,
-           recompute=recompute)
+           recompute=recompute, stall_ms=float(surface.get("fwd_stall", 0.0)))
     return 0
 
 

@@ -116,6 +116,9 @@ def test_interrupt_ends_experiments_keeps_results_and_resumes(ws: Workspace, sig
     deepspeed_summary = (ws.results / "summary.txt").read_text()
     assert f"| z1             | {len(folders):17d} |" in deepspeed_summary, deepspeed_summary
     assert deepspeed_summary.endswith(f"Total number of experiments: {len(folders)}."), deepspeed_summary
+    # What was spent counts every launch, and says which ones the table does not.
+    spent = len([launch for launch in ws.launches() if not launch.get("profile")]) + 1
+    assert f"Spent: {spent} experiment(s) (the profile run and 1 cut short by an interrupt included), " in summary, summary
     assert {t.user_attrs["micro_batch_size"] for t in _trials(ws).values() if t.state == TrialState.COMPLETE} == {2, 4, 8}
 
 

@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from conftest import Workspace
+from conftest import assert_one_line_error
 
 FAST = {
     "train_micro_batch_size_per_gpu": 2,
@@ -244,6 +245,20 @@ def test_a_failed_profile_run_says_the_cause_and_the_log(ws: Workspace) -> None:
     assert "profile run failed" in line and line.count("ValueError: model has no parameters") == 1  # said once
     assert "profile_model_info/stderr.log" in line
     assert "Traceback" not in p.stderr.replace("Traceback (most recent call last)", "")
+
+
+def test_a_tuning_that_measured_nothing_takes_the_corrected_command(ws: Workspace) -> None:
+    """A first try whose profile run failed (fp16 on a CPU, a typo in the script's arguments)
+    ran no experiment: the corrected config tunes, with no --overwrite. Once an experiment ran,
+    another config is refused as before: what the user paid for is never dropped unasked."""
+    ws.config(FAST)
+    assert ws.tune(surface={"profile_fail": True}).returncode == 1
+    ws.config({**FAST, "gradient_accumulation_steps": 1})  # the user edits the config
+    p = ws.tune()
+    assert p.returncode == 0, p.stderr
+    assert (ws.results / "ds_config_optimal.json").exists()
+    ws.config(FAST)
+    assert_one_line_error(ws.tune(), "whose config differs in gradient_accumulation_steps", "--overwrite")
 
 
 @pytest.mark.parametrize("tuner", ["gridsearch", "random", "model_based"])

@@ -40,6 +40,7 @@ from optuna_ds.domain._record import timed_out_sooner
 from optuna_ds.domain._root import ChoiceRecord
 from optuna_ds.domain._root import RecordedResources
 from optuna_ds.domain._root import RootRecord
+from optuna_ds.domain._root import restart_unmeasured
 from optuna_ds.domain._root import StageRecord
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "RecordedResources",
     "RootRecord",
     "Run",
+    "restart_unmeasured",
     "StageRecord",
     "TBS_KEY",
     "ZERO_KEY",

@@ -64,10 +64,11 @@ class ExperimentRecord:
     returncode: int | None = None
     peak_gpu_memory: int | None = None  # bytes, where the accelerator reports it
     # The profiled steps the trial's value is the median of (ms each, the exit step last), and
-    # each engine timer's median over them: absent where the engine logged no step (its one-step
-    # figure is the value then).
+    # each engine timer's median and minimum over them: absent where the engine logged no step
+    # (its one-step figure is the value then).
     step_times_ms: list[float] | None = None
     timers_ms: dict[str, float] | None = None
+    fastest_ms: dict[str, float] | None = None
     # Where its step times still fell across the profiled window (its warm-up not over): each
     # launch's window and fall, the last the figure's; "settled" whether its last window held.
     warmup: dict[str, Any] | None = None
@@ -112,7 +113,8 @@ class ExperimentRecord:
 
     @classmethod
     def outcome(cls, result: ExperimentResult, *, step_times_ms: list[float] | None = None,
-                timers_ms: dict[str, float] | None = None, warmup: dict[str, Any] | None = None,
+                timers_ms: dict[str, float] | None = None, fastest_ms: dict[str, float] | None = None,
+                warmup: dict[str, Any] | None = None,
                 engine_figure: float | None = None) -> ExperimentRecord:
         """What users look for after a run: the metrics, the steps its value is made of, the
         command, and for a failure its reason and the last lines of stderr."""
@@ -120,6 +122,7 @@ class ExperimentRecord:
         return cls(
             step_times_ms=step_times_ms or None,
             timers_ms=timers_ms or None,
+            fastest_ms=fastest_ms or None,
             warmup=warmup,
             engine_figure=engine_figure,
             lost=result.reason is FailureReason.INTERRUPTED,  # lost to the node: runs again, a bounded number of times

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+import optuna
+
 from optuna_ds.domain._config import Config
 from optuna_ds.domain._config import Offload
 
@@ -153,3 +155,15 @@ class RootRecord:
         """Store that tune's search is open again: no choice until it chooses anew (a worker
         names none meanwhile)."""
         set_user_attr("choice", {})
+
+
+def restart_unmeasured(root: optuna.Study) -> bool:
+    """Where the tuning of root study ``root`` stopped at its profile run (failed or interrupted,
+    no model info: no experiment ran), forget what its first process recorded (its resources) and
+    return ``True``: another command may take its place (:func:`optuna_ds.storage.open_root_study`).
+    ``False``, touching nothing, otherwise."""
+    record = RootRecord.from_attrs(root.user_attrs)
+    if record.model_info is not None or (record.profile_run or {}).get("state") not in ("failed", "interrupted"):
+        return False
+    root.set_user_attr("resources", None)
+    return True

@@ -69,6 +69,7 @@ class StepMeasurement:
     value: float  # the engine's, in the metric's units
     step_times_ms: tuple[float, ...] = ()  # each profiled step, the exit step (the figure's) last; empty: none logged
     timers_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)  # each timer's median over the logged profiled steps
+    fastest_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)  # each timer's minimum over them
 
     def figures(self, metric: Metric, *, first_step: int) -> list[tuple[int, float]]:
         """Each logged step's figure in the metric's units, by its global step (the first
@@ -99,13 +100,14 @@ class StepMeasurement:
 
     def to_attrs(self) -> dict[str, Any]:
         return {"step_times_ms": [round(t, 3) for t in self.step_times_ms],
-                "timers_ms": {k: round(v, 3) for k, v in self.timers_ms.items()}} if self.step_times_ms else {}
+                "timers_ms": {k: round(v, 3) for k, v in self.timers_ms.items()},
+                "fastest_ms": {k: round(v, 3) for k, v in self.fastest_ms.items()}} if self.step_times_ms else {}
 
 
 def measure_steps(*, metric: Metric, metrics: Mapping[str, Any], logged: Sequence[Mapping[str, float]],
                   profiled: int) -> StepMeasurement:
     """The run's figure, the engine's, with the last ``profiled`` logged steps and the exit
-    step, and each timer's median over the logged ones; no steps where the lines are missing
+    step, and each timer's median and minimum over the logged ones; no steps where the lines are missing
     (a script that silences stdout, another engine) or do not agree with the figure in units."""
     value = float(metrics[metric.key])
     latency = metrics.get("latency")
@@ -118,7 +120,8 @@ def measure_steps(*, metric: Metric, metrics: Mapping[str, Any], logged: Sequenc
         return StepMeasurement(value=value)
     keys = [k for k in window[0] if all(k in step for step in window)]
     return StepMeasurement(value=value, step_times_ms=(*times, exit_ms),
-                           timers_ms={k: statistics.median(step[k] for step in window) for k in keys})
+                           timers_ms={k: statistics.median(step[k] for step in window) for k in keys},
+                           fastest_ms={k: min(step[k] for step in window) for k in keys})
 
 
 def profiled_steps(ds_config: Mapping[str, Any]) -> int:

@@ -364,7 +364,9 @@ def headline(result: TuningResult, budget: Budget | None = None) -> list[str]:
     lines.append(mine + ".")
     lines.append(optimum_line(result))
     spend = result.spend
-    lines.append(f"Spent: {spend.experiments} experiment(s)" + (" (the profile run included)" if spend.profiled else "")
+    cut = len(result.interrupted)
+    included = [what for what, on in (("the profile run", spend.profiled), (f"{cut} cut short by an interrupt", cut)) if on]
+    lines.append(f"Spent: {spend.experiments} experiment(s)" + (f" ({' and '.join(included)} included)" if included else "")
                  + f", {spend.hours}.")
     warning = best.warning(metric, result.noise) if best is not None else ""
     if warning:
@@ -728,7 +730,7 @@ def ignored_batch_line(result: TuningResult) -> str:
                f"(\"{MBS_KEY}\": \"{ignored.flag.split()[0]}\")")
     else:
         fix = f"the script must train the {MBS_KEY} of the config it is given"
-    return (f"The micro-batch size did not take effect: one forward pass took "
+    return (f"The micro-batch size did not take effect: the fastest forward pass took "
             f"{ignored.small_fwd_ms:,.4g} ms at micro-batch {ignored.small_mbs} ({ignored.small}) and "
             f"{ignored.large_fwd_ms:,.4g} ms at {ignored.large_mbs} ({ignored.large}), so the figures "
             f"count samples that were not trained and the optimum does not hold; {fix}, and tune again.")

@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -170,9 +171,12 @@ def open_stage_study(storage: optuna.storages.BaseStorage, *, tuning: str, stage
     return study
 
 
-def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, direction: str) -> optuna.Study:
-    """Create the root study holding ``plan``, or load it and check it holds the same plan.
-    A study of that name that holds no plan is ours only if blank (see :func:`claim_stage_study`)."""
+def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, direction: str,
+                    replaceable: Callable[[optuna.Study], bool] = lambda root: False) -> optuna.Study:
+    """Create the root study holding ``plan``, or load it and check it holds the same plan; a
+    root study holding another plan takes ``plan`` in its place where ``replaceable`` says so
+    (a tuning that measured nothing), else is refused. A study of that name that holds no plan
+    is ours only if blank (see :func:`claim_stage_study`)."""
     study = optuna.create_study(storage=storage, study_name=plan.study_name, direction=optuna.study.StudyDirection[direction.upper()], load_if_exists=True)
     try:
         study_id = _exact_id(storage, plan.study_name)
@@ -188,7 +192,10 @@ def open_root_study(storage: optuna.storages.BaseStorage, plan: TuningPlan, *, d
         # Two processes that created the tuning at once each stored a plan: the last one stays.
         stored = storage.get_study_system_attrs(study_id)[_PLAN_ATTR]
     previous = TuningPlan.from_dict(stored)
-    if previous.fingerprint != plan.fingerprint:
+    if previous.fingerprint != plan.fingerprint and replaceable(study):
+        storage.set_study_system_attr(study_id, _PLAN_ATTR, plan.to_dict())
+        study.set_user_attr(_PLAN_ATTR, plan.fingerprint)
+    elif previous.fingerprint != plan.fingerprint:
         raise PlanMismatchError(
             f"study '{plan.study_name}' already holds a tuning of {previous.script} with {previous.config_path} "
             f"whose {_difference(previous, plan)}: rerun that command to resume it, "

@@ -4,7 +4,6 @@ effect."""
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
@@ -152,7 +151,7 @@ class IgnoredBatch:
     large: str
     small_mbs: int
     large_mbs: int
-    small_fwd_ms: float  # the forward pass of one micro-step, the median over each run's steps
+    small_fwd_ms: float  # the forward pass of one micro-step, the fastest of its runs' profiled steps
     large_fwd_ms: float
     flag: str = ""  # the script's own batch argument as given (``--batch_size 8``), if any
 
@@ -180,12 +179,14 @@ def ignored_batch(runs: Iterable[Run], *, script_args: Sequence[str] = (),
                   mapped: Iterable[str] = ()) -> IgnoredBatch | None:
     """Evidence that the micro-batch size did not take effect (:class:`IgnoredBatch`): of the
     runs of one config but for its micro-batch size and accumulation, the smallest size against
-    one at least ``_IGNORED_RATIO`` times larger whose forward pass grew less than
-    ``_IGNORED_GROWTH`` times, by DeepSpeed's own timers; ``None`` where no such pair ran."""
+    one at least ``_IGNORED_RATIO`` times larger whose fastest forward pass grew less than
+    ``_IGNORED_GROWTH`` times, by DeepSpeed's own timers (a step's wait on a loaded machine only
+    lengthens it; runs recorded before the fastest was kept: their median); ``None`` where no
+    such pair ran."""
     forward: dict[Config, list[float]] = {}
     names: dict[Config, str] = {}
     for t, record in runs:
-        fwd = (record.timers_ms or {}).get("fwd")
+        fwd = (record.fastest_ms or record.timers_ms or {}).get("fwd")
         ran = t.state == TrialState.COMPLETE and record.config is not None
         if ran and record.config is not None and isinstance(fwd, (int, float)) and fwd > 0:
             forward.setdefault(record.config, []).append(float(fwd) / record.config.accumulation)
@@ -200,7 +201,7 @@ def ignored_batch(runs: Iterable[Run], *, script_args: Sequence[str] = (),
         for large in reversed(configs):
             if large.micro_batch < _IGNORED_RATIO * small.micro_batch:
                 break
-            fs, fl = statistics.median(forward[small]), statistics.median(forward[large])
+            fs, fl = min(forward[small]), min(forward[large])
             if fl < _IGNORED_GROWTH * fs:
                 return IgnoredBatch(small=names[small], large=names[large],
                                     small_mbs=small.micro_batch, large_mbs=large.micro_batch,

@@ -26,6 +26,7 @@ from optuna_ds.domain import RecordedResources
 from optuna_ds.domain import RootRecord
 from optuna_ds.domain import StageRecord
 from optuna_ds.domain import is_finished_experiment
+from optuna_ds.domain import restart_unmeasured
 from optuna_ds.domain import timed_out_sooner
 from optuna_ds.launcher import ExperimentRunner
 from optuna_ds.launcher import Resources
@@ -140,7 +141,8 @@ class Tuning:
         self._pool = SlotPool(resources, device=device_kind())
         self._stop = threading.Event()
         self._builder = ExperimentBuilder(user=user, results_dir=plan.results_dir, total_gpus=resources.total_gpus)
-        self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction)
+        self._root = open_root_study(storage, plan, direction=user.autotuning.tuned_metric.direction,
+                                     replaceable=restart_unmeasured)
         self._recorded_memory: float | None = None
         self._measured_alike: set[Config] = set()  # the choices measured alike with the user's config
         self._check_resources()
