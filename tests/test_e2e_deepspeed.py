@@ -195,7 +195,7 @@ def test_run_tunes_then_trains_with_the_optimal_config(project: Path) -> None:
     chosen = [t for t in ran if t.state == TrialState.COMPLETE and re.sub(r"_r\d+$", "", t.user_attrs["exp_name"]) == name]
     # The figure it was chosen by, recorded with the choice: its runs' robust level (one run: itself).
     shown = optuna.load_study(study_name="optuna-ds", storage=f"sqlite:///{results / 'optuna-ds.db'}").user_attrs["choice"]["level"]
-    assert len(chosen) > 1 or shown == pytest.approx(chosen[0].value)
+    assert len(chosen) > 1 or shown == pytest.approx(chosen[0].value, rel=1e-3)
     assert summary[1].startswith(f"Optimum ({name}: z0, "), summary
     assert f"gradient accumulation 1): {format_number(shown)} samples/s (" in summary[1], summary
     logs: dict[str, list[float]] = {}
