@@ -13,7 +13,6 @@ from optuna_ds.reporting._worth import checkpointing_line
 from optuna_ds.reporting._worth import choice_lines
 from optuna_ds.reporting._worth import knob_line
 
-
 # DeepSpeed's global timers, as a user reads them: backward includes its gradient all-reduce.
 _TIMERS = (("fwd", "forward"), ("bwd", "backward"), ("step", "optimizer step"))
 

@@ -10,7 +10,6 @@ from optuna_ds.config import format_number
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
 
-
 # DeepSpeed's summary table: its columns, in its order (its autotuner's print_tuning_results).
 SUMMARY_HEAD = ("tuning_space", "num_experiments", "best_metric_val", "best_exp_name")
 # Ours, in our own summary: each row's best config by the mean of its runs.

@@ -11,7 +11,6 @@ from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
 from optuna_ds.studies import departures
 
-
 _NAMED = 4  # equivalent configs named, at most
 
 
