@@ -11,19 +11,10 @@ import numpy as np
 
 from optuna_ds.planner._settings import Priors
 
-# The run-to-run noise of one measurement (relative sd), measured by repeated configs only: a
-# real H100 run of one config varies about +-3% (clock, placement, data order), longer profiles
-# less, shared or multi-node machines more. Before any repeat, a log-normal belief centred at
-# 2%, a factor 2.2 either way.
+# The prior of the run-to-run noise (relative sd of one run): log-normal, centred at 2%, a factor
+# 2.2 either way (docs/planner.md, The surrogate's priors). Stragglers: ``Priors.straggler_*``.
 _NOISE_GRID = np.geomspace(0.002, 0.2, 61)
 _NOISE_LOGPRIOR = -0.5 * (np.log(_NOISE_GRID / 0.02) / 0.8) ** 2
-# Runs have heavy tails, and on one side: a straggler (a slow node, a preempted step, a
-# checkpoint) makes a run slower, never faster. A config's runs hold one with probability
-# ``Priors.straggler_p``, anywhere within ``Priors.straggler_range`` below the others (log), and
-# it tells nothing of the noise.
-# A run measured ``Priors.straggler_z`` deviations below what the others predict for it is taken
-# for a straggler: it stays in the data, with its noise widened by the range, so it neither drags
-# its curve down nor inflates the noise.
 
 
 def measured_noise(groups: Iterable[Sequence[float]], *, priors: Priors = Priors()) -> tuple[float, int]:

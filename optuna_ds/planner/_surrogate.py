@@ -29,36 +29,15 @@ from optuna_ds.planner._noise import measured_noise
 from optuna_ds.planner._shape import grid_of
 from optuna_ds.planner._shape import shape
 
-# A knob setting's effect on log throughput, as a share of the step: the knobs size and overlap
-# the collectives (buckets, reduce-scatter, overlap with the backward pass) and the gradient
-# copies, so their effect follows the communication's share of a step -- a few percent either
-# way between GPUs, near nil on one GPU, where no collective runs. How large it is on a job is
-# learned from its runs (a grid of scales, weighed by the runs' likelihood); each value's effect
-# is shared by the stages that read the knob, with a deviation of each stage's own (the same
-# bucket feeds a reduce at ZeRO-1 and a reduce-scatter at ZeRO-2).
+# The knob effects' scale (sd of log throughput, a share of the step: docs/planner.md, The
+# surrogate's priors), learned from the runs on this grid, and its prior.
 _KNOB_SDS = np.array([0.005, 0.02, 0.05])
 _KNOB_SD_PRIOR = {False: np.array([0.5, 0.35, 0.15]), True: np.array([0.25, 0.45, 0.3])}  # by: more than one GPU
-
-
-# How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 keeps
-# stage 0's all-reduce volume and steps the optimizer on a 1/n partition, so it may run either
-# side of stage 0; ZeRO-2 replaces the all-reduce by a reduce-scatter per bucket and an
-# all-gather, 10-20% slower than ZeRO-1 in DeepSpeed's own examples on 8+ GPUs and about even on
-# one; ZeRO-3 also gathers the parameters in forward and backward (1.5x the volume); offloading
-# moves the optimizer step to the CPU (CPU Adam at 1-3 G params/s) and the gradients and
-# parameters over PCIe each step: from 0.9x to 0.25x of the GPU run at the same size, never
-# faster (what it buys is memory, which the shape holds). Wide on purpose: each is a belief
-# about physics, settled by one run of the arm (``Priors.stage_steps``, ``Priors.offload_step``).
-# What the saturating shape misses -- kernels that prefer some sizes (tensor-core tiles, bucket
-# boundaries), the allocator, a curve that bends before the memory edge: a smooth deviation over
-# log size, partly shared by the arms (the same kernels run at every stage), partly each arm's
-# own (``Priors.residual_shared``, ``Priors.residual_length``).
-# Its amplitude is learned from the runs, from 0.5% (the shape holds) to 10% (it barely does),
-# so misfit goes into the model and never into the noise.
+# The residual's amplitude (what the saturating shape misses, ``Priors.residual_*``), learned
+# from the runs, from 0.5% (the shape holds) to 10% (it barely does): misfit goes into the model,
+# never into the noise.
 _AMPLITUDE = np.array([0.005, 0.015, 0.04, 0.1])
 _AMPLITUDE_PRIOR = np.array([0.3, 0.35, 0.25, 0.1])
-
-
 _OFFLOADS = tuple(o for o in Offload if o)
 
 
