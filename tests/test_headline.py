@@ -339,7 +339,7 @@ def test_the_summary_gives_the_trainings_time_and_cost(ws: Workspace) -> None:
 
 
 def test_the_summary_says_why_the_optimum_and_which_configs_are_as_good() -> None:
-    from optuna_ds.reporting._summary import choice_lines
+    from optuna_ds.reporting._worth import choice_lines
     from optuna_ds.studies._results import Measured
 
     result = _memory_result(None)

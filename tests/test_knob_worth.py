@@ -21,8 +21,8 @@ from optuna_ds.reporting import optimal_config
 from optuna_ds.reporting import render_report
 from optuna_ds.reporting import summary_text
 from optuna_ds.reporting import write_optimal
-from optuna_ds.reporting._summary import knob_line
-from optuna_ds.reporting._summary import summary_notes
+from optuna_ds.reporting._worth import knob_line
+from optuna_ds.reporting._notes import summary_notes
 from optuna_ds.space import build_knob_space
 from optuna_ds.studies import Measured
 from optuna_ds.studies import Noise

@@ -530,7 +530,7 @@ def test_a_listed_value_no_experiment_ran_is_named_with_its_reason(tmp_path: Pat
     dimension on one node) never appeared, and the summary said nothing of either."""
     import dataclasses
 
-    from optuna_ds.reporting._summary import summary_notes
+    from optuna_ds.reporting._notes import summary_notes
 
     runs = [(3, 2, 1_000.0), (3, 4, 1_900.0), (3, 4, 1_950.0)]
     storage, plan = _store(tmp_path, runs, choice=(3, 1))

@@ -73,7 +73,7 @@ def test_the_profiled_steps_are_those_the_config_names() -> None:
 
 def test_the_summary_says_where_the_optimums_step_time_goes() -> None:
     from optuna_ds.domain import Config
-    from optuna_ds.reporting._summary import step_line
+    from optuna_ds.reporting._notes import step_line
     from optuna_ds.studies._results import Optimum
     from optuna_ds.studies._results import TuningResult
 

@@ -14,7 +14,7 @@ from optuna_ds.config._script_args import set_switch
 from optuna_ds.config._script_args import switch_state
 from optuna_ds.config._user_config import UserConfig
 from optuna_ds.config._user_config import check_gpus
-from optuna_ds.config._user_config import load_json_file
+from optuna_ds.config._json_file import load_json_file
 from optuna_ds.config._user_config import load_user_config
 from optuna_ds.config._user_config import parse_user_config
 

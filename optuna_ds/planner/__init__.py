@@ -25,8 +25,8 @@ from optuna_ds.planner._problem import Status
 from optuna_ds.planner._settings import PlannerSettings
 from optuna_ds.planner._settings import Priors
 from optuna_ds.planner._surrogate import ThroughputModel
-from optuna_ds.planner._surrogate import measured_noise
-from optuna_ds.planner._surrogate import robust_level
+from optuna_ds.planner._noise import measured_noise
+from optuna_ds.planner._noise import robust_level
 
 __all__ = [
     "Arm",

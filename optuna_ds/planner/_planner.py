@@ -23,7 +23,7 @@ from optuna_ds.planner._problem import Status
 from optuna_ds.planner._settings import PlannerSettings
 from optuna_ds.planner._state import State
 from optuna_ds.planner._surrogate import ThroughputModel
-from optuna_ds.planner._surrogate import robust_level
+from optuna_ds.planner._noise import robust_level
 
 
 class _Ranked(NamedTuple):

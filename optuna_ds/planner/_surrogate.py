@@ -1,11 +1,11 @@
+"""The planner's Bayesian surrogate of log throughput over (arm, micro-batch size, knobs)."""
+
 from __future__ import annotations
 
 import copy
 import functools
 import math
 from typing import Any
-from typing import NamedTuple
-from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 
@@ -19,51 +19,25 @@ from optuna_ds.planner._problem import Arm
 from optuna_ds.planner._problem import Knobs
 from optuna_ds.planner._problem import Problem
 from optuna_ds.planner._settings import Priors
+from optuna_ds.planner._gaussian import NODE_WEIGHTS
+from optuna_ds.planner._gaussian import NODES
+from optuna_ds.planner._gaussian import gain
+from optuna_ds.planner._gaussian import heaviest
+from optuna_ds.planner._gaussian import logsumexp
+from optuna_ds.planner._gaussian import norm_cdf
+from optuna_ds.planner._noise import measured_noise
+from optuna_ds.planner._shape import grid_of
+from optuna_ds.planner._shape import shape
 
-# The shape of a throughput curve over the micro-batch size m: ``m / (m + h)`` (a fixed cost
-# per step amortised over the batch: h is the size at half efficiency), times a slowdown under
-# memory pressure (``Priors.pressure_*``). Every arm shares the shape; each has its own scale.
-# h, smooth in its effect, steps by 65%.
-_H = np.geomspace(0.25, 512.0, 16)
-# A knob setting's effect on log throughput, as a share of the step: the knobs size and overlap
-# the collectives (buckets, reduce-scatter, overlap with the backward pass) and the gradient
-# copies, so their effect follows the communication's share of a step -- a few percent either
-# way between GPUs, near nil on one GPU, where no collective runs. How large it is on a job is
-# learned from its runs (a grid of scales, weighed by the runs' likelihood); each value's effect
-# is shared by the stages that read the knob, with a deviation of each stage's own (the same
-# bucket feeds a reduce at ZeRO-1 and a reduce-scatter at ZeRO-2).
+# The knob effects' scale (sd of log throughput, a share of the step: docs/planner.md, The
+# surrogate's priors), learned from the runs on this grid, and its prior.
 _KNOB_SDS = np.array([0.005, 0.02, 0.05])
 _KNOB_SD_PRIOR = {False: np.array([0.5, 0.35, 0.15]), True: np.array([0.25, 0.45, 0.3])}  # by: more than one GPU
-# How an arm's scale relates to the one before it, in log throughput: (mean, sd). ZeRO-1 keeps
-# stage 0's all-reduce volume and steps the optimizer on a 1/n partition, so it may run either
-# side of stage 0; ZeRO-2 replaces the all-reduce by a reduce-scatter per bucket and an
-# all-gather, 10-20% slower than ZeRO-1 in DeepSpeed's own examples on 8+ GPUs and about even on
-# one; ZeRO-3 also gathers the parameters in forward and backward (1.5x the volume); offloading
-# moves the optimizer step to the CPU (CPU Adam at 1-3 G params/s) and the gradients and
-# parameters over PCIe each step: from 0.9x to 0.25x of the GPU run at the same size, never
-# faster (what it buys is memory, which the shape holds). Wide on purpose: each is a belief
-# about physics, settled by one run of the arm (``Priors.stage_steps``, ``Priors.offload_step``).
-# What the saturating shape misses -- kernels that prefer some sizes (tensor-core tiles, bucket
-# boundaries), the allocator, a curve that bends before the memory edge: a smooth deviation over
-# log size, partly shared by the arms (the same kernels run at every stage), partly each arm's
-# own (``Priors.residual_shared``, ``Priors.residual_length``).
-# Its amplitude is learned from the runs, from 0.5% (the shape holds) to 10% (it barely does),
-# so misfit goes into the model and never into the noise.
+# The residual's amplitude (what the saturating shape misses, ``Priors.residual_*``), learned
+# from the runs, from 0.5% (the shape holds) to 10% (it barely does): misfit goes into the model,
+# never into the noise.
 _AMPLITUDE = np.array([0.005, 0.015, 0.04, 0.1])
 _AMPLITUDE_PRIOR = np.array([0.3, 0.35, 0.25, 0.1])
-# The run-to-run noise of one measurement (relative sd), measured by repeated configs only: a
-# real H100 run of one config varies about +-3% (clock, placement, data order), longer profiles
-# less, shared or multi-node machines more. Before any repeat, a log-normal belief centred at
-# 2%, a factor 2.2 either way.
-_NOISE_GRID = np.geomspace(0.002, 0.2, 61)
-_NOISE_LOGPRIOR = -0.5 * (np.log(_NOISE_GRID / 0.02) / 0.8) ** 2
-# Runs have heavy tails, and on one side: a straggler (a slow node, a preempted step, a
-# checkpoint) makes a run slower, never faster. A config's runs hold one with probability
-# ``Priors.straggler_p``, anywhere within ``Priors.straggler_range`` below the others (log), and
-# it tells nothing of the noise.
-# A run measured ``Priors.straggler_z`` deviations below what the others predict for it is taken
-# for a straggler: it stays in the data, with its noise widened by the range, so it neither drags
-# its curve down nor inflates the noise.
 _OFFLOADS = tuple(o for o in Offload if o)
 
 
@@ -76,102 +50,6 @@ def _kernel(log_a: np.ndarray, arms_a: np.ndarray, log_b: np.ndarray, arms_b: np
     same = arms_a[:, None] == arms_b[None, :]
     shared, length = priors.residual_shared, priors.residual_length
     return np.asarray((shared + (1.0 - shared) * same) * np.exp(-0.5 * ((log_a[:, None] - log_b[None, :]) / length) ** 2))
-
-
-def measured_noise(groups: Iterable[Sequence[float]], *, priors: Priors = Priors()) -> tuple[float, int]:
-    """The relative noise of one measurement from the runs of each config (positive values, one
-    sequence per config): the posterior geometric mean under the belief above, and the degrees
-    of freedom it rests on (runs beyond each config's first; 0: the belief alone, nothing
-    measured). The planner and the summary both report this figure."""
-    logs = [np.sort(np.log(np.asarray(v, dtype=float))) for v in groups if len(v) > 1]
-    log_post = _NOISE_LOGPRIOR.copy()
-    log_sigma = np.log(_NOISE_GRID)
-    branches = []
-    for v in logs:
-        # Either every run is a plain draw, or the slowest is a straggler and the rest are.
-        plain = -(len(v) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi)) - np.sum((v - v.mean()) ** 2) / (2.0 * _NOISE_GRID**2)
-        rest = v[1:]
-        straggler = (-(len(rest) - 1) * (log_sigma + 0.5 * math.log(2 * math.pi))
-                     - np.sum((rest - rest.mean()) ** 2) / (2.0 * _NOISE_GRID**2) - math.log(priors.straggler_range))
-        plain, straggler = math.log(1 - priors.straggler_p) + plain, math.log(priors.straggler_p) + straggler
-        branches.append((len(v), plain, straggler))
-        log_post = log_post + np.logaddexp(plain, straggler)
-    w = np.exp(log_post - log_post.max())
-    w /= w.sum()
-    # The runs the figure rests on: a group's slowest run counts as much as it is believed plain;
-    # a repeat judged a straggler measured nothing.
-    dof = 0.0
-    for n, plain, straggler in branches:
-        p_plain = float(w @ (1.0 / (1.0 + np.exp(np.clip(straggler - plain, -50, 50)))))
-        dof += (n - 1) - (1.0 - p_plain)
-    dof = int(round(dof))
-    return float(np.exp(w @ np.log(_NOISE_GRID))), dof
-
-
-def robust_level(runs: Sequence[float], noise: float, *, priors: Priors = Priors()) -> float:
-    """The log level of a config from its runs (positive values) under one-sided noise: each run
-    is a plain draw about the level (relative sd ``noise``) or, with probability
-    ``priors.straggler_p``, a straggler anywhere within ``priors.straggler_range`` below it; the
-    likeliest level. Runs that agree give their mean; a slow one among them moves it little
-    (the mean of the others), where their mean would drop by its share; one run gives itself."""
-    y = np.log(np.asarray(runs, dtype=float))
-    sd, width, p = max(noise, 1e-4), priors.straggler_range, priors.straggler_p
-    mu = np.linspace(y.min() - 4.0 * sd, y.max() + 4.0 * sd, 801)
-    dev = (y[None, :] - mu[:, None]) / sd
-    plain = math.log(1.0 - p) - 0.5 * dev**2 - math.log(sd * math.sqrt(2.0 * math.pi))
-    slow = math.log(p / width) + _log_between(dev, dev + width / sd)
-    return float(mu[int(np.argmax(np.logaddexp(plain, slow).sum(axis=1)))])
-
-
-def _log_between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``log(Phi(b) - Phi(a))`` for ``a < b``, exact far in the tails."""
-    from scipy.special import log_ndtr
-
-    # By symmetry, on the side where the difference of the two tails is not a difference of ones.
-    flip = a > 0
-    lo, hi = np.where(flip, -b, a), np.where(flip, -a, b)
-    top = log_ndtr(hi)
-    return np.asarray(top + np.log1p(-np.exp(np.minimum(log_ndtr(lo) - top, -1e-16))))
-
-
-class _Grid(NamedTuple):
-    """The shape's components: each one's h, pressure onset, loss at a full device, whether the
-    pressure is of the arm's own room (else of the device), and its log prior."""
-
-    h: np.ndarray
-    theta: np.ndarray
-    loss: np.ndarray
-    fill: np.ndarray
-    logp: np.ndarray
-
-
-@functools.lru_cache(maxsize=8)
-def _grid(onset: tuple[float, float, int], losses: tuple[float, ...], none: float) -> _Grid:
-    """The components for the pressure priors (:class:`Priors`): every h without pressure
-    (weight ``none``), and with each onset and loss, by either share (the rest, evenly)."""
-    thetas = np.linspace(*onset)
-    rows: list[tuple[float, float, float, bool, float]] = []
-    for hv in _H:
-        rows.append((hv, 1.0, 0.0, False, none))
-        rows += [(hv, t, lv, by_fill, (1 - none) / (2 * len(thetas) * len(losses)))
-                 for by_fill in (False, True) for t in thetas for lv in losses]
-    h, theta, loss, fill, prior = (np.array(c) for c in zip(*rows))
-    return _Grid(h, theta, loss, fill.astype(bool), np.log(prior / prior.sum()))
-
-
-def _grid_of(priors: Priors) -> _Grid:
-    """The grid of ``priors``: built once per distinct pressure prior, shared by every model."""
-    return _grid(priors.pressure_onset, priors.pressure_losses, priors.pressure_none)
-
-
-def shape(sizes: np.ndarray, shares: np.ndarray, fills: np.ndarray, grid: _Grid, combos: np.ndarray | slice = slice(None)) -> np.ndarray:
-    """``(combos, points)``: the log of the curve's shape under each combination of h, pressure
-    onset and loss: the loss grows linearly from the onset to a full device (or room)."""
-    m = np.asarray(sizes, dtype=float)[None, :]
-    s = np.where(grid.fill[combos, None], np.asarray(fills, dtype=float)[None, :], np.asarray(shares, dtype=float)[None, :])
-    h, theta, loss = grid.h[combos, None], grid.theta[combos, None], grid.loss[combos, None]
-    over = np.clip((s - theta) / np.maximum(1.0 - theta, 1e-9), 0.0, None)
-    return np.asarray(np.log(m / (m + h)) + np.log(np.maximum(1.0 - loss * over, 0.05)))
 
 
 _STAGES = 4
@@ -235,7 +113,7 @@ class ThroughputModel:
                  levers: Mapping[tuple[str, Any], tuple[float, float]] | None = None) -> None:
         self._memory = memory
         self._priors = priors
-        self._grid = _grid_of(priors)
+        self._grid = grid_of(priors)
         self._shares = autotp_shares(problem, priors)
         self._shared, self._own = _knob_features(problem, points, self._shares)
         self._feature_index = {f: i for i, f in enumerate(self._shared)}
@@ -345,7 +223,7 @@ class ThroughputModel:
             sd = (1.0 / np.sqrt(diagonal))[:, None]
             d = alpha / diagonal[:, None]  # each run less its leave-one-out mean, (n, G)
             plain = -0.5 * (d / sd) ** 2 - np.log(sd) - 0.5 * math.log(2.0 * math.pi)
-            slow = np.log(np.maximum(_norm_cdf((d + width) / sd) - _norm_cdf(d / sd), 1e-300) / width)
+            slow = np.log(np.maximum(norm_cdf((d + width) / sd) - norm_cdf(d / sd), 1e-300) / width)
             # p(component | others) is proportional to w / p(run | component, others); the
             # weights before pruning, as components the run alone ruled out count without it.
             log_loo = log_w[None, :] - plain
@@ -353,9 +231,9 @@ class ThroughputModel:
             log_slow.append(log_loo + slow)
             deficits.append(d)
         loo = np.concatenate([b for _, b in log_plain], axis=1)
-        norm = _logsumexp(loo)
-        plain_lik = _logsumexp(np.concatenate([a for a, _ in log_plain], axis=1)) - norm
-        slow_lik = _logsumexp(np.concatenate(log_slow, axis=1)) - norm
+        norm = logsumexp(loo)
+        plain_lik = logsumexp(np.concatenate([a for a, _ in log_plain], axis=1)) - norm
+        slow_lik = logsumexp(np.concatenate(log_slow, axis=1)) - norm
         odds = math.log(p / (1.0 - p)) + slow_lik - plain_lik
         out = 1.0 / (1.0 + np.exp(-np.clip(odds, -50.0, 50.0)))
         # A run further below what the others predict than a straggler slows one is no straggler
@@ -525,8 +403,8 @@ class ThroughputModel:
                 explained = cross @ kinv  # (rows + 1, n)
                 var = var - np.einsum("rn,rn->r", explained, cross)
                 covariance = covariance - explained[:-1] @ cross[-1]
-            # Rounding leaves a variance at a measured point a little below zero (seen at -0.75
-            # with wide full-mode batches): clamped as predict() clamps it, lest a value be NaN.
+            # Rounding leaves a variance at a measured point a little below zero: clamped as
+            # predict() clamps it, lest a value be NaN.
             var = np.maximum(var, 1e-12)
             for out, value in ((var_r, var[:-1]), (var_c, np.full(len(rows), var[-1])), (cov, covariance)):
                 out.append(np.broadcast_to(value, (len(active), len(rows))))
@@ -539,7 +417,7 @@ class ThroughputModel:
         the row is expected to lose, from their joint posterior (sizes of one arm share its
         scale, so their difference is surer than either)."""
         w, mean_r, mean_c, var_r, var_c, cov, _ = self._versus(rows, chosen)
-        return np.asarray(w @ _gain(mean_r - mean_c, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12))))
+        return np.asarray(w @ gain(mean_r - mean_c, np.sqrt(np.maximum(var_r + var_c - 2.0 * cov, 1e-12))))
 
     def remeasure_value(self, rows: Sequence[tuple[Arm, int, Knobs]], chosen: tuple[Arm, int, Knobs]) -> tuple[np.ndarray, np.ndarray]:
         """What one more measurement of each row, or of ``chosen``, is expected to gain by the
@@ -549,7 +427,7 @@ class ThroughputModel:
         once, whose value the shapes disagree on, is worth measuring again, and one pinned by
         several runs is not. ``(of the row, of chosen)``."""
         w, mean_r, mean_c, var_r, var_c, cov, noise = self._versus(rows, chosen)
-        keep = _heaviest(w, self._priors.max_components)
+        keep = heaviest(w, self._priors.max_components)
         w, noise = w[keep] / w[keep].sum(), noise[keep]
         mean_r, mean_c, var_r, var_c, cov = (a[keep] for a in (mean_r, mean_c, var_r, var_c, cov))
         diff = mean_r - mean_c  # (K, R)
@@ -557,14 +435,14 @@ class ThroughputModel:
         values = []
         for at, var, moves in ((mean_r, var_r, var_r - cov), (mean_c, var_c, cov - var_c)):
             s2 = var + noise[:, None] ** 2  # the predictive variance of the measurement, (K, R)
-            y = at[:, None, :] + np.sqrt(s2)[:, None, :] * _NODES[None, :, None]  # (K, J, R)
+            y = at[:, None, :] + np.sqrt(s2)[:, None, :] * NODES[None, :, None]  # (K, J, R)
             # Each component l's likelihood of each possible measurement: (L, K, J, R).
             dev = y[None] - at[:, None, None, :]
             log_lik = np.log(w)[:, None, None, None] - 0.5 * dev**2 / s2[:, None, None, :] - 0.5 * np.log(s2)[:, None, None, :]
             post = np.exp(log_lik - log_lik.max(axis=0, keepdims=True))
             post /= post.sum(axis=0, keepdims=True)
             after = np.einsum("lkjr,lkjr->kjr", post, diff[:, None, None, :] + (moves / s2)[:, None, None, :] * dev)
-            expected = np.einsum("k,j,kjr->r", w, _NODE_WEIGHTS, np.maximum(after, 0.0))
+            expected = np.einsum("k,j,kjr->r", w, NODE_WEIGHTS, np.maximum(after, 0.0))
             values.append(np.maximum(expected - now, 0.0))
         return values[0], values[1]
 
@@ -581,38 +459,4 @@ class ThroughputModel:
         the run can show."""
         w, mean_r, mean_c, var_r, _, cov, noise = self._versus(rows, incumbent)
         moved = np.maximum(var_r - cov, 0.0) / np.sqrt(var_r + noise[:, None] ** 2)
-        return np.asarray(w @ _gain(mean_r - mean_c, np.maximum(moved, 1e-9)))
-
-
-_NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(9)
-_NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
-
-
-def _logsumexp(a: np.ndarray) -> np.ndarray:
-    """``log(sum(exp(a), axis=1))``, safely."""
-    top = a.max(axis=1, keepdims=True)
-    return np.asarray(top[:, 0] + np.log(np.exp(a - top).sum(axis=1)))
-
-
-def _heaviest(w: np.ndarray, limit: int) -> np.ndarray:
-    """The indices of the heaviest components holding 99% of the weight, at most ``limit``: the
-    knowledge gradient is quadratic in their number."""
-    order = np.argsort(-w)
-    n = int(np.searchsorted(np.cumsum(w[order]), 0.99 * w.sum())) + 1
-    return order[: min(n, limit)]
-
-
-def _gain(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
-    """``E[max(0, x)]`` for ``x ~ N(mean, sd^2)``."""
-    z = mean / sd
-    return np.asarray(mean * _norm_cdf(z) + sd * _norm_pdf(z))
-
-
-def _norm_pdf(z: np.ndarray) -> np.ndarray:
-    return np.asarray(np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
-
-
-def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    from scipy.special import ndtr
-
-    return np.asarray(ndtr(z))
+        return np.asarray(w @ gain(mean_r - mean_c, np.maximum(moved, 1e-9)))

@@ -10,20 +10,20 @@ from optuna_ds.reporting._data import ReportData
 from optuna_ds.reporting._data import load_report
 from optuna_ds.reporting._page import render_report
 from optuna_ds.reporting._page import write_report
-from optuna_ds.reporting._summary import Budget
-from optuna_ds.reporting._summary import LearningRateAdvice
-from optuna_ds.reporting._summary import ScaledLearningRate
-from optuna_ds.reporting._summary import headline
-from optuna_ds.reporting._summary import learning_rate_advice
-from optuna_ds.reporting._summary import optimal_config
-from optuna_ds.reporting._summary import scale_learning_rate
-from optuna_ds.reporting._summary import speedup
+from optuna_ds.reporting._headline import Budget
+from optuna_ds.reporting._configs import LearningRateAdvice
+from optuna_ds.reporting._configs import ScaledLearningRate
+from optuna_ds.reporting._headline import headline
+from optuna_ds.reporting._configs import learning_rate_advice
+from optuna_ds.reporting._configs import optimal_config
+from optuna_ds.reporting._configs import scale_learning_rate
+from optuna_ds.reporting._speedup import speedup
 from optuna_ds.reporting._summary import summary_markdown
-from optuna_ds.reporting._summary import summary_table
+from optuna_ds.reporting._tables import summary_table
 from optuna_ds.reporting._summary import summary_text
-from optuna_ds.reporting._summary import write_optimal
-from optuna_ds.reporting._summary import write_summary
-from optuna_ds.reporting._summary import save_summary
+from optuna_ds.reporting._write import write_optimal
+from optuna_ds.reporting._write import write_summary
+from optuna_ds.reporting._write import save_summary
 
 __all__ = [
     "Budget",

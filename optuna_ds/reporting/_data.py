@@ -16,11 +16,11 @@ from optuna_ds.reporting._rows import ExperimentRow
 from optuna_ds.reporting._rows import experiment_rows
 from optuna_ds.reporting._rows import stage_studies
 from optuna_ds.reporting._rows import visible_rows
-from optuna_ds.reporting._summary import Budget
-from optuna_ds.reporting._summary import LearningRateAdvice
-from optuna_ds.reporting._summary import headline
-from optuna_ds.reporting._summary import summary_notes
-from optuna_ds.reporting._summary import runs_rows
+from optuna_ds.reporting._headline import Budget
+from optuna_ds.reporting._configs import LearningRateAdvice
+from optuna_ds.reporting._headline import headline
+from optuna_ds.reporting._notes import summary_notes
+from optuna_ds.reporting._tables import runs_rows
 from optuna_ds.storage import load_plan
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult

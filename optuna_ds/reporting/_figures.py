@@ -28,7 +28,7 @@ from optuna_ds.planner import ModelCurve
 from optuna_ds.reporting._model_curve import model_traces
 from optuna_ds.reporting._rows import ExperimentRow
 from optuna_ds.reporting._rows import format_value
-from optuna_ds.reporting._summary import judged_noise
+from optuna_ds.reporting._worth import judged_noise
 from optuna_ds.studies import Optimum
 from optuna_ds.studies import TuningResult
 

@@ -19,7 +19,7 @@ from optuna_ds.reporting._data import ReportData
 from optuna_ds.reporting._figures import CHOSEN
 from optuna_ds.reporting._rows import ExperimentRow
 from optuna_ds.reporting._rows import format_value
-from optuna_ds.reporting._summary import RUNS_HEAD
+from optuna_ds.reporting._tables import RUNS_HEAD
 
 
 _PLOTLY_CONFIG = {"responsive": True, "displaylogo": False, "displayModeBar": "hover"}

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from optuna_ds.reporting._summary import Budget
-from optuna_ds.reporting._summary import budget_lines
-from optuna_ds.reporting._summary import mean_of
-from optuna_ds.reporting._summary import stage_notes
-from optuna_ds.reporting._summary import runs_table
+from optuna_ds.reporting._headline import Budget
+from optuna_ds.reporting._headline import budget_lines
+from optuna_ds.reporting._headline import mean_of
+from optuna_ds.reporting._notes import stage_notes
+from optuna_ds.reporting._tables import runs_table
 from optuna_ds.studies import TuningResult
 
 

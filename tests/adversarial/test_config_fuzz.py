@@ -18,8 +18,8 @@ from conftest import safe_component
 from optuna_ds._errors import ConfigError
 from optuna_ds.config import AutotuningConfig
 from optuna_ds.config import parse_user_config
-from optuna_ds.config._user_config import _ZERO_BOOLS
-from optuna_ds.config._user_config import _ZERO_NUMBERS
+from optuna_ds.config._sections import _ZERO_BOOLS
+from optuna_ds.config._sections import _ZERO_NUMBERS
 from optuna_ds.domain import Config
 
 _SCALARS = st.one_of(
