@@ -569,3 +569,31 @@ def test_a_plateau_within_the_noise_ends_the_search_and_says_which_sizes_are_equ
         assert _true(surface, decision.choice.stage, decision.choice.mbs) >= 0.9 * _optimum(surface)
     assert any(len(d.equivalent) >= 2 for _, d, _ in noisy)
     assert all(d.choice.config in d.equivalent for _, d, _ in noisy + quiet)
+
+
+def test_a_batch_conditions_on_its_fantasies_without_fitting_the_model_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decision for many slots fits the model to the runs once: each experiment under way or
+    proposed is conditioned on incrementally, a re-measurement under way (a config that ran,
+    which moves the noise) included. One slot's plan is the batch's first, and the batch holds
+    no config twice."""
+    problem, surface = _job(noise=0.02, seed=5)
+    observations, _ = _drive(problem, surface)
+    k = next(k for k in range(len(observations)) if observations[k].config in {o.config for o in observations[:k]})
+    done, again = observations[:k], observations[k]
+    running = [Observation(config=again.config, status=Status.RUNNING, repeat=again.repeat)]
+    fits = []
+    real = ThroughputModel.__init__
+
+    def counted(self: ThroughputModel, *args: object, **kwargs: object) -> None:
+        fits.append(1)
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ThroughputModel, "__init__", counted)
+    for slots in (1, 8, 64):
+        fits.clear()
+        batch = plan(problem, done + running, free_slots=slots).proposals
+        assert len(fits) == 1, f"{slots} slots: the model fitted {len(fits)} times"
+        assert len({p.config for p in batch}) == len(batch)
+        assert again.config not in {p.config for p in batch}, "a config under way is not proposed again"
+        assert plan(problem, done + running, free_slots=1).proposals == batch[:1]
+    assert len(batch) > 1

@@ -429,7 +429,7 @@ def _next(state: State, model: ThroughputModel, taken: set[Config], ranked: list
     """The next experiment of one slot, by the first step of the policy that proposes one."""
     rows, p_run = state.candidates
     fits = state.candidate_fits
-    keep = [i for i, (a, m, k) in enumerate(rows) if state.problem.config(a, m, k) not in taken]
+    keep = [i for i, c in enumerate(state.candidate_configs) if c not in taken]
     explored = {o.arm for o in state.finished} | {o.arm for o in state.running} | {p.arm for p in taken}
     slot = FreeSlot(state=state, model=model, measured_only=measured_only, taken=taken, ranked=ranked,
                 rows=[rows[i] for i in keep], p_run=p_run[keep] if len(keep) else np.zeros(0),

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from optuna_ds.domain import Config
 from optuna_ds.domain import KnobsLike
 from optuna_ds.planner._autotp import autotp_effects
 from optuna_ds.planner._autotp import usable as autotp_usable
@@ -157,6 +158,11 @@ class State:
         every proposal of a batch."""
         rows, p_run, _ = self._candidates
         return rows, p_run
+
+    @functools.cached_property
+    def candidate_configs(self) -> list[Config]:
+        """The config of each of :attr:`candidates`: what a batch's proposals are told apart by."""
+        return [self.problem.config(a, m, k) for a, m, k in self._candidates[0]]
 
     @property
     def candidate_fits(self) -> np.ndarray:

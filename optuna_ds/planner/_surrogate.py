@@ -94,6 +94,14 @@ def _knob_features(problem: Problem, points: Sequence[tuple[Arm, int, Knobs, flo
     return sorted(shared, key=repr), sorted(own, key=repr)
 
 
+def _runs(points: Sequence[tuple[Arm, int, Knobs, float]]) -> dict[tuple[Any, ...], list[float]]:
+    """The points' values by config, in the order each config first appears."""
+    runs: dict[tuple[Any, ...], list[float]] = {}
+    for arm, m, knobs, value in points:
+        runs.setdefault((arm.key, m, knobs), []).append(value)
+    return runs
+
+
 class ThroughputModel:
     """A Bayesian surrogate of log throughput over (arm, micro-batch size, knobs).
 
@@ -119,10 +127,7 @@ class ThroughputModel:
         self._feature_index = {f: i for i, f in enumerate(self._shared)}
         self._own_index = {f: i for i, f in enumerate(self._own)}
         self.n = len(points)
-        runs: dict[tuple[Any, ...], list[float]] = {}
-        for arm, m, knobs, value in points:
-            runs.setdefault((arm.key, m, knobs), []).append(value)
-        self.noise, self.noise_dof = measured_noise(runs.values(), priors=priors)
+        self.noise, self.noise_dof = measured_noise(_runs(points).values(), priors=priors)
         y = np.log(np.array([p[3] for p in points], dtype=float)) if points else np.zeros(0)
         base = float(y.mean()) if len(y) else 0.0
         mu_scales, cov_scales = _scale_prior(base, priors)
@@ -161,19 +166,20 @@ class ThroughputModel:
         """The model of this one's runs and ``points``, as ``ThroughputModel`` fits them: a batch
         conditions on each experiment it holds before it takes the next. The features of this
         model's runs (their shapes under every component, design, residual correlation) are
-        kept, as are the noise and the knob features where ``points`` repeat no config and set
-        no knob value no arm or run set; where they do, the model is fitted from scratch."""
+        kept, as are the knob features where ``points`` set no knob value no arm or run set
+        (where they do, the model is fitted from scratch); the noise is measured again, from
+        the repeats among them all (a re-measurement under way, believed at the model's mean)."""
         points = list(points)
         if not points:
             return self
         every = self._points + points
-        keys = [(a.key, m, k) for a, m, k, _ in every]
-        if len(set(keys)) < len(keys) or _knob_features(self._problem, every, self._shares) != (self._shared, self._own):
+        if _knob_features(self._problem, every, self._shares) != (self._shared, self._own):
             return ThroughputModel(self._problem, self._memory, every, priors=self._priors, levers=self._levers)
         model = copy.copy(self)
         model.__dict__.pop("slow", None)  # of this model's runs, not the new ones'
         y = np.log(np.array([p[3] for p in points], dtype=float))
         model._points, model._y_sum, model.n = every, self._y_sum + float(y.sum()), len(every)
+        model.noise, model.noise_dof = measured_noise(_runs(every).values(), priors=self._priors)  # a repeat among them moves it
         # The stages' prior mean is the mean of the runs: every earlier residual moves with it.
         shift = model._y_sum / model.n - (self._y_sum / self.n if self.n else 0.0)
         model._mu0 = self._mu0.copy()
