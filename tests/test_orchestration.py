@@ -381,8 +381,8 @@ def test_the_users_own_offload_sections_are_kept_and_nothing_else_is_tried(ws: W
     assert all("offload_optimizer" not in t.user_attrs["ds_config"]["zero_optimization"] for t in trials)
 
 
-def _tune_on_one_slot(ws: Workspace, surface: dict, *options: str) -> subprocess.CompletedProcess:
-    p = ws.cli("tune", *options, LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
+def _tune_on_one_slot(ws: Workspace, surface: dict) -> subprocess.CompletedProcess:
+    p = ws.cli("tune", LAUNCHER_OPTION, FAKE_LAUNCHER, "train.py", "--deepspeed_config", "ds_config.json",
                env=ws.env(surface, LOCAL_SIZE="1"))
     assert p.returncode == 0, p.stderr + p.stdout
     return p
@@ -441,9 +441,7 @@ def test_full_mode_learns_a_knobs_effect_at_one_stage_for_the_others(ws: Workspa
 
 def test_full_mode_finds_knobs_that_put_a_stage_behind_by_default_ahead(ws: Workspace) -> None:
     """Stage 1 is 1% behind stage 2 by default and gains more from small buckets (15% to 10%):
-    in a long training (a launch is worth a fraction of a percent) the search ends with stage 1
-    and its knobs. At the default price (no training length) a stage's own knob effect, beyond
-    what another stage showed, is not worth a launch to the planner (docs/planner.md)."""
+    the search ends with stage 1 and its knobs."""
     ws.config({"train_micro_batch_size_per_gpu": [8, 12],
                "zero_optimization": {"stage": [1, 2], "reduce_bucket_size": [5e7, 5e8], "allgather_bucket_size": 5e8,
                                      "overlap_comm": False, "contiguous_gradients": True, "reduce_scatter": True},
@@ -451,7 +449,7 @@ def test_full_mode_finds_knobs_that_put_a_stage_behind_by_default_ahead(ws: Work
     surface = {"base": {"0": 100, "1": 101, "2": 102, "3": 60}, "peak": 12, "num_params": 1_000_000_000,
                "activation_mem_per_gpu": 200_000_000, "knob_gain": {"reduce_bucket_size": {"50000000.0": 1.10}},
                "knob_gain_at": {"1": {"reduce_bucket_size": {"50000000.0": 1.05}}}}
-    p = _tune_on_one_slot(ws, surface, "--train-steps", "10000000")
+    p = _tune_on_one_slot(ws, surface)
     optimal = json.loads((ws.results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["stage"] == 1 and optimal["zero_optimization"]["reduce_bucket_size"] == 5e7, p.stdout
 

@@ -230,7 +230,7 @@ class PlannerSettings:
             runs out of memory counts as the launch it is. The knowledge gradient moves a
             candidate by what one run of the measured noise can show, so under noisy runs a
             plateau is not walked size by size. The price of a launch where the user gives no
-            training length (:func:`~optuna_ds.planner.launch_price`): a training about 330
+            training length (:func:`~optuna_ds.planner.launch_price`): a training about 500
             launches long.
         hopeless_oom:
             Sizes this likely to run out of memory are not candidates.
@@ -257,7 +257,7 @@ class PlannerSettings:
             The planner's priors and the limits of its search (see :class:`Priors`).
     """
 
-    min_gain: float = 0.003
+    min_gain: float = 0.002
     hopeless_oom: float = 0.98
     max_remeasures: int = 3
     plausible_z: float = 2.0
