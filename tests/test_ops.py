@@ -64,6 +64,25 @@ def test_a_build_lock_of_another_user_is_not_called_stale(tmp_path: Path, monkey
     assert stale_build_locks() == [str((tmp_path / "op" / "lock").resolve())]
 
 
+def test_a_build_lock_is_not_called_stale_where_proc_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc hidden (hidepid, a container): no process can be seen holding a lock, so a build
+    running beside the tuning looked stale and the tuning was refused."""
+    from optuna_ds.launcher import stale_build_locks
+
+    (tmp_path / "op").mkdir()
+    (tmp_path / "op" / "lock").touch()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    listdir = os.listdir
+
+    def hidden(path: object = ".") -> list[str]:
+        if str(path).startswith("/proc"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "listdir", hidden)
+    assert stale_build_locks() == []
+
+
 def test_a_build_of_minutes_shows_its_progress(tmp_path: Path) -> None:
     """Issue 49: DeepSpeed's op build, 4.5 minutes at set-up, said nothing once announced. While
     it runs, each op's sources compiled so far are said, until its library is built."""
