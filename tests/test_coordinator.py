@@ -275,13 +275,10 @@ def test_a_worker_waits_for_a_live_tune_to_take_the_decision() -> None:
     assert worker.look().deciding
 
 
-def test_a_queued_re_measurement_counts_as_under_way_beside_its_running_first_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config's first run claimed and running, its second queued: the planner sees both under
-    way (it proposed the second again, and the decider stopped on a false planner loop)."""
-    from optuna_ds.planner import Proposal
+def _first_run_claimed(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[Any]], _MeasuringStage, Config, Any]:
+    """A stage whose planner records what it sees (``seen``), and the trial of its config's
+    first run, asked: the setting of the queued re-measurement tests."""
     from optuna_ds.studies import _coordinator as module
-    from optuna_ds.studies._handout import hand_out
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     seen: list[list[Any]] = []
@@ -289,8 +286,17 @@ def test_a_queued_re_measurement_counts_as_under_way_beside_its_running_first_ru
     monkeypatch.setattr(module, "plan", lambda problem, observations, **k: (
         seen.append(list(observations)), real(problem, observations, **k))[1])
     stage = _MeasuringStage()
-    config = Config(stage=1, micro_batch=8)
-    first = stage.study.ask()
+    return seen, stage, Config(stage=1, micro_batch=8), stage.study.ask()
+
+
+def test_a_queued_re_measurement_counts_as_under_way_beside_its_running_first_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config's first run claimed and running, its second queued: the planner sees both under
+    way (it proposed the second again, and the decider stopped on a false planner loop)."""
+    from optuna_ds.planner import Proposal
+    from optuna_ds.studies._handout import hand_out
+
+    seen, stage, config, first = _first_run_claimed(monkeypatch)
     ExperimentRecord(worker=this_process(), phase=Phase.MICRO_BATCH, config=config,
                      exp_name=config.run_name(0)).write(first.set_user_attr)
     hand_out(stage.study, Proposal(config=config, repeat=1, why="measure again"), order=1, by={})
@@ -354,17 +360,9 @@ def test_a_queued_re_measurement_claimed_while_the_decider_reads_is_never_missed
     the claimed trials (not claimed yet), then for the queued ones (claimed by then), the run
     was in neither, and the planner proposed it again ("proposed z1_gas1_tmbspg8_r1 twice")."""
     from optuna_ds.planner import Proposal
-    from optuna_ds.studies import _coordinator as module
     from optuna_ds.studies._handout import hand_out
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    seen: list[list[Any]] = []
-    real = module.plan
-    monkeypatch.setattr(module, "plan", lambda problem, observations, **k: (
-        seen.append(list(observations)), real(problem, observations, **k))[1])
-    stage = _MeasuringStage()
-    config = Config(stage=1, micro_batch=8)
-    first = stage.study.ask()
+    seen, stage, config, first = _first_run_claimed(monkeypatch)
     ExperimentRecord(worker=this_process(), phase=Phase.MICRO_BATCH, config=config, exp_name=config.run_name(0)).write(first.set_user_attr)
     stage.study.tell(first, _speed(config))
     hand_out(stage.study, Proposal(config=config, repeat=1, why="measure again"), order=1, by={})

@@ -150,22 +150,8 @@ def summary_notes(result: TuningResult, advice: LearningRateAdvice | str | None)
     if ignored := ignored_batch_line(result):
         lines.append(ignored)
     lines += choice_lines(result)
-    if knobs := knob_line(result):
-        lines.append(knobs)
-    if checkpointing := checkpointing_line(result):
-        lines.append(checkpointing)
-    if autotp := autotp_line(result):
-        lines.append(autotp)
-    if step := step_line(result):
-        lines.append(step)
-    if warmup := warmup_line(result):
-        lines.append(warmup)
-    if pruned := pruned_line(result):
-        lines.append(pruned)
-    if off := exit_step_line(result):
-        lines.append(off)
-    if note := optuna_best_note(result):
-        lines.append(note)
+    lines += [line for build in (knob_line, checkpointing_line, autotp_line, step_line, warmup_line, pruned_line,
+                                 exit_step_line, optuna_best_note) if (line := build(result))]
     lines += stage_notes(result)
     lines += unrun_lines(result)
     if advice:
